@@ -1,0 +1,31 @@
+# Every target bootstraps .venv from this project's own files (Python 3.11, torch pinned to the CPU wheel 2.13.0).
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+BACKENDS ?= jax tensorflow torch
+
+.PHONY: venv test demo bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[all]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+test: venv
+	@set -e; for b in $(BACKENDS); do \
+	  echo "=== pytest on KERAS_BACKEND=$$b ==="; \
+	  KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider tests || exit 1; \
+	done
+
+demo: venv
+	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) examples/demo.py
+
+bench: venv
+	$(PY) benchmarks/benchmark.py
+
+clean:
+	rm -rf $(VENV) runs

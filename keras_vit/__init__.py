@@ -1,0 +1,31 @@
+"""keras-vit: the Vision Transformer of "An Image is Worth 16x16 Words" for Keras 3."""
+
+from keras_vit import layers
+from keras_vit.model import VisionTransformer
+from keras_vit.variants import (
+    R26_ViT_B32,
+    R26_ViT_S32,
+    R50_ViT_B16,
+    R50_ViT_L32,
+    VARIANTS,
+    ViT_B8,
+    ViT_B16,
+    ViT_B32,
+    ViT_H14,
+    ViT_L16,
+    ViT_L32,
+    ViT_S16,
+    ViT_S32,
+    ViT_Ti16,
+)
+from keras_vit.weights import list_weights, load_weights
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):  # light imports for the rest of the public API
+    if name in ("preprocess_input", "decode_predictions"):
+        from keras_vit import preprocessing
+
+        return getattr(preprocessing, name)
+    raise AttributeError(f"module 'keras_vit' has no attribute {name!r}")

@@ -1,0 +1,23 @@
+"""The layers of the Vision Transformer, one concept per file."""
+
+from keras_vit.layers.attention import MultiHeadDotProductAttention
+from keras_vit.layers.class_token import ClassToken
+from keras_vit.layers.patch_encoder import PatchEncoder
+from keras_vit.layers.pooling import SequencePooling
+from keras_vit.layers.position_embedding import AddPositionEmbs, resize_position_embeddings
+from keras_vit.layers.resnet import BottleneckUnit, ResNetStem, StdConv2D, standardize_kernel
+from keras_vit.layers.transformer_block import TransformerBlock
+
+__all__ = [
+    "AddPositionEmbs",
+    "BottleneckUnit",
+    "ClassToken",
+    "MultiHeadDotProductAttention",
+    "PatchEncoder",
+    "ResNetStem",
+    "SequencePooling",
+    "StdConv2D",
+    "TransformerBlock",
+    "resize_position_embeddings",
+    "standardize_kernel",
+]

@@ -1,0 +1,64 @@
+"""Patch embedding: image (or CNN feature map) -> flattened patches -> linear projection (paper Eq. 1)."""
+
+import keras
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class PatchEncoder(keras.layers.Layer):
+    """Splits the input into non-overlapping `patch_size` patches and projects each to `hidden_size`.
+
+    Equal to the official `embedding` convolution (kernel (P, P, C, D), stride P, VALID, with bias),
+    computed as one matmul over the flattened patches. Output tokens are row-major over the
+    (H / P, W / P) grid, so non-square inputs work.
+
+    Args:
+        patch_size: P, the side of a square patch in pixels (1 on a hybrid's feature map).
+        hidden_size: D, the width of each token.
+    """
+
+    def __init__(self, patch_size, hidden_size, **kwargs):
+        super().__init__(**kwargs)
+        self.patch_size = int(patch_size)
+        self.hidden_size = int(hidden_size)
+        self.input_spec = keras.InputSpec(ndim=4)
+
+    def build(self, input_shape):
+        _, h, w, c = input_shape
+        p = self.patch_size
+        for axis, size in (("height", h), ("width", w)):
+            if size is not None and size % p:
+                raise ValueError(
+                    f"PatchEncoder: input {axis} {size} is not divisible by patch_size {p} "
+                    f"(input shape {tuple(input_shape)})."
+                )
+        if c is None:
+            raise ValueError(f"PatchEncoder needs a known channel count, got input shape {tuple(input_shape)}.")
+        self.input_spec = keras.InputSpec(ndim=4, axes={-1: c})
+        self.kernel = self.add_weight(
+            name="kernel", shape=(p, p, c, self.hidden_size), initializer="lecun_normal"
+        )
+        self.bias = self.add_weight(name="bias", shape=(self.hidden_size,), initializer="zeros")
+
+    def call(self, images):
+        p, d = self.patch_size, self.hidden_size
+        _, h, w, c = images.shape
+        gh, gw = h // p, w // p
+        if p == 1:
+            patches = ops.reshape(images, (-1, gh * gw, c))
+        else:
+            x = ops.reshape(images, (-1, gh, p, gw, p, c))
+            x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
+            patches = ops.reshape(x, (-1, gh * gw, p * p * c))
+        kernel = ops.reshape(self.kernel, (p * p * c, d))
+        return ops.matmul(patches, ops.cast(kernel, patches.dtype)) + ops.cast(self.bias, patches.dtype)
+
+    def compute_output_shape(self, input_shape):
+        b, h, w, _ = input_shape
+        return (b, (h // self.patch_size) * (w // self.patch_size), self.hidden_size)
+
+    def official_weights(self):
+        return {"kernel": self.kernel, "bias": self.bias}
+
+    def get_config(self):
+        return {**super().get_config(), "patch_size": self.patch_size, "hidden_size": self.hidden_size}

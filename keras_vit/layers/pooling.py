@@ -1,0 +1,31 @@
+"""Sequence pooling: the [class] token (`classifier="token"`) or the mean of all tokens ("gap")."""
+
+import keras
+from keras import ops
+
+POOLING_METHODS = ("token", "gap")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class SequencePooling(keras.layers.Layer):
+    """(B, T, D) -> (B, D): token 0 for "token", the mean over tokens for "gap".
+
+    Args:
+        method: "token" or "gap".
+    """
+
+    def __init__(self, method="token", **kwargs):
+        super().__init__(**kwargs)
+        if method not in POOLING_METHODS:
+            raise ValueError(f"unknown pooling/classifier {method!r}; expected one of {POOLING_METHODS}")
+        self.method = method
+        self.input_spec = keras.InputSpec(ndim=3)
+
+    def call(self, tokens):
+        return tokens[:, 0] if self.method == "token" else ops.mean(tokens, axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[2])
+
+    def get_config(self):
+        return {**super().get_config(), "method": self.method}

@@ -1,0 +1,177 @@
+"""The hybrid stem (paper 3.1, "Hybrid Architecture"): a ResNet with weight-standardised
+convolutions and GroupNorm (BiT), whose feature map feeds the patch embedding."""
+
+import keras
+from keras import ops
+
+GROUP_NORM_EPSILON = 1e-6
+WEIGHT_STD_EPSILON = 1e-5
+
+
+def standardize_kernel(kernel, epsilon=WEIGHT_STD_EPSILON):
+    """Weight standardisation: `(w - mean) / (std + eps)` over each output channel's (kh, kw, cin)."""
+    mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
+    std = ops.sqrt(ops.mean(ops.square(kernel - mean), axis=(0, 1, 2), keepdims=True))
+    return (kernel - mean) / (std + epsilon)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class StdConv2D(keras.layers.Conv2D):
+    """A bias-free Conv2D whose kernel is weight-standardised on every call (official `StdConv`)."""
+
+    def __init__(self, filters, kernel_size, strides=1, **kwargs):
+        kwargs.setdefault("padding", "same")
+        kwargs.setdefault("use_bias", False)
+        super().__init__(filters, kernel_size, strides=strides, **kwargs)
+
+    def convolution_op(self, inputs, kernel):
+        kernel = ops.cast(standardize_kernel(ops.cast(kernel, "float32")), inputs.dtype)
+        return super().convolution_op(inputs, kernel)
+
+
+def _group_norm(name, policy, zero_scale=False):
+    return keras.layers.GroupNormalization(
+        groups=32,
+        epsilon=GROUP_NORM_EPSILON,
+        gamma_initializer="zeros" if zero_scale else "ones",
+        name=name,
+        dtype=policy,
+    )
+
+
+def _gn_params(layer):
+    return {"scale": layer.gamma, "bias": layer.beta}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class BottleneckUnit(keras.layers.Layer):
+    """Pre-activation-free bottleneck unit: 1x1 -> 3x3 (stride) -> 1x1 (4F), GroupNorm after each,
+    ReLU(residual + y); a projection when the stride or the width changes.
+
+    Args:
+        filters: F, the bottleneck width (the unit outputs 4F channels).
+        strides: stride of the 3x3 convolution and of the projection.
+    """
+
+    def __init__(self, filters, strides=1, **kwargs):
+        super().__init__(**kwargs)
+        self.filters = int(filters)
+        self.strides = int(strides)
+
+    def build(self, input_shape):
+        f, s, p = self.filters, self.strides, self.dtype_policy
+        self.needs_projection = s != 1 or input_shape[-1] != 4 * f
+        if self.needs_projection:
+            self.conv_proj = StdConv2D(4 * f, 1, s, name="conv_proj", dtype=p)
+            self.gn_proj = _group_norm("gn_proj", p)
+        self.conv1 = StdConv2D(f, 1, name="conv1", dtype=p)
+        self.gn1 = _group_norm("gn1", p)
+        self.conv2 = StdConv2D(f, 3, s, name="conv2", dtype=p)
+        self.gn2 = _group_norm("gn2", p)
+        self.conv3 = StdConv2D(4 * f, 1, name="conv3", dtype=p)
+        self.gn3 = _group_norm("gn3", p, zero_scale=True)
+        shape = tuple(input_shape)
+        down = (shape[0], None, None, f)
+        for conv, gn, in_shape in (
+            (self.conv1, self.gn1, shape),
+            (self.conv2, self.gn2, (*shape[:3], f)),
+            (self.conv3, self.gn3, down),
+        ):
+            conv.build(in_shape)
+            gn.build((*in_shape[:3], conv.filters))
+        if self.needs_projection:
+            self.conv_proj.build(shape)
+            self.gn_proj.build((*shape[:3], 4 * f))
+
+    def call(self, x):
+        residual = self.gn_proj(self.conv_proj(x)) if self.needs_projection else x
+        y = ops.relu(self.gn1(self.conv1(x)))
+        y = ops.relu(self.gn2(self.conv2(y)))
+        y = self.gn3(self.conv3(y))
+        return ops.relu(residual + y)
+
+    def compute_output_shape(self, input_shape):
+        b, h, w, _ = input_shape
+        s = self.strides
+        return (b, None if h is None else -(-h // s), None if w is None else -(-w // s), 4 * self.filters)
+
+    def official_weights(self):
+        pairs = [("conv1", "gn1"), ("conv2", "gn2"), ("conv3", "gn3")]
+        if self.needs_projection:
+            pairs.insert(0, ("conv_proj", "gn_proj"))
+        params = {}
+        for conv, gn in pairs:
+            params[f"{conv}/kernel"] = getattr(self, conv).kernel
+            params |= {f"{gn}/{k}": v for k, v in _gn_params(getattr(self, gn)).items()}
+        return params
+
+    def get_config(self):
+        return {**super().get_config(), "filters": self.filters, "strides": self.strides}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ResNetStem(keras.layers.Layer):
+    """The hybrid's ResNet: root (StdConv 7x7/2, GroupNorm, ReLU, max-pool 3x3/2, SAME padding)
+    then stages of bottleneck units; stride 1 in the first stage and 2 in the later ones.
+
+    Args:
+        num_layers: units per stage, e.g. (3, 4, 9) for R50 in R50+ViT-B/16, (2, 2, 2, 2) for R26.
+        width_factor: multiplies every width (64 * width_factor at the root).
+    """
+
+    def __init__(self, num_layers, width_factor=1, **kwargs):
+        super().__init__(**kwargs)
+        self.num_layers = tuple(int(n) for n in num_layers)
+        self.width_factor = int(width_factor)
+        if not self.num_layers or min(self.num_layers) < 1:
+            raise ValueError(f"ResNetStem: num_layers must be a non-empty tuple of positive ints, got {num_layers}")
+        self.input_spec = keras.InputSpec(ndim=4)
+
+    @property
+    def stride(self):
+        """Total downsampling of the stem."""
+        return 4 * 2 ** (len(self.num_layers) - 1)
+
+    @property
+    def output_channels(self):
+        return 64 * self.width_factor * 2 ** (len(self.num_layers) - 1) * 4
+
+    def build(self, input_shape):
+        p, width = self.dtype_policy, 64 * self.width_factor
+        self.conv_root = StdConv2D(width, 7, 2, name="conv_root", dtype=p)
+        self.gn_root = _group_norm("gn_root", p)
+        self.conv_root.build(input_shape)
+        self.gn_root.build((input_shape[0], None, None, width))
+        self.units = []
+        channels = width
+        for i, count in enumerate(self.num_layers):
+            for j in range(count):
+                unit = BottleneckUnit(
+                    width * 2**i, strides=2 if (i > 0 and j == 0) else 1, name=f"block{i + 1}_unit{j + 1}", dtype=p
+                )
+                unit.build((input_shape[0], None, None, channels))
+                channels = 4 * width * 2**i
+                self.units.append(unit)
+
+    def call(self, images):
+        x = ops.relu(self.gn_root(self.conv_root(images)))
+        x = ops.max_pool(x, pool_size=3, strides=2, padding="same")
+        for unit in self.units:
+            x = unit(x)
+        return x
+
+    def compute_output_shape(self, input_shape):
+        b, h, w, _ = input_shape
+        s = self.stride
+        return (b, None if h is None else -(-h // s), None if w is None else -(-w // s), self.output_channels)
+
+    def official_weights(self):
+        params = {"conv_root/kernel": self.conv_root.kernel}
+        params |= {f"gn_root/{k}": v for k, v in _gn_params(self.gn_root).items()}
+        for unit in self.units:
+            block, name = unit.name.split("_")
+            params |= {f"{block}/{name}/{k}": v for k, v in unit.official_weights().items()}
+        return params
+
+    def get_config(self):
+        return {**super().get_config(), "num_layers": self.num_layers, "width_factor": self.width_factor}

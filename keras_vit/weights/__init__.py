@@ -1,0 +1,137 @@
+"""Pretrained weights: the registry of released checkpoints, download, and loading into a model."""
+
+import logging
+import math
+import os
+
+from keras_vit.weights.download import fetch
+from keras_vit.weights.npz import find_vit, load_npz, official_variables, peek_npz, read_npz
+
+logger = logging.getLogger("keras_vit")
+
+KERAS_SUFFIXES = (".weights.h5", ".keras")
+
+
+def _is_path(weights):
+    return os.path.exists(weights) or weights.endswith((".npz", *KERAS_SUFFIXES)) or os.sep in weights
+
+
+def list_weights(variant=None):
+    """The registered released checkpoints (all, or those of one variant)."""
+    from keras_vit.weights.registry import list_weights as _list
+
+    return _list(variant)
+
+
+def _record(variant, tag, image_size=None):
+    from keras_vit.weights.registry import get_weights
+
+    return get_weights(variant, tag, image_size)
+
+
+def model_config(model):
+    """The architecture of the ViT in `model`, read off its layers (for registry look-ups)."""
+    vit = find_vit(model)
+    if vit is None:
+        raise ValueError(f"model {model.name!r} holds no keras_vit Vision Transformer")
+    blocks = [layer for layer in vit.layers if layer.name.startswith("encoderblock_")]
+    embedding = vit.get_layer("embedding")
+    config = dict(
+        patch_size=embedding.patch_size, hidden_size=embedding.hidden_size, num_layers=len(blocks),
+        num_heads=blocks[0].num_heads, mlp_dim=blocks[0].mlp_dim, resnet=None,
+    )
+    names = {layer.name for layer in vit.layers}
+    if "resnet" in names:
+        stem = vit.get_layer("resnet")
+        config["resnet"] = {"num_layers": stem.num_layers, "width_factor": stem.width_factor}
+    config["grid_size"] = vit.get_layer("posembed_input").grid_size
+    return config
+
+
+def resolve_build_args(variant, weights, image_size, classes, include_top, representation_size="auto"):
+    """Fills `image_size`, `classes` and `representation_size` from the weights when not given."""
+    from keras_vit.variants import variant_config
+
+    file_size = file_classes = None
+    file_pre = False
+    if weights is not None:
+        if not isinstance(weights, (str, os.PathLike)):
+            raise TypeError(f"weights must be None, a registry tag or a path, got {type(weights).__name__}")
+        weights = os.fspath(weights)
+        if _is_path(weights):
+            if weights.endswith(".npz") or (os.path.exists(weights) and not weights.endswith(KERAS_SUFFIXES)):
+                file_classes, file_pre, tokens, has_cls = peek_npz(weights)
+                config = variant_config(variant)
+                if tokens is not None:
+                    side = math.isqrt(tokens - int(has_cls))
+                    stride = config["patch_size"] * (
+                        4 * 2 ** (len(config["resnet"]["num_layers"]) - 1) if config["resnet"] else 1)
+                    file_size = side * stride if side * side == tokens - int(has_cls) else None
+        else:
+            record = _record(variant, weights, image_size)
+            file_size, file_classes, file_pre = record.image_size, record.classes, record.pre_logits
+    image_size = image_size or file_size or 224
+    classes = classes or file_classes or 1000
+    if representation_size == "auto":
+        keep = include_top and file_pre and classes == file_classes
+        representation_size = variant_config(variant)["hidden_size"] if keep else None
+    return dict(image_size=image_size, classes=classes, representation_size=representation_size)
+
+
+def _snapshot(model):
+    return [v.numpy() for v in model.weights]
+
+
+def _restore(model, values):
+    for var, value in zip(model.weights, values):
+        var.assign(value)
+
+
+def load_weights(model, weights):
+    """Loads `weights` (a registry tag, an official `.npz`, a `.weights.h5` or `.keras` file) into
+    `model`, in place. All or nothing: on any error the model keeps its weights.
+
+    Official `.npz` files are mapped key by key: GroupNorm params are squeezed, position
+    embeddings are resized to the model's patch grid, pre-logits are kept when the model has
+    them, and a head of another class count is replaced by a zero-initialised one.
+    Returns the list of notes on what was adapted.
+    """
+    if not isinstance(weights, (str, os.PathLike)):
+        raise TypeError(f"weights must be a registry tag or a path, got {type(weights).__name__}")
+    weights = os.fspath(weights)
+    if not _is_path(weights):
+        from keras_vit.variants import find_variant
+
+        config = model_config(model)
+        variant = find_variant(config)
+        if variant is None:
+            raise ValueError(
+                f"weights={weights!r} names a registered checkpoint, but model {model.name!r} is no "
+                "registered variant; pass a file path instead"
+            )
+        grid = config["grid_size"]
+        stride = config["patch_size"] * (4 * 2 ** (len(config["resnet"]["num_layers"]) - 1) if config["resnet"] else 1)
+        record = _record(variant, weights, grid[0] * stride if grid[0] == grid[1] else None)
+        path = fetch(record.url, record.filename)
+        try:
+            return load_npz(model, path)
+        except ValueError as err:
+            if "not a readable" in str(err):
+                os.remove(path)  # never trust it again
+                raise ValueError(f"{err}\nThe cached file was removed; call again to download it anew.") from None
+            raise
+    if weights.endswith(KERAS_SUFFIXES):
+        if not os.path.exists(weights):
+            raise FileNotFoundError(f"weights file not found: {weights}")
+        before = _snapshot(model)
+        try:
+            model.load_weights(weights)
+        except Exception as err:
+            _restore(model, before)
+            raise ValueError(f"could not load {weights} into model {model.name!r} (weights left unchanged): {err}") from None
+        return []
+    return load_npz(model, weights)
+
+
+__all__ = ["fetch", "find_vit", "list_weights", "load_npz", "load_weights", "model_config", "official_variables",
+           "read_npz", "resolve_build_args"]

@@ -1,0 +1,64 @@
+"""Fetching released checkpoints into the Keras cache, so that no partial or corrupt file is ever
+taken for a good one."""
+
+import os
+import shutil
+import tempfile
+import zipfile
+
+import keras
+
+DEFAULT_BASE_URL = "https://storage.googleapis.com/vit_models"
+# A mirror of the official bucket (same folder layout), e.g. an internal server.
+BASE_URL_ENV = "KERAS_VIT_BASE_URL"
+
+
+def cache_dir():
+    return os.path.join(os.path.expanduser(keras.config.keras_home()), "models", "keras_vit")
+
+
+def resolve_url(url):
+    base = os.environ.get(BASE_URL_ENV)
+    if base and url.startswith(DEFAULT_BASE_URL):
+        return base.rstrip("/") + url[len(DEFAULT_BASE_URL):]
+    return url
+
+
+def is_complete_zip(path):
+    """True when `path` is a zip whose central directory and member CRCs are intact."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is None and bool(archive.namelist())
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return False
+
+
+def fetch(url, filename, directory=None):
+    """The local path of `url`, downloaded once into the cache.
+
+    A cached file is trusted only when it is a complete zip archive; a download goes to a
+    temporary file beside the cache and is moved into place only once it checks out.
+    """
+    directory = directory or cache_dir()
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, filename)
+    if os.path.exists(path):
+        if is_complete_zip(path):
+            return path
+        os.remove(path)  # a corrupt or truncated leftover: never trusted
+    url = resolve_url(url)
+    tmp = tempfile.mkdtemp(prefix=".download-", dir=directory)
+    try:
+        try:
+            part = keras.utils.get_file(fname=filename, origin=url, cache_dir=tmp, cache_subdir="")
+        except Exception as err:
+            raise OSError(f"could not download {url}: {err}") from None
+        if not is_complete_zip(part):
+            raise ValueError(
+                f"download of {url} is not a complete .npz archive ({os.path.getsize(part)} bytes; "
+                "interrupted or corrupt); nothing was cached, call again to retry"
+            )
+        os.replace(part, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path

@@ -1,0 +1,214 @@
+"""Reading official ViT `.npz` checkpoints into a keras_vit model: a flat key map, checked whole
+before a single variable is written."""
+
+import logging
+import math
+import zipfile
+
+import numpy as np
+
+from keras_vit.layers import resize_position_embeddings
+
+logger = logging.getLogger("keras_vit")
+
+# Keras layer name in the model -> official key prefix ("" for keys at the top of the file).
+_PREFIXES = {
+    "resnet": "",
+    "embedding": "embedding",
+    "cls": "cls",
+    "posembed_input": "Transformer/posembed_input",
+    "encoder_norm": "Transformer/encoder_norm",
+    "pre_logits": "pre_logits",
+    "head": "head",
+}
+POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
+
+
+def find_vit(model):
+    """The (sub-)model that holds the ViT layers: `model` itself, or a model nested inside it."""
+    names = {layer.name for layer in model.layers}
+    if "embedding" in names and "posembed_input" in names:
+        return model
+    for layer in model.layers:
+        if hasattr(layer, "layers"):
+            found = find_vit(layer) if _has_layers(layer) else None
+            if found is not None:
+                return found
+    return None
+
+
+def _has_layers(layer):
+    try:
+        return bool(layer.layers)
+    except Exception:  # a layer whose `layers` is not a list of layers
+        return False
+
+
+def _layer_params(layer):
+    if hasattr(layer, "official_weights"):
+        return layer.official_weights()
+    if hasattr(layer, "gamma"):  # LayerNormalization
+        return {"scale": layer.gamma, "bias": layer.beta}
+    return {"kernel": layer.kernel, "bias": layer.bias}  # Dense
+
+
+def official_variables(model):
+    """{official key: keras Variable} for every parameter of the ViT in `model`."""
+    vit = find_vit(model)
+    if vit is None:
+        raise ValueError(f"model {model.name!r} holds no keras_vit Vision Transformer (no 'embedding'/'posembed_input' layers)")
+    params = {}
+    for layer in vit.layers:
+        if layer.name.startswith("encoderblock_"):
+            prefix = f"Transformer/{layer.name}"
+        elif layer.name in _PREFIXES:
+            prefix = _PREFIXES[layer.name]
+        else:
+            continue
+        for key, var in _layer_params(layer).items():
+            params["/".join(p for p in (prefix, key) if p)] = var
+    return params
+
+
+class _NpzReader:
+    """Opens an `.npz` without unpickling and turns every failure into one clear error."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def _fail(self, err):
+        return ValueError(
+            f"{self.path} is not a readable official ViT .npz checkpoint (expected a zip archive of "
+            f"named float arrays; truncated or corrupt download?): {err}"
+        )
+
+    def __enter__(self):
+        try:
+            self.data = np.load(self.path, allow_pickle=False)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"weights file not found: {self.path}") from None
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
+            raise self._fail(err) from None
+        if not hasattr(self.data, "files"):
+            raise self._fail("it holds a single .npy array, not an .npz archive of named arrays")
+        return self
+
+    def __exit__(self, *exc):
+        self.data.close()
+
+    @property
+    def keys(self):
+        return list(self.data.files)
+
+    def __getitem__(self, key):
+        try:
+            return np.asarray(self.data[key])
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as err:
+            raise self._fail(f"array {key!r}: {err}") from None
+
+
+def read_npz(path):
+    """All arrays of an `.npz` file, never unpickling; a clear error for anything else."""
+    with _NpzReader(path) as reader:
+        return {key: reader[key] for key in reader.keys}
+
+
+def _shape(var):
+    return tuple(int(d) for d in var.shape)
+
+
+def plan_npz(model, arrays):
+    """Maps checkpoint arrays onto the model's variables without writing anything.
+
+    Returns (assignments {key: (variable, value)}, notes [str]); raises ValueError listing every
+    missing, mis-shaped or unexpected key when the file does not fit the model.
+    """
+    targets = official_variables(model)
+    vit = find_vit(model)
+    assignments, notes = {}, []
+    missing, mismatched = [], []
+
+    model_head = targets.get("head/kernel")
+    replace_head = False
+    if model_head is not None:
+        file_head = arrays.get("head/kernel")
+        file_pre, model_pre = "pre_logits/kernel" in arrays, "pre_logits/kernel" in targets
+        if file_head is None:
+            replace_head, why = True, "the file has no head"
+        elif file_head.ndim == 2 and file_head.shape[1] != model_head.shape[1]:
+            replace_head, why = True, f"{file_head.shape[1]} classes in the file, {model_head.shape[1]} in the model"
+        elif file_pre and not model_pre:
+            replace_head, why = True, "the file's head sits on pre-logits that the model does not have"
+        if replace_head:
+            notes.append(f"new zero-initialised head ({why}; paper 3.2)")
+
+    for key, var in targets.items():
+        shape = _shape(var)
+        if key.startswith("head/") and replace_head:
+            assignments[key] = (var, np.zeros(shape, np.float32))
+            continue
+        if key not in arrays:
+            missing.append(key)
+            continue
+        value = arrays[key]
+        if key == POSEMB_KEY and value.shape != shape and value.ndim == 3 and value.shape[-1] == shape[-1]:
+            layer = vit.get_layer("posembed_input")
+            try:
+                value = resize_position_embeddings(value, layer.grid_size, num_prefix_tokens=layer.num_prefix_tokens)
+            except ValueError as err:
+                mismatched.append(f"{key}: cannot resize {value.shape} to {shape}: {err}")
+                continue
+            old = math.isqrt(arrays[key].shape[1] - layer.num_prefix_tokens)
+            notes.append(f"position embeddings resized from a {old}x{old} to a {layer.grid_size[0]}x{layer.grid_size[1]} grid")
+        elif value.shape != shape and value.size == math.prod(shape) and value.squeeze().shape == tuple(
+            d for d in shape if d != 1
+        ):
+            value = value.reshape(shape)  # e.g. GroupNorm scale stored as (1, 1, 1, C)
+        if value.shape != shape:
+            mismatched.append(f"{key}: file {tuple(value.shape)}, model {shape}")
+            continue
+        if not np.issubdtype(value.dtype, np.floating):
+            mismatched.append(f"{key}: dtype {value.dtype}, expected floating point")
+            continue
+        assignments[key] = (var, value)
+
+    tolerated = ("pre_logits/", "head/")
+    unused = sorted(k for k in arrays if k not in targets)
+    unexpected = [k for k in unused if not k.startswith(tolerated)]
+    if missing or mismatched or unexpected:
+        lines = []
+        for title, items in (("missing from the file", missing), ("shape mismatch", mismatched),
+                             ("in the file but not in the model", unexpected)):
+            if items:
+                shown = "\n    ".join(items[:12]) + (f"\n    ... and {len(items) - 12} more" if len(items) > 12 else "")
+                lines.append(f"  {len(items)} {title}:\n    {shown}")
+        raise ValueError(
+            f"checkpoint does not fit model {model.name!r} (another variant, resolution or classifier?); "
+            "the model's weights were left unchanged.\n" + "\n".join(lines)
+        )
+    dropped = sorted({k.split("/")[0] for k in unused})
+    if dropped:
+        notes.append(f"not used: {', '.join(dropped)} ({sum(1 for _ in unused)} arrays)")
+    return assignments, notes
+
+
+def load_npz(model, path):
+    """Loads an official `.npz` into `model`: all or nothing, with one log line of what changed."""
+    assignments, notes = plan_npz(model, read_npz(path))
+    for var, value in assignments.values():
+        var.assign(value.astype(var.dtype if isinstance(var.dtype, str) else "float32"))
+    message = f"keras_vit: loaded {len(assignments)} arrays from {path}" + ("; " + "; ".join(notes) if notes else "")
+    (logger.warning if any(n.startswith("new zero") for n in notes) else logger.info)(message)
+    return notes
+
+
+def peek_npz(path):
+    """(classes or None, has_pre_logits, position-embedding tokens or None, has_cls), reading only those arrays."""
+    with _NpzReader(path) as reader:
+        keys = set(reader.keys)
+        return (
+            int(reader["head/kernel"].shape[-1]) if "head/kernel" in keys else None,
+            "pre_logits/kernel" in keys,
+            int(reader[POSEMB_KEY].shape[1]) if POSEMB_KEY in keys else None,
+            "cls" in keys,
+        )
