@@ -5,7 +5,7 @@ import math
 import os
 
 from keras_vit.weights.download import fetch
-from keras_vit.weights.npz import find_vit, load_npz, official_variables, peek_npz, read_npz
+from keras_vit.weights.npz import find_vit, load_npz, official_variables, peek_npz, read_npz, save_npz
 
 logger = logging.getLogger("keras_vit")
 
@@ -134,4 +134,4 @@ def load_weights(model, weights):
 
 
 __all__ = ["fetch", "find_vit", "list_weights", "load_npz", "load_weights", "model_config", "official_variables",
-           "read_npz", "resolve_build_args"]
+           "read_npz", "resolve_build_args", "save_npz"]

@@ -14,7 +14,9 @@ BASE_URL_ENV = "KERAS_VIT_BASE_URL"
 
 
 def cache_dir():
-    return os.path.join(os.path.expanduser(keras.config.keras_home()), "models", "keras_vit")
+    """`$KERAS_HOME/models/keras_vit` (read at call time), by default `~/.keras/models/keras_vit`."""
+    home = os.environ.get("KERAS_HOME") or keras.config.keras_home()
+    return os.path.join(os.path.expanduser(home), "models", "keras_vit")
 
 
 def resolve_url(url):

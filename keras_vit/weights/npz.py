@@ -3,6 +3,8 @@ before a single variable is written."""
 
 import logging
 import math
+import os
+import tempfile
 import zipfile
 
 import numpy as np
@@ -212,3 +214,19 @@ def peek_npz(path):
             int(reader[POSEMB_KEY].shape[1]) if POSEMB_KEY in keys else None,
             "cls" in keys,
         )
+
+
+def save_npz(model, path):
+    """Writes the ViT in `model` as an official-layout `.npz` (atomically: temp file, then rename)."""
+    arrays = {key: np.asarray(var.numpy(), np.float32) for key, var in official_variables(model).items()}
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".npz", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        os.remove(tmp)
+        raise
+    return path
