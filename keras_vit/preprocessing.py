@@ -1,0 +1,152 @@
+"""Input scaling and ImageNet label decoding for the ViT checkpoints.
+
+The official ViT models take RGB images scaled to [-1, 1] (``(x - 127.5) / 127.5``),
+channels last. ``decode_predictions`` maps the outputs of a 1,000-class
+(ImageNet-1k) or 21,843-class (Google's ImageNet-21k order) head to
+``(synset, name, score)`` triples, using the class lists shipped in
+``keras_vit/data/`` (built by ``weights/tools/make_class_names.py``).
+"""
+
+import functools
+import gzip
+import importlib.resources
+
+import numpy as np
+
+IMAGENET1K_CLASSES = 1000
+IMAGENET21K_CLASSES = 21843
+
+_CLASS_FILES = {
+    IMAGENET1K_CLASSES: "imagenet1k.txt",
+    IMAGENET21K_CLASSES: "imagenet21k.txt.gz",
+}
+
+
+def _static_shape(x):
+    """The shape of `x` as a tuple (None for unknown axes), or None if the rank is unknown."""
+    try:
+        return tuple(None if d is None else int(d) for d in x.shape)
+    except (TypeError, ValueError):  # e.g. a TensorFlow tensor of unknown rank
+        return None
+
+
+def _check_image_shape(shape):
+    if shape is None:
+        return
+    if len(shape) not in (3, 4):
+        raise ValueError(
+            "preprocess_input expects images of rank 3 (height, width, 3) or 4 "
+            f"(batch, height, width, 3); got rank {len(shape)} with shape {shape}"
+        )
+    if shape[-1] is not None and shape[-1] != 3:
+        raise ValueError(
+            "preprocess_input expects 3 (RGB) channels on the last axis (channels_last); "
+            f"got shape {shape}"
+        )
+
+
+def preprocess_input(x):
+    """Scales RGB images from [0, 255] to [-1, 1]: ``(x - 127.5) / 127.5``, in float32.
+
+    Args:
+        x: uint8 or float images with values in [0, 255], shape ``(H, W, 3)`` or
+            ``(N, H, W, 3)``. A NumPy array (or nested list), a backend tensor, or a
+            symbolic ``keras.KerasTensor``.
+
+    Returns:
+        float32 values in [-1, 1], of the same kind as `x` (NumPy in, NumPy out;
+        tensor in, tensor out). The input is not modified.
+
+    Raises:
+        ValueError: the rank is not 3 or 4, or the last axis is known and is not 3.
+        TypeError: `x` does not hold numbers.
+    """
+    if isinstance(x, (np.ndarray, np.generic, list, tuple)):
+        array = np.asarray(x)
+        if array.dtype.kind not in "uif":
+            raise TypeError(
+                f"preprocess_input expects integer or float images, got dtype {array.dtype}"
+            )
+        _check_image_shape(array.shape)
+        scale = np.float32(127.5)
+        return (array.astype(np.float32) - scale) / scale
+
+    import keras
+
+    _check_image_shape(_static_shape(x))
+    x = keras.ops.cast(x, "float32")
+    return keras.ops.divide(keras.ops.subtract(x, 127.5), 127.5)
+
+
+@functools.lru_cache(maxsize=None)
+def _class_list(classes):
+    """((synset, name), ...) in label order for a 1000- or 21843-class head; read once."""
+    resource = importlib.resources.files("keras_vit") / "data" / _CLASS_FILES[classes]
+    data = resource.read_bytes()
+    if resource.name.endswith(".gz"):
+        data = gzip.decompress(data)
+    entries = []
+    for line in data.decode("utf-8").splitlines():
+        synset, _, name = line.partition("\t")
+        entries.append((synset, name))
+    if len(entries) != classes:
+        raise RuntimeError(
+            f"{resource} lists {len(entries)} classes, expected {classes}; the installed "
+            "keras_vit package data is damaged (rebuild it with weights/tools/make_class_names.py)"
+        )
+    return tuple(entries)
+
+
+def class_names(classes=IMAGENET1K_CLASSES):
+    """The ``(synset, name)`` pairs of the 1000-class or 21843-class label order.
+
+    Index ``i`` of the returned tuple describes output ``i`` of a head with that many
+    classes: ImageNet-1k in the standard (sorted synset) order, or ImageNet-21k in the
+    order of the official ``imagenet21k`` checkpoints.
+    """
+    if classes not in _CLASS_FILES:
+        raise ValueError(
+            f"class names are available for {IMAGENET1K_CLASSES} (ImageNet-1k) or "
+            f"{IMAGENET21K_CLASSES} (ImageNet-21k) classes; got {classes!r}"
+        )
+    return _class_list(classes)
+
+
+def decode_predictions(preds, top=5):
+    """The `top` classes of each prediction, as ``(synset, name, score)``, best first.
+
+    Args:
+        preds: scores of shape ``(batch, 1000)`` or ``(batch, 21843)`` (NumPy array or
+            backend tensor); the number of classes picks the ImageNet-1k or the
+            ImageNet-21k label list.
+        top: how many classes to return per image (at most the number of classes).
+
+    Returns:
+        A list with one list per image of ``(synset, name, score)`` tuples sorted by
+        decreasing score (ties keep the lower class index first).
+
+    Raises:
+        ValueError: `preds` is not 2-D with 1000 or 21843 columns, or `top` < 1.
+    """
+    if not isinstance(preds, np.ndarray):
+        import keras
+
+        preds = keras.ops.convert_to_numpy(preds)
+    preds = np.asarray(preds)
+    if preds.ndim != 2 or preds.shape[-1] not in _CLASS_FILES:
+        raise ValueError(
+            "decode_predictions expects a batch of predictions of shape (batch, "
+            f"{IMAGENET1K_CLASSES}) or (batch, {IMAGENET21K_CLASSES}); got shape {preds.shape}"
+        )
+    if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
+        raise ValueError(f"top must be a positive integer, got {top!r}")
+    names = class_names(preds.shape[-1])
+    top = min(int(top), preds.shape[-1])
+    order = np.argsort(-preds.astype(np.float64), axis=-1, kind="stable")[:, :top]
+    return [
+        [(*names[i], float(row[i])) for i in indices]
+        for row, indices in zip(preds, order)
+    ]
+
+
+__all__ = ["class_names", "decode_predictions", "preprocess_input"]
