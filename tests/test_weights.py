@@ -1,0 +1,238 @@
+"""Checkpoint loading: the key map, adaptation rules, all-or-nothing errors, and the download path."""
+
+import functools
+import http.server
+import logging
+import os
+import threading
+
+import numpy as np
+import pytest
+from conftest import OFFICIAL, TINY, case_config
+
+import keras_vit
+from keras_vit.weights import download, official_variables, read_npz, save_npz
+
+TOKEN = OFFICIAL / "vit_tiny_token.npz"
+PRELOGITS = OFFICIAL / "vit_tiny_prelogits.npz"
+HYBRID = OFFICIAL / "hybrid_tiny.npz"
+
+
+def _weights(model):
+    return [w.copy() for w in model.get_weights()]
+
+
+def _assert_unchanged(model, before):
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_every_key_of_each_official_file_is_used():
+    for path, name in ((TOKEN, "vit_tiny_token"), (PRELOGITS, "vit_tiny_prelogits"), (HYBRID, "hybrid_tiny")):
+        model = keras_vit.VisionTransformer(**case_config(name))
+        assert set(official_variables(model)) == set(read_npz(path)), name
+
+
+def test_official_key_layout_of_full_size_variants_matches_released_files():
+    for variant, keys_file in (("ViT_B16", "keys_ViT-B_16.txt"), ("R50_ViT_B16", "keys_R50+ViT-B_16.txt")):
+        lines = [l.split("\t") for l in (OFFICIAL / keys_file).read_text().splitlines() if "\t" in l]
+        released = {k: tuple(int(d) for d in s.strip("()").split(",") if d.strip()) for k, s in lines}
+        model = getattr(keras_vit, variant)(image_size=384)
+        ours = {k: tuple(v.shape) for k, v in official_variables(model).items()}
+        assert set(ours) == set(released), variant
+        for key, shape in ours.items():
+            assert np.prod(shape) == np.prod(released[key]), key  # (1,1,1,C) GroupNorm params squeeze
+
+
+def test_another_variant_raises_naming_keys_and_leaves_weights_unchanged():
+    model = keras_vit.VisionTransformer(**{**case_config("vit_tiny_token"), "hidden_size": 24, "mlp_dim": 48})
+    before = _weights(model)
+    with pytest.raises(ValueError, match=r"shape mismatch[\s\S]*embedding/kernel: file \(4, 4, 3, 48\), model \(4, 4, 3, 24\)"):
+        keras_vit.load_weights(model, str(TOKEN))
+    _assert_unchanged(model, before)
+
+
+def test_deeper_model_reports_missing_and_shallower_reports_unexpected_keys():
+    deeper = keras_vit.VisionTransformer(**{**case_config("vit_tiny_token"), "num_layers": 4})
+    before = _weights(deeper)
+    with pytest.raises(ValueError, match="missing from the file:[\\s\\S]*encoderblock_3"):
+        keras_vit.load_weights(deeper, str(TOKEN))
+    _assert_unchanged(deeper, before)
+    shallower = keras_vit.VisionTransformer(**{**case_config("vit_tiny_token"), "num_layers": 2})
+    with pytest.raises(ValueError, match="in the file but not in the model:[\\s\\S]*encoderblock_2"):
+        keras_vit.load_weights(shallower, str(TOKEN))
+
+
+def test_gap_model_cannot_take_a_token_checkpoint():
+    model = keras_vit.VisionTransformer(**{**case_config("vit_tiny_token"), "classifier": "gap"})
+    with pytest.raises(ValueError, match="cls"):
+        keras_vit.load_weights(model, str(TOKEN))
+
+
+def test_new_classes_give_zero_head_and_one_log_line(caplog):
+    model = keras_vit.VisionTransformer(**{**case_config("vit_tiny_token"), "classes": 3})
+    with caplog.at_level(logging.INFO, logger="keras_vit"):
+        keras_vit.load_weights(model, str(TOKEN))
+    assert len(caplog.records) == 1 and "new zero-initialised head (7 classes in the file, 3 in the model" in caplog.text
+    assert not model.get_layer("head").kernel.numpy().any()
+    ref = read_npz(TOKEN)
+    np.testing.assert_array_equal(model.get_layer("embedding").kernel.numpy(), ref["embedding/kernel"])
+
+
+def test_prelogits_kept_when_asked_and_dropped_with_a_note_otherwise():
+    expected = np.load(OFFICIAL / "vit_tiny_prelogits.expected.npz")
+    config = case_config("vit_tiny_prelogits")
+    with_pre = keras_vit.VisionTransformer(**config, weights=PRELOGITS, classifier_activation=None)
+    assert np.abs(with_pre.predict(expected["x"], verbose=0) - expected["logits"]).max() <= 1e-4
+    without = keras_vit.VisionTransformer(**{**config, "representation_size": None})
+    notes = keras_vit.load_weights(without, str(PRELOGITS))
+    assert any("pre-logits" in n for n in notes) and any("not used: pre_logits" in n for n in notes)
+    backbone = keras_vit.VisionTransformer(**{**config, "representation_size": None, "include_top": False})
+    notes = keras_vit.load_weights(backbone, str(PRELOGITS))
+    assert any("head" in n and "pre_logits" in n for n in notes)
+
+
+def test_include_top_false_returns_the_pooled_representation():
+    name = "vit_tiny_token"
+    x = np.load(OFFICIAL / f"{name}.expected.npz")["x"]
+    full = keras_vit.VisionTransformer(**case_config(name), weights=TOKEN, classifier_activation=None)
+    backbone = keras_vit.VisionTransformer(**case_config(name), weights=TOKEN, include_top=False)
+    features = backbone.predict(x, verbose=0)
+    assert features.shape == (2, 48)
+    head = full.get_layer("head")
+    np.testing.assert_allclose(features @ head.kernel.numpy() + head.bias.numpy(), full.predict(x, verbose=0), atol=1e-4)
+
+
+@pytest.mark.parametrize("content,match", [
+    (b"not a zip at all", "not a readable official ViT .npz"),
+    (None, "not a readable official ViT .npz"),  # truncated
+])
+def test_corrupt_files_raise_clearly(tmp_path, content, match):
+    path = tmp_path / "bad.npz"
+    path.write_bytes(content if content is not None else TOKEN.read_bytes()[:5000])
+    model = keras_vit.VisionTransformer(**case_config("vit_tiny_token"))
+    before = _weights(model)
+    with pytest.raises(ValueError, match=match):
+        keras_vit.load_weights(model, str(path))
+    _assert_unchanged(model, before)
+
+
+def test_pickled_arrays_are_refused(tmp_path):
+    path = tmp_path / "pickled.npz"
+    np.savez(path, **{"embedding/kernel": np.array([{"evil": 1}], dtype=object)})
+    with pytest.raises(ValueError, match="pickle"):
+        read_npz(path)
+
+
+def test_missing_file_and_non_string_weights():
+    with pytest.raises(FileNotFoundError, match="nowhere.npz"):
+        keras_vit.VisionTransformer(**case_config("vit_tiny_token"), weights="/nowhere.npz")
+    with pytest.raises(TypeError):
+        keras_vit.load_weights(keras_vit.VisionTransformer(**TINY), 3)
+
+
+def test_unknown_registry_tag_names_the_valid_ones():
+    with pytest.raises(ValueError, match="imagenet21k"):
+        keras_vit.ViT_B32(weights="imagenet42k")
+
+
+def test_save_npz_round_trip_through_a_full_size_variant_at_another_resolution(tmp_path):
+    source = keras_vit.ViT_Ti16(classes=10, classifier_activation=None)
+    path = save_npz(source, tmp_path / "ti16.npz")
+    same = keras_vit.ViT_Ti16(weights=path, classifier_activation=None)  # classes and 224 px read off the file
+    assert same.output_shape == (None, 10) and same.input_shape == (None, 224, 224, 3)
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 224, 224, 3)).astype("float32")
+    np.testing.assert_allclose(same.predict(x, verbose=0), source.predict(x, verbose=0), atol=1e-5)
+    bigger = keras_vit.ViT_Ti16(weights=path, image_size=(256, 320), classes=37)
+    assert bigger.get_layer("posembed_input").pos_embedding.shape == (1, 1 + 16 * 20, 192)
+    assert not os.listdir(tmp_path) == []  and sorted(os.listdir(tmp_path)) == ["ti16.npz"]
+
+
+def test_keras_weights_file_round_trip_and_mismatch_keeps_weights(tmp_path):
+    model = keras_vit.VisionTransformer(**TINY)
+    model.save_weights(tmp_path / "m.weights.h5")
+    clone = keras_vit.VisionTransformer(**TINY, weights=str(tmp_path / "m.weights.h5"))
+    for a, b in zip(model.get_weights(), clone.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    other = keras_vit.VisionTransformer(**{**TINY, "hidden_size": 16})
+    before = _weights(other)
+    with pytest.raises(ValueError, match="weights left unchanged"):
+        keras_vit.load_weights(other, str(tmp_path / "m.weights.h5"))
+    _assert_unchanged(other, before)
+
+
+class _Server:
+    """A loopback HTTP server over a folder, counting requests."""
+
+    def __init__(self, root):
+        self.requests = []
+        outer = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *args):
+                outer.requests.append(self.path)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server(tmp_path):
+    root = tmp_path / "served"
+    root.mkdir()
+    (root / "good.npz").write_bytes(TOKEN.read_bytes())
+    (root / "truncated.npz").write_bytes(TOKEN.read_bytes()[: TOKEN.stat().st_size // 2])
+    srv = _Server(root)
+    yield srv
+    srv.close()
+
+
+def test_download_is_cached_once_and_loads(server, tmp_path):
+    cache = tmp_path / "cache"
+    path = download.fetch(f"{server.url}/good.npz", "good.npz", directory=str(cache))
+    assert os.listdir(cache) == ["good.npz"]
+    n = len(server.requests)
+    assert download.fetch(f"{server.url}/good.npz", "good.npz", directory=str(cache)) == path
+    assert len(server.requests) == n  # served from the cache
+    model = keras_vit.VisionTransformer(**case_config("vit_tiny_token"), weights=path)
+    assert model.get_layer("cls").cls.numpy().any()
+
+
+def test_truncated_download_leaves_nothing_in_the_cache(server, tmp_path):
+    cache = tmp_path / "cache"
+    with pytest.raises(ValueError, match="not a complete .npz archive"):
+        download.fetch(f"{server.url}/truncated.npz", "truncated.npz", directory=str(cache))
+    assert os.listdir(cache) == []
+    with pytest.raises(OSError, match="could not download"):
+        download.fetch(f"{server.url}/absent.npz", "absent.npz", directory=str(cache))
+    assert os.listdir(cache) == []
+
+
+def test_corrupt_cached_file_is_never_trusted(server, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "good.npz").write_bytes(b"half a file")
+    path = download.fetch(f"{server.url}/good.npz", "good.npz", directory=str(cache))
+    assert read_npz(path).keys() == read_npz(TOKEN).keys()
+    assert any("good.npz" in r for r in server.requests)
+
+
+def test_registry_tag_downloads_from_a_mirror(server, tmp_path, monkeypatch, keras_home):
+    """A registry name resolves to its record's URL; KERAS_VIT_BASE_URL points it at a mirror."""
+    from keras_vit.weights import registry
+
+    record = registry.get_weights("ViT_B16", "imagenet21k+imagenet2012", 384)
+    rel = record.url[len(download.DEFAULT_BASE_URL):]
+    target = tmp_path / "served" / rel.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(b"PK\x03\x04 truncated")
+    monkeypatch.setenv(download.BASE_URL_ENV, server.url)
+    with pytest.raises(ValueError, match="not a complete .npz archive"):
+        keras_vit.ViT_B16(weights="imagenet21k+imagenet2012")
+    assert any(rel in r for r in server.requests)
+    assert not any(f.endswith(".npz") for f in os.listdir(download.cache_dir()))
