@@ -1,0 +1,349 @@
+"""tf.data input pipelines over TensorFlow Datasets, with the ViT paper's preprocessing.
+
+    from keras_vit import data
+    train, test = data.load("cifar10", image_size=384, batch_size=512)
+    model.fit(train, steps_per_epoch=..., epochs=..., validation_data=test)
+
+Both datasets yield ``(images, labels)``: float32 NHWC images in [-1, 1]
+(``(x - 127.5) / 127.5``) and int32 labels. They feed ``model.fit`` on every
+Keras backend (Keras converts tf.data batches for JAX and PyTorch).
+
+Preprocessing (NOTES.md section 3, official fine-tuning code):
+- train: a random crop from ``sample_distorted_bounding_box`` with area range
+  (0.05, 1) and no object constraint, resized to the square training size,
+  then a random horizontal flip;
+- eval: a plain resize to the size, no centre crop.
+
+Determinism: every random choice (the shuffle order of each pass over the data
+and the crop and flip of each image) is a pure function of ``seed``, the pass
+index and the position in that pass. The same call therefore yields the same
+batches in every process, and ``skip_batches`` starts the stream at any batch
+without decoding the images skipped, which is what an exact resume of an
+interrupted run needs.
+
+Requires TensorFlow and tensorflow-datasets (the ``tensorflow`` extra), whatever
+the Keras backend.
+"""
+
+import dataclasses
+import difflib
+
+__all__ = ["ImageDatasetInfo", "dataset_info", "load", "dev_splits", "train_preprocess",
+           "eval_preprocess"]
+
+_AUTOTUNE = -1  # tf.data.AUTOTUNE
+# (0.05, 1) area and the default 3/4 - 4/3 aspect ratios: the official crop.
+AREA_RANGE = (0.05, 1.0)
+ASPECT_RATIO_RANGE = (3.0 / 4.0, 4.0 / 3.0)
+
+
+def _tf():
+    try:
+        import tensorflow as tf
+        import tensorflow_datasets as tfds
+    except ImportError as e:  # pragma: no cover - environment dependent
+        raise ImportError(
+            "keras_vit.data needs tensorflow and tensorflow-datasets "
+            "(pip install 'keras-vit[tensorflow]'), also on the JAX and PyTorch backends."
+        ) from e
+    return tf, tfds
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageDatasetInfo:
+    """What the pipelines need to know about a TFDS image-classification dataset.
+
+    Attributes:
+        name: TFDS name.
+        num_classes: number of classes of the label feature.
+        class_names: the label feature's names (may be generic, e.g. "0", "1").
+        image_key / label_key: the feature names of the images and labels.
+        image_shape: shape of the stored images (None for variable sizes).
+        splits: split name -> number of examples, when known (empty before
+            the data is downloaded and prepared).
+    """
+
+    name: str
+    num_classes: int
+    class_names: tuple
+    image_key: str
+    label_key: str
+    image_shape: tuple
+    splits: dict
+
+
+def _builder(name, data_dir):
+    tf, tfds = _tf()
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"`name` must be a TFDS dataset name (a string); got {name!r}.")
+    try:
+        return tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        base = name.split(":")[0].split("/")[0]
+        close = difflib.get_close_matches(base, tfds.list_builders(), n=5, cutoff=0.6)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise ValueError(
+            f"Unknown TFDS dataset {name!r}.{hint} Expected the name of an image-"
+            "classification dataset of tensorflow-datasets, e.g. 'cifar10', 'cifar100', "
+            "'oxford_iiit_pet', 'oxford_flowers102'."
+        ) from None
+
+
+def _features(builder):
+    _, tfds = _tf()
+    features = builder.info.features
+    keys = builder.info.supervised_keys
+    if isinstance(keys, (tuple, list)) and len(keys) == 2 and all(isinstance(k, str) for k in keys):
+        image_key, label_key = keys
+    else:
+        image_key, label_key = "image", "label"
+    problems = []
+    if image_key not in features or not isinstance(features[image_key], tfds.features.Image):
+        problems.append(f"no image feature {image_key!r}")
+    if label_key not in features or not isinstance(features[label_key], tfds.features.ClassLabel):
+        problems.append(f"no class-label feature {label_key!r}")
+    if problems:
+        raise ValueError(
+            f"TFDS dataset {builder.name!r} is not an image-classification dataset: "
+            f"{' and '.join(problems)}. Expected an Image feature and a ClassLabel "
+            f"feature (as supervised keys); its features are {sorted(features.keys())}."
+        )
+    return image_key, label_key
+
+
+def dataset_info(name, data_dir=None):
+    """Describe the TFDS image-classification dataset ``name`` (no download needed).
+
+    Raises:
+        ValueError: for an unknown dataset or one without image and class-label features.
+    """
+    builder = _builder(name, data_dir)
+    image_key, label_key = _features(builder)
+    label = builder.info.features[label_key]
+    splits = {}
+    try:
+        splits = {k: int(v.num_examples) for k, v in builder.info.splits.items()}
+    except Exception:  # metadata of a dataset that is not prepared
+        splits = {}
+    return ImageDatasetInfo(
+        name=builder.name,
+        num_classes=int(label.num_classes),
+        class_names=tuple(label.names),
+        image_key=image_key,
+        label_key=label_key,
+        image_shape=tuple(builder.info.features[image_key].shape),
+        splits=splits,
+    )
+
+
+def dev_splits(split, dev_fraction):
+    """TFDS split names that hold out the last ``dev_fraction`` of ``split``.
+
+    ``dev_splits("train", 0.02) == ("train[:98%]", "train[98%:]")``: the paper's
+    learning-rate sweep trains on the first and selects on the second (B.1.1).
+    """
+    if not isinstance(split, str) or "[" in split or "+" in split:
+        raise ValueError(f"Expected a plain split name such as 'train' to take a dev part from; got {split!r}.")
+    if isinstance(dev_fraction, bool) or not isinstance(dev_fraction, (int, float)) or not 0 < dev_fraction < 1:
+        raise ValueError(f"`dev_fraction` must be a number in (0, 1); got {dev_fraction!r}.")
+    cut = f"{round(100.0 * (1.0 - dev_fraction), 6):g}"
+    return f"{split}[:{cut}%]", f"{split}[{cut}%:]"
+
+
+def _size(image_size):
+    if isinstance(image_size, int) and not isinstance(image_size, bool):
+        image_size = (image_size, image_size)
+    try:
+        h, w = (int(s) for s in image_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"`image_size` must be an int or (height, width); got {image_size!r}.") from None
+    if h < 1 or w < 1 or (h, w) != tuple(image_size):
+        raise ValueError(f"`image_size` must be positive integers; got {image_size!r}.")
+    return h, w
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+    return value
+
+
+def _decode(tf, encoded):
+    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+    image.set_shape([None, None, 3])
+    return image
+
+
+def _normalise(tf, image):
+    return (tf.cast(image, tf.float32) - 127.5) / 127.5
+
+
+def train_preprocess(image, image_size, seed):
+    """The paper's training augmentation of one decoded uint8 HWC image.
+
+    Random crop with ``stateless_sample_distorted_bounding_box`` (area 5-100%
+    of the image, aspect ratio 3/4-4/3, no object constraint), bilinear resize
+    to ``image_size``, random left-right flip, scaling to [-1, 1]. ``seed`` is
+    a shape-[2] integer tensor: the same seed gives the same crop and flip.
+    """
+    tf, _ = _tf()
+    size = _size(image_size)
+    image = tf.convert_to_tensor(image)
+    seed = tf.convert_to_tensor(seed)
+    crop_seed = tf.random.experimental.stateless_fold_in(seed, 0)
+    flip_seed = tf.random.experimental.stateless_fold_in(seed, 1)
+    begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image),
+        bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+        seed=crop_seed,
+        min_object_covered=0.0,
+        aspect_ratio_range=ASPECT_RATIO_RANGE,
+        area_range=AREA_RANGE,
+        max_attempts=100,
+        use_image_if_no_bounding_boxes=True,
+    )
+    image = tf.slice(image, begin, crop)
+    image = tf.image.resize(image, size, method="bilinear")
+    image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+    image.set_shape([size[0], size[1], 3])
+    return _normalise(tf, image)
+
+
+def eval_preprocess(image, image_size):
+    """The paper's evaluation preprocessing: bilinear resize to ``image_size``, scale to [-1, 1]."""
+    tf, _ = _tf()
+    size = _size(image_size)
+    image = tf.image.resize(tf.convert_to_tensor(image), size, method="bilinear")
+    image.set_shape([size[0], size[1], 3])
+    return _normalise(tf, image)
+
+
+def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *,
+         dev_fraction=None, shuffle_buffer=10_000, seed=0, repeat=True, skip_batches=0,
+         eval_batch_size=None, download=True, drop_remainder=True):
+    """Training and evaluation pipelines of a TFDS image-classification dataset.
+
+    Args:
+        name: any TFDS image-classification dataset, e.g. "cifar10", "cifar100",
+            "oxford_iiit_pet", "oxford_flowers102" (the number of classes is in
+            ``dataset_info(name).num_classes``).
+        image_size: int or (height, width) of the output images.
+        batch_size: training batch size (per ``train_step``; with gradient
+            accumulation, the recipe's ``device_batch_size``).
+        split: (train split, eval split); TFDS slicing such as "train[:90%]" works.
+        data_dir: TFDS data folder, for data that is already downloaded.
+        dev_fraction: hold out this fraction of the train split for the paper's
+            learning-rate sweep: train on the rest, evaluate on the held-out
+            part (the eval split is then ignored), see :func:`dev_splits`.
+        shuffle_buffer: shuffle buffer of encoded examples (1 switches shuffling off).
+        seed: seed of the shuffle, crops and flips.
+        repeat: repeat the training data forever (each pass shuffled and
+            augmented differently); give ``model.fit`` a ``steps_per_epoch``.
+            With False one pass is yielded.
+        skip_batches: start the training stream after this many batches (to
+            resume a run; the skipped images are not decoded).
+        eval_batch_size: defaults to ``batch_size``; the last eval batch may be smaller.
+        download: download and prepare the data when it is not in ``data_dir``.
+        drop_remainder: drop a last partial training batch (keeps shapes static).
+
+    Returns:
+        ``(train_ds, eval_ds)``: ``tf.data.Dataset`` of ``(images, labels)``,
+        images float32 (batch, height, width, 3) in [-1, 1], labels int32 (batch,).
+
+    Raises:
+        ValueError: unknown dataset, a dataset without image and class-label
+            features, bad sizes, or data missing with ``download=False``.
+    """
+    tf, tfds = _tf()
+    size = _size(image_size)
+    batch_size = _positive_int("batch_size", batch_size)
+    eval_batch_size = _positive_int("eval_batch_size", eval_batch_size or batch_size)
+    shuffle_buffer = _positive_int("shuffle_buffer", shuffle_buffer)
+    if isinstance(skip_batches, bool) or not isinstance(skip_batches, int) or skip_batches < 0:
+        raise ValueError(f"`skip_batches` must be an integer >= 0; got {skip_batches!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"`seed` must be an integer; got {seed!r}.")
+    if isinstance(split, str) or len(split) != 2:
+        raise ValueError(f"`split` must be a pair (train split, eval split); got {split!r}.")
+    train_split, eval_split = split
+    if dev_fraction is not None:
+        train_split, eval_split = dev_splits(train_split, dev_fraction)
+
+    builder = _builder(name, data_dir)
+    image_key, label_key = _features(builder)
+    if not builder.is_prepared():
+        if not download:
+            raise ValueError(
+                f"TFDS dataset {name!r} is not prepared in {builder.data_dir!r}; pass the "
+                "`data_dir` that holds it, or download=True."
+            )
+        builder.download_and_prepare()
+
+    decoders = tfds.decode.PartialDecoding(
+        {image_key: True, label_key: True}, decoders={image_key: tfds.decode.SkipDecoding()})
+
+    def read(split_name):
+        try:
+            ds = builder.as_dataset(split=split_name, shuffle_files=False, decoders=decoders)
+        except (ValueError, KeyError) as e:
+            raise ValueError(f"Cannot read split {split_name!r} of {name!r}: {e}") from None
+        return ds.map(lambda ex: (ex[image_key], tf.cast(ex[label_key], tf.int32)))
+
+    train_raw = read(train_split)
+    num_train = int(train_raw.cardinality())
+    if num_train < 0:  # unknown: count once
+        num_train = int(train_raw.reduce(0, lambda n, _: n + 1))
+    if num_train == 0:
+        raise ValueError(f"The train split {train_split!r} of {name!r} is empty.")
+    if drop_remainder and not repeat and num_train < batch_size:
+        raise ValueError(
+            f"The train split {train_split!r} has {num_train} examples, fewer than one "
+            f"batch of {batch_size}; lower batch_size or pass drop_remainder=False."
+        )
+
+    start_example = skip_batches * batch_size
+    first_pass, offset = divmod(start_example, num_train)
+    if not repeat and first_pass > 0:
+        raise ValueError(
+            f"`skip_batches` ({skip_batches}) goes past the single pass of {num_train} "
+            "examples; use repeat=True."
+        )
+    seed_base = tf.constant(seed, tf.int64)
+
+    def one_pass(pass_index):
+        ds = train_raw
+        if shuffle_buffer > 1:
+            # This function is traced into its own graph. Clearing that graph's
+            # seed (a copy of the global one, e.g. from keras.utils.
+            # set_random_seed) makes the shuffle depend on `seed` and the pass
+            # only, and lets TF accept the per-pass seed tensor.
+            tf.compat.v1.get_default_graph().seed = None
+            ds = ds.shuffle(shuffle_buffer, seed=seed_base * 1_000_003 + pass_index,
+                            reshuffle_each_iteration=False)
+        ds = ds.enumerate()
+        ds = ds.skip(tf.where(pass_index == first_pass, tf.constant(offset, tf.int64), 0))
+        return ds.map(lambda index, example: (pass_index, index, example[0], example[1]))
+
+    last = 2**62 if repeat else first_pass + 1
+    train = tf.data.Dataset.range(first_pass, last).flat_map(one_pass)
+
+    def train_map(pass_index, index, encoded, label):
+        image_seed = tf.stack([seed_base, pass_index * (num_train + 1) + index])
+        return train_preprocess(_decode(tf, encoded), size, image_seed), label
+
+    train = train.map(train_map, num_parallel_calls=_AUTOTUNE, deterministic=True)
+    train = train.batch(batch_size, drop_remainder=drop_remainder)
+    if repeat:
+        cardinality = tf.data.INFINITE_CARDINALITY
+    elif drop_remainder:
+        cardinality = (num_train - offset) // batch_size
+    else:
+        cardinality = -(-(num_train - offset) // batch_size)
+    train = train.apply(tf.data.experimental.assert_cardinality(cardinality))
+    train = train.prefetch(_AUTOTUNE)
+
+    evaluation = read(eval_split).map(
+        lambda encoded, label: (eval_preprocess(_decode(tf, encoded), size), label),
+        num_parallel_calls=_AUTOTUNE, deterministic=True)
+    evaluation = evaluation.batch(eval_batch_size).prefetch(_AUTOTUNE)
+    return train, evaluation
