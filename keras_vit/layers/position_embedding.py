@@ -77,13 +77,17 @@ class AddPositionEmbs(keras.layers.Layer):
     def num_tokens(self):
         return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
 
-    def build(self, input_shape):
-        if input_shape[1] is not None and input_shape[1] != self.num_tokens:
+    def _check(self, shape):
+        if shape[1] is not None and shape[1] != self.num_tokens:
             raise ValueError(
                 f"AddPositionEmbs expects {self.num_tokens} tokens ({self.num_prefix_tokens} prefix + "
-                f"{self.grid_size[0]}x{self.grid_size[1]} grid), got input shape {tuple(input_shape)}: "
-                "the image size differs from the model's image_size."
+                f"{self.grid_size[0]}x{self.grid_size[1]} grid), got input shape {tuple(shape)}: the image "
+                "size differs from the model's image_size (resize the images, or build the model at this "
+                "size; weights= resizes the position embeddings)."
             )
+
+    def build(self, input_shape):
+        self._check(input_shape)
         self.pos_embedding = self.add_weight(
             name="pos_embedding",
             shape=(1, self.num_tokens, input_shape[-1]),
@@ -91,6 +95,7 @@ class AddPositionEmbs(keras.layers.Layer):
         )
 
     def call(self, tokens):
+        self._check(tokens.shape)
         return tokens + ops.cast(self.pos_embedding, tokens.dtype)
 
     def official_weights(self):

@@ -1,0 +1,136 @@
+"""The builder and the factories: parameter counts, shapes, errors, saving and precision."""
+
+import keras
+import numpy as np
+import pytest
+from conftest import TINY
+
+import keras_vit
+from keras_vit.variants import VARIANTS, find_variant, variant_config
+
+# Official parameter counts at 224 px with 1000 classes and no pre-logits (vit_jax's test table).
+PARAM_COUNTS = {
+    "ViT_Ti16": 5_717_416, "ViT_S16": 22_050_664, "ViT_S32": 22_878_952, "ViT_B8": 86_576_872,
+    "ViT_B16": 86_567_656, "ViT_B32": 88_224_232, "ViT_L16": 304_326_632, "ViT_L32": 306_535_400,
+    "ViT_H14": 632_045_800, "R26_ViT_S32": 36_431_912, "R26_ViT_B32": 101_383_976,
+    "R50_ViT_B16": 98_659_112, "R50_ViT_L32": 328_994_856,
+}
+
+
+def test_every_registered_variant_has_an_expected_count():
+    assert set(VARIANTS) == set(PARAM_COUNTS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", sorted(PARAM_COUNTS))
+def test_parameter_count_equals_official(variant):
+    model = getattr(keras_vit, variant)()
+    assert model.count_params() == PARAM_COUNTS[variant]
+    assert find_variant(variant_config(variant)) == variant
+
+
+@pytest.mark.parametrize("kwargs,shape", [
+    ({}, (2, 10)),
+    ({"include_top": False}, (2, 32)),
+    ({"classifier": "gap"}, (2, 10)),
+    ({"representation_size": 12, "include_top": False}, (2, 12)),
+    ({"image_size": (16, 40)}, (2, 10)),
+    ({"resnet": {"num_layers": (1,), "width_factor": 1}, "patch_size": 1, "image_size": 16}, (2, 10)),
+])
+def test_output_shapes(kwargs, shape):
+    model = keras_vit.VisionTransformer(**{**TINY, **kwargs})
+    size = model.input_shape[1:3]
+    out = model.predict(np.zeros((2, *size, 3), "float32"), verbose=0)
+    assert out.shape == shape
+    if "include_top" not in kwargs:
+        np.testing.assert_allclose(out.sum(-1), 1.0, atol=1e-5)  # softmax by default
+
+
+def test_gap_model_has_no_class_token_and_non_square_grid():
+    model = keras_vit.VisionTransformer(**{**TINY, "classifier": "gap", "image_size": (16, 40)})
+    names = [layer.name for layer in model.layers]
+    assert "cls" not in names
+    assert model.get_layer("posembed_input").pos_embedding.shape == (1, 2 * 5, 32)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"image_size": 30}, "not divisible by the patch size 8"),
+    ({"image_size": 20, "patch_size": 1, "resnet": {"num_layers": (1, 1)}}, "ResNet stride 8"),
+    ({"classifier": "cls"}, "unknown classifier 'cls'"),
+    ({"num_heads": 5}, "not divisible by num_heads"),
+    ({"image_size": (32,)}, "image_size must be"),
+    ({"resnet": {"layers": 3}}, "resnet must be None or"),
+])
+def test_bad_configurations_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        keras_vit.VisionTransformer(**{**TINY, **kwargs})
+
+
+def test_unknown_variant_raises():
+    with pytest.raises(ValueError, match="unknown variant 'ViT_X16'"):
+        variant_config("ViT_X16")
+
+
+@pytest.mark.parametrize("shape,match", [
+    ((1, 32, 32, 1), "expected axis -1 of input shape to have value 3|expected shape=\\(None, 32, 32, 3\\)"),
+    ((32, 32, 3), "Expected shape \\(None, 32, 32, 3\\)|expected shape=\\(None, 32, 32, 3\\)"),
+    ((1, 48, 48, 3), "expects 17 tokens|Expected shape \\(None, 32, 32, 3\\)|expected shape=\\(None, 32, 32, 3\\)"),
+])
+def test_wrong_inputs_at_call_time_raise_clearly(shape, match):
+    model = keras_vit.VisionTransformer(**TINY)
+    with pytest.raises(ValueError, match=match):
+        model.predict(np.zeros(shape, "float32"), verbose=0)
+
+
+def test_input_tensor(tmp_path):
+    inputs = keras.Input((32, 32, 3))
+    model = keras_vit.VisionTransformer(**TINY, input_tensor=inputs)
+    assert model.inputs[0] is inputs
+    with pytest.raises(ValueError, match="spatial shape"):
+        keras_vit.VisionTransformer(**TINY, input_tensor=keras.Input((16, 16, 3)))
+
+
+def test_no_lambda_layers_and_keras_file_reloads_in_safe_mode(tmp_path):
+    model = keras_vit.VisionTransformer(**{**TINY, "representation_size": 8, "dropout_rate": 0.1})
+    model.get_layer("head").kernel.assign(np.random.default_rng(1).normal(size=(8, 10)))
+    assert not any(isinstance(layer, keras.layers.Lambda) for layer in model._flatten_layers())
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    model.save(tmp_path / "m.keras")
+    clone = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+    np.testing.assert_array_equal(clone.predict(x, verbose=0), model.predict(x, verbose=0))
+    assert clone.get_layer("encoderblock_1").get_config() == model.get_layer("encoderblock_1").get_config()
+
+
+def test_hybrid_keras_file_round_trip(tmp_path):
+    model = keras_vit.VisionTransformer(**{**TINY, "patch_size": 1, "image_size": 16,
+                                           "resnet": {"num_layers": (1,), "width_factor": 1}})
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 16, 16, 3)).astype("float32")
+    model.save(tmp_path / "h.keras")
+    clone = keras.saving.load_model(tmp_path / "h.keras")
+    np.testing.assert_array_equal(clone.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_mixed_bfloat16_runs_and_returns_float32():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = keras_vit.VisionTransformer(**TINY)
+        backbone = keras_vit.VisionTransformer(**TINY, include_top=False)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    assert model.get_layer("encoderblock_0").compute_dtype == "bfloat16"
+    for m in (model, backbone):
+        out = m(x)
+        assert keras.backend.standardize_dtype(out.dtype) == "float32"
+        assert np.isfinite(keras.ops.convert_to_numpy(out)).all()
+
+
+def test_fit_reduces_loss_on_a_learnable_task():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (64, 32, 32, 3)).astype("float32")
+    y = (x[..., 0].mean((1, 2)) > 0).astype("int32")
+    model = keras_vit.VisionTransformer(**{**TINY, "classes": 2}, classifier_activation=None)
+    model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    first = model.evaluate(x, y, verbose=0)
+    model.fit(x, y, epochs=8, batch_size=16, verbose=0)
+    assert model.evaluate(x, y, verbose=0) < 0.8 * first
