@@ -149,4 +149,20 @@ def decode_predictions(preds, top=5):
     ]
 
 
-__all__ = ["class_names", "decode_predictions", "preprocess_input"]
+def load_image(path, image_size):
+    """Reads an image file as RGB, resized (bicubic) to `image_size` (int or (h, w)): float32 in [0, 255]."""
+    import os
+
+    from PIL import Image, UnidentifiedImageError
+
+    h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"image file not found: {path}")
+    try:
+        with Image.open(path) as img:
+            return np.asarray(img.convert("RGB").resize((w, h), Image.Resampling.BICUBIC), dtype=np.float32)
+    except (UnidentifiedImageError, OSError) as err:
+        raise ValueError(f"cannot read {path} as an image: {err}") from None
+
+
+__all__ = ["class_names", "decode_predictions", "load_image", "preprocess_input"]
