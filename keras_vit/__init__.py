@@ -2,6 +2,7 @@
 
 from keras_vit import layers
 from keras_vit.model import VisionTransformer
+from keras_vit.preprocessing import decode_predictions, preprocess_input
 from keras_vit.variants import (
     R26_ViT_B32,
     R26_ViT_S32,
@@ -22,10 +23,3 @@ from keras_vit.weights import list_weights, load_weights
 
 __version__ = "0.1.0"
 
-
-def __getattr__(name):  # light imports for the rest of the public API
-    if name in ("preprocess_input", "decode_predictions"):
-        from keras_vit import preprocessing
-
-        return getattr(preprocessing, name)
-    raise AttributeError(f"module 'keras_vit' has no attribute {name!r}")
