@@ -142,18 +142,18 @@ def _stack_attentions(attentions):
     return stacked, single
 
 
-def _check_tokens(num_tokens, num_prefix_tokens, grid_size):
+def _check_tokens(num_tokens, num_prefix_tokens, grid_size, what="the attention"):
     num_patches = num_tokens - num_prefix_tokens
     if num_patches <= 0:
         raise ValueError(
-            f"attention has {num_tokens} tokens, not more than num_prefix_tokens="
+            f"{what} has {num_tokens} tokens, not more than num_prefix_tokens="
             f"{num_prefix_tokens}"
         )
     if grid_size is None:
         side = math.isqrt(num_patches)
         if side * side != num_patches:
             raise ValueError(
-                f"the attention has {num_tokens} tokens; minus num_prefix_tokens="
+                f"{what} has {num_tokens} tokens; minus num_prefix_tokens="
                 f"{num_prefix_tokens} that leaves {num_patches} patch tokens, which is not a "
                 "square grid: pass grid_size=(rows, cols), and check num_prefix_tokens "
                 "(1 with a class token, 0 for classifier='gap')"
@@ -161,7 +161,7 @@ def _check_tokens(num_tokens, num_prefix_tokens, grid_size):
     gh, gw = _grid_pair(grid_size, num_patches)
     if gh * gw != num_patches:
         raise ValueError(
-            f"grid_size {(gh, gw)} has {gh * gw} patches but the attention has "
+            f"grid_size {(gh, gw)} has {gh * gw} patches but {what} has "
             f"{num_tokens} tokens - {num_prefix_tokens} prefix = {num_patches} patch tokens"
         )
     return gh, gw
@@ -366,7 +366,7 @@ def position_embedding_similarity(pos_embedding, grid_size=None, num_prefix_toke
         raise ValueError(
             f"pos_embedding must have shape (1, T, D) or (T, D), got {np.shape(pos_embedding)}"
         )
-    gh, gw = _check_tokens(emb.shape[0], num_prefix_tokens, grid_size)
+    gh, gw = _check_tokens(emb.shape[0], num_prefix_tokens, grid_size, "the position embedding")
     patches = emb[num_prefix_tokens:]
     norms = np.linalg.norm(patches, axis=-1, keepdims=True)
     unit = patches / np.where(norms > 0, norms, 1.0)
@@ -872,8 +872,9 @@ def add_cli(subparsers):
         "(not for hybrids, which have no RGB filters) into --out.",
     )
     parser.add_argument("--model", required=True, help="variant factory name, e.g. ViT_B16 or R50_ViT_B16")
-    parser.add_argument("--weights", default=None,
-                        help="registry tag or path of weights; omit or 'none' for random initialisation")
+    parser.add_argument("--weights", required=True,
+                        help="registry tag or path (.npz, .weights.h5) of the weights to inspect; "
+                        "'none' for a randomly initialised model")
     parser.add_argument("--image", required=True, action="append", metavar="PATH",
                         help="image file (repeat for several; all are used for the attention distance)")
     parser.add_argument("--image-size", type=int, default=None,

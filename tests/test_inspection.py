@@ -441,10 +441,12 @@ def test_cli_inspect(tmp_path, monkeypatch):
         warnings.simplefilter("ignore")
         assert args.func(args) == 0
     assert sorted(os.listdir(tmp_path / "out")) == sorted(I.FIGURE_NAMES.values())
-    bad = parser.parse_args(["inspect", "--model", "NotAViT", "--image", "x.jpg", "--out", str(tmp_path)])
+    bad = parser.parse_args(["inspect", "--model", "NotAViT", "--weights", "none", "--image", "x.jpg",
+                             "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="unknown model 'NotAViT'"):
         I.run_cli(bad)
-    missing = parser.parse_args(["inspect", "--model", "Tiny_Test", "--image", str(tmp_path / "nope.jpg"),
+    missing = parser.parse_args(["inspect", "--model", "Tiny_Test", "--weights", "none",
+                                 "--image", str(tmp_path / "nope.jpg"),
                                  "--image-size", "32", "--out", str(tmp_path)])
     with pytest.raises(FileNotFoundError, match="nope.jpg"):
         I.run_cli(missing)
