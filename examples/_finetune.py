@@ -1,0 +1,383 @@
+"""The fine-tuning recipe shared by examples/finetune_*.py (paper B.1.1, Table 4).
+
+    python examples/finetune_cifar10.py --model ViT_B16 --weights imagenet21k --image-size 384 \\
+        --batch-size 512 --device-batch-size 32 --output-dir runs/cifar10_b16
+
+1. the TFDS dataset through ``keras_vit.data.load`` (random crop + flip for
+   training, plain resize for testing, [-1, 1]);
+2. a ViT from a factory (``--model ViT_B16``; or a JSON object of
+   ``VisionTransformer`` arguments for experiments) with a new zero-initialised
+   head of the dataset's classes, loaded from ``--weights``;
+3. ``keras_vit.recipes.compile_for_finetuning``: SGD momentum 0.9, warm-up then
+   cosine decay, clipping at global norm 1, gradient accumulation when
+   ``--device-batch-size`` is smaller than ``--batch-size``, optional EMA;
+4. ``model.fit`` with a progress bar, then ``model.evaluate`` on the test split;
+5. into ``--output-dir``: ``model.keras`` (outputs logits), ``metrics.json``
+   (test_accuracy, test_loss, steps, seconds, images_per_second, ...),
+   ``curves.png``, and ``run.json`` (the flags). ``metrics.json`` is written
+   last: its presence marks a finished run.
+
+Resuming: the training state is backed up in ``<output-dir>/backup`` at the
+end of every evaluation period (``--eval-every`` updates). A run that is
+killed and started again with the same flags continues from the last backup,
+with the data stream positioned where it stopped, and ends with the same
+weights as an uninterrupted run. A folder holding another run (other flags,
+or a finished run) is refused unless ``--overwrite``.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+MARKER = "run.json"
+BACKUP = "backup"
+HISTORY = "history.json"
+
+
+# --------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def parse_args(dataset, argv=None):
+    from keras_vit.recipes import FINETUNE_SETUPS
+
+    setup = FINETUNE_SETUPS[dataset]
+    parser = argparse.ArgumentParser(
+        description=f"Fine-tune a ViT on {dataset} with the paper's recipe (Table 4: "
+        f"{setup.total_steps} steps, batch {setup.batch_size}, lr grid {list(setup.base_lrs)}).")
+    parser.add_argument("--model", default="ViT_B16",
+                        help="factory name (ViT_B16, ViT_L16, R50_ViT_B16, ...) or a JSON object "
+                        "of VisionTransformer arguments (default: ViT_B16)")
+    parser.add_argument("--weights", default="imagenet21k",
+                        help="registry tag, .npz/.weights.h5 path, or 'none' (default: imagenet21k)")
+    parser.add_argument("--image-size", type=_positive_int, default=setup.image_size,
+                        help=f"training and test resolution (default: {setup.image_size})")
+    parser.add_argument("--batch-size", type=_positive_int, default=setup.batch_size,
+                        help=f"images per update (default: {setup.batch_size})")
+    parser.add_argument("--device-batch-size", type=_positive_int, default=None,
+                        help="images per train step; gradients of batch-size/device-batch-size "
+                        "steps are accumulated (default: the batch size)")
+    parser.add_argument("--steps", type=_positive_int, default=setup.total_steps,
+                        help=f"optimizer updates (default: {setup.total_steps})")
+    parser.add_argument("--lr", type=_positive_float, default=setup.default_lr,
+                        help=f"base learning rate (default: {setup.default_lr}; the paper sweeps "
+                        f"{list(setup.base_lrs)})")
+    parser.add_argument("--warmup-steps", type=_non_negative_int, default=None,
+                        help=f"linear warm-up updates (default: {setup.warmup_steps}, at most --steps)")
+    parser.add_argument("--eval-every", type=_positive_int, default=None,
+                        help="updates per Keras epoch: the curve points and backups "
+                        "(default: a tenth of --steps when it divides evenly)")
+    parser.add_argument("--validate", action="store_true",
+                        help="also evaluate on the test split after every epoch (curves)")
+    parser.add_argument("--data-dir", default=None, help="TFDS data folder (already downloaded data)")
+    parser.add_argument("--output-dir", default=os.path.join("runs", f"finetune_{dataset}"),
+                        help=f"output folder (default: runs/finetune_{dataset})")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an output folder holding another run of these examples")
+    parser.add_argument("--ema", action="store_true", help="Polyak averaging of the weights (0.9999)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the init, data order and "
+                        "augmentation (default: 0)")
+    parser.add_argument("--shuffle-buffer", type=_positive_int, default=10_000,
+                        help="shuffle buffer of encoded images (default: 10000)")
+    parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                        help="Keras verbosity: 1 progress bars (default), 2 a line an epoch, 0 none")
+    args = parser.parse_args(argv)
+    args.dataset = dataset
+    if args.device_batch_size is None:
+        args.device_batch_size = args.batch_size
+    if args.warmup_steps is None:
+        args.warmup_steps = min(setup.warmup_steps, args.steps)
+    if args.eval_every is None:
+        args.eval_every = args.steps // 10 if args.steps % 10 == 0 else args.steps
+    if args.steps % args.eval_every:
+        parser.error(f"--steps ({args.steps}) must be a multiple of --eval-every ({args.eval_every})")
+    if args.warmup_steps > args.steps:
+        parser.error(f"--warmup-steps ({args.warmup_steps}) must not exceed --steps ({args.steps})")
+    from keras_vit.recipes import gradient_accumulation_steps
+
+    try:
+        args.accumulation = gradient_accumulation_steps(args.batch_size, args.device_batch_size)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.weights.lower() == "none":
+        args.weights = None
+    return args
+
+
+def run_flags(args):
+    """The flags that define a run (a resumed run must repeat them)."""
+    keys = ("dataset", "model", "weights", "image_size", "batch_size", "device_batch_size",
+            "steps", "lr", "warmup_steps", "eval_every", "ema", "seed", "shuffle_buffer",
+            "validate")
+    return {k: getattr(args, k) for k in keys}
+
+
+# --------------------------------------------------------------------------
+# output folder
+# --------------------------------------------------------------------------
+def write_atomic(path, write):
+    """Call ``write(tmp_path)`` and rename the result to ``path``."""
+    folder, name = os.path.split(path)
+    stem, ext = os.path.splitext(name)
+    tmp = os.path.join(folder, f".{stem}.tmp-{os.getpid()}{ext}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_json(path, obj):
+    def write(tmp):
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    write_atomic(path, write)
+
+
+def prepare_output_dir(out, flags, overwrite):
+    """Create ``out`` or decide to resume in it; refuse to mix two runs. Returns True when resuming."""
+    marker = os.path.join(out, MARKER)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise SystemExit(f"error: --output-dir {out!r} exists and is not a folder.")
+    if os.path.isdir(out) and os.listdir(out):
+        ours = os.path.isfile(marker)
+        if overwrite:
+            if not ours:
+                raise SystemExit(
+                    f"error: --output-dir {out!r} is not empty and holds no {MARKER} of these "
+                    "examples; not deleting it. Remove it yourself or choose another folder.")
+            shutil.rmtree(out)
+        elif not ours:
+            raise SystemExit(
+                f"error: --output-dir {out!r} exists and is not empty; choose another folder "
+                "(or remove it).")
+        else:
+            with open(marker) as f:
+                previous = json.load(f)
+            finished = os.path.exists(os.path.join(out, "metrics.json"))
+            if finished:
+                raise SystemExit(
+                    f"error: --output-dir {out!r} holds a finished run; pass --overwrite to "
+                    "replace it or choose another folder.")
+            if previous != flags:
+                changed = {k: (previous.get(k), v) for k, v in flags.items() if previous.get(k) != v}
+                raise SystemExit(
+                    f"error: --output-dir {out!r} holds an interrupted run with other flags "
+                    f"(was -> now: {changed}); repeat its flags to resume it, or pass "
+                    "--overwrite to start over.")
+            return True
+    os.makedirs(out, exist_ok=True)
+    write_json(marker, flags)
+    return False
+
+
+# --------------------------------------------------------------------------
+# model
+# --------------------------------------------------------------------------
+def build_model(args, classes):
+    import keras_vit
+
+    spec = args.model.strip()
+    if spec.startswith("{"):
+        try:
+            config = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"error: --model is not valid JSON: {e}") from None
+        if not isinstance(config, dict):
+            raise SystemExit("error: --model JSON must be an object of VisionTransformer arguments")
+        config.update(image_size=args.image_size, classes=classes, classifier_activation=None)
+        model = keras_vit.VisionTransformer(**config)
+        if args.weights:
+            for note in keras_vit.load_weights(model, args.weights) or ():
+                print(f"weights: {note}")
+        return model
+    factory = getattr(keras_vit, spec, None)
+    if spec not in getattr(keras_vit, "VARIANTS", {}) or factory is None:
+        names = ", ".join(getattr(keras_vit, "VARIANTS", {}))
+        raise SystemExit(f"error: unknown --model {spec!r}; expected one of {names} or a JSON object")
+    return factory(weights=args.weights, image_size=args.image_size, classes=classes,
+                   classifier_activation=None)
+
+
+# --------------------------------------------------------------------------
+# curves
+# --------------------------------------------------------------------------
+def plot_curves(path, history, eval_every, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = len(history.get("loss", []))
+    steps = [(i + 1) * eval_every for i in range(epochs)]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((axes[0], "loss", "loss"), (axes[1], "accuracy", "accuracy")):
+        if key in history:
+            ax.plot(steps, history[key], "o-", label=f"train {label}")
+        if f"val_{key}" in history:
+            ax.plot(steps, history[f"val_{key}"], "s--", label=f"test {label}")
+        ax.set_xlabel("optimizer updates")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100))
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------
+def main(dataset, argv=None, callbacks=()):
+    """Run the recipe on ``dataset``; ``callbacks`` are extra Keras callbacks for ``fit``."""
+    args = parse_args(dataset, argv)
+    flags = run_flags(args)
+    out = args.output_dir
+    resuming = prepare_output_dir(out, flags, args.overwrite)
+
+    import keras
+
+    from keras_vit import data, recipes
+
+    info = data.dataset_info(dataset, data_dir=args.data_dir)
+    keras.utils.set_random_seed(args.seed)
+    model = build_model(args, info.num_classes)
+    recipes.compile_for_finetuning(
+        model, total_steps=args.steps, base_lr=args.lr, warmup_steps=args.warmup_steps,
+        batch_size=args.batch_size, device_batch_size=args.device_batch_size, ema=args.ema)
+
+    # kept until metrics.json is written, so a run killed after training
+    # but before its files are saved resumes at the end instead of restarting
+    backup = recipes.TrainingBackup(os.path.join(out, BACKUP), delete_on_end=False)
+    done = backup.restore(model)  # train steps already done (0 for a new run)
+    steps_per_epoch = args.eval_every * args.accumulation
+    total_micro = args.steps * args.accumulation
+    initial_epoch = done // steps_per_epoch
+    epochs = args.steps // args.eval_every
+    if resuming:
+        print(f"resuming {out}: {done // args.accumulation} of {args.steps} updates done")
+
+    from keras_vit.recipes import FINETUNE_SETUPS
+
+    setup = FINETUNE_SETUPS[dataset]
+    train, test = data.load(
+        dataset, args.image_size, args.device_batch_size, split=(setup.train_split, setup.test_split),
+        data_dir=args.data_dir, seed=args.seed, shuffle_buffer=args.shuffle_buffer,
+        skip_batches=done)
+
+    history_path = os.path.join(out, BACKUP, HISTORY)
+    history = {}
+    if done and os.path.exists(history_path):
+        with open(history_path) as f:
+            history = {k: v[:initial_epoch] for k, v in json.load(f).items()}
+
+    class KeepHistory(keras.callbacks.Callback):
+        # runs before the backup callback, so the saved history never lags the weights
+        def on_epoch_end(self, epoch, logs=None):
+            for key, value in (logs or {}).items():
+                history.setdefault(key, []).append(float(value))
+            os.makedirs(os.path.dirname(history_path), exist_ok=True)
+            write_json(history_path, history)
+
+    class EpochTimes(keras.callbacks.Callback):
+        # training time of each epoch (without the per-epoch validation)
+        def __init__(self):
+            super().__init__()
+            self.times = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_test_begin(self, logs=None):
+            self.times.append(time.perf_counter() - self.start)
+
+        def on_epoch_end(self, epoch, logs=None):
+            if not args.validate:
+                self.times.append(time.perf_counter() - self.start)
+
+    stop = recipes.NonFiniteLossStop(checkpoint_hint=backup.path)
+    timer = EpochTimes()
+    start = time.perf_counter()
+    if initial_epoch < epochs:
+        model.fit(train, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
+                  validation_data=test if args.validate else None, verbose=args.verbose,
+                  shuffle=False, callbacks=[stop, timer, KeepHistory(), backup, *callbacks])
+    elif model.optimizer.use_ema:
+        # killed after the last backup but before saving: fit would have
+        # ended by loading the averaged weights
+        model.optimizer.finalize_variable_values(model.trainable_variables)
+    seconds = time.perf_counter() - start
+    trained_images = (total_micro - done) * args.device_batch_size
+
+    result = model.evaluate(test, verbose=args.verbose, return_dict=True)
+
+    write_atomic(os.path.join(out, "model.keras"), model.save)
+    plot_curves(os.path.join(out, "curves.png"), history, args.eval_every,
+                f"{args.model if not args.model.startswith('{') else 'ViT'} on {dataset}")
+    metrics = {
+        "dataset": dataset,
+        "test_accuracy": float(result.get("accuracy", float("nan"))),
+        "test_loss": float(result["loss"]),
+        "test_examples": info.splits.get(setup.test_split),
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "device_batch_size": args.device_batch_size,
+        "seconds": round(seconds, 3),
+        "images_per_second": round(trained_images / seconds, 3) if seconds > 0 else None,
+        # the same after the first epoch of this process (no compilation, no warm-up)
+        "steady_images_per_second": (
+            round(steps_per_epoch * args.device_batch_size * (len(timer.times) - 1)
+                  / sum(timer.times[1:]), 3) if len(timer.times) > 1 else None),
+        "resumed_from_step": done // args.accumulation,
+        "backend": keras.backend.backend(),
+        "flags": flags,
+        "history": history,
+    }
+    write_json(os.path.join(out, "metrics.json"), metrics)
+    shutil.rmtree(os.path.join(out, BACKUP), ignore_errors=True)
+    print(f"test accuracy {metrics['test_accuracy']:.4f}, loss {metrics['test_loss']:.4f}; "
+          f"{metrics['images_per_second']} images/s; wrote {out}")
+    return metrics
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("run one of examples/finetune_{cifar10,cifar100,pets,flowers}.py")

@@ -1,0 +1,184 @@
+"""The fine-tuning examples on mocked TFDS data with a tiny ViT; run under each KERAS_BACKEND.
+
+The kill test starts a real training process, kills it with SIGKILL in the
+middle of an epoch, starts it again with the same flags and checks that it
+ends with the same weights as an uninterrupted run.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+
+import numpy as np
+import pytest
+
+tfds = pytest.importorskip("tensorflow_datasets")
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+sys.path.insert(0, EXAMPLES)
+
+import _finetune  # noqa: E402
+
+TINY = json.dumps(dict(patch_size=8, hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1))
+NOWHERE = "/nonexistent/tfds"
+
+
+def flags(out, *extra):
+    return ["--model", TINY, "--weights", "none", "--image-size", "16", "--batch-size", "8",
+            "--device-batch-size", "4", "--steps", "6", "--eval-every", "2", "--warmup-steps", "1",
+            "--lr", "0.05", "--data-dir", NOWHERE, "--output-dir", str(out), "--verbose", "0", *extra]
+
+
+def run(out, *extra, dataset="cifar10", examples=16):
+    with tfds.testing.mock_data(num_examples=examples):
+        return _finetune.main(dataset, flags(out, *extra))
+
+
+def weights_in(path):
+    """The arrays of a saved .keras file, read without Keras."""
+    import h5py
+
+    arrays = {}
+    with zipfile.ZipFile(path) as z, z.open("model.weights.h5") as f:
+        with h5py.File(f, "r") as h5:
+            h5.visititems(lambda name, obj: arrays.__setitem__(name, obj[()])
+                          if isinstance(obj, h5py.Dataset) else None)
+    return arrays
+
+
+def test_a_run_writes_model_metrics_and_curves(tmp_path):
+    import keras
+
+    import keras_vit  # noqa: F401  (registers the layers for loading)
+
+    out = tmp_path / "run"
+    metrics = run(out, "--ema", "--validate", dataset="oxford_iiit_pet")
+    assert sorted(os.listdir(out)) == ["curves.png", "metrics.json", "model.keras", "run.json"]
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved == json.loads(json.dumps(metrics))
+    for key in ("test_accuracy", "test_loss", "steps", "seconds", "images_per_second"):
+        assert key in saved
+    assert 0.0 <= saved["test_accuracy"] <= 1.0 and np.isfinite(saved["test_loss"])
+    assert saved["steps"] == 6 and saved["resumed_from_step"] == 0
+    assert len(saved["history"]["loss"]) == 3 and len(saved["history"]["val_loss"]) == 3
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    model = keras.saving.load_model(str(out / "model.keras"))
+    assert model.output_shape == (None, 37)  # the dataset's classes
+    assert not any(name.startswith(".") for name in os.listdir(out))  # no temporary files
+
+
+def test_output_folder_rules(tmp_path):
+    out = tmp_path / "run"
+    run(out)
+    with pytest.raises(SystemExit, match="holds a finished run"):
+        run(out)
+    (out / "metrics.json").unlink()
+    (out / "stale.txt").write_text("from the first run")
+    run(out, "--overwrite")
+    assert (out / "metrics.json").exists() and not (out / "stale.txt").exists()
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    with pytest.raises(SystemExit, match="exists and is not empty"):
+        run(foreign)
+    with pytest.raises(SystemExit, match="not deleting it"):
+        run(foreign, "--overwrite")
+    assert (foreign / "notes.txt").read_text() == "keep me"
+
+    interrupted = tmp_path / "interrupted"
+    interrupted.mkdir()
+    (interrupted / "run.json").write_text(json.dumps(_finetune.run_flags(
+        _finetune.parse_args("cifar10", flags(interrupted, "--seed", "5")))))
+    with pytest.raises(SystemExit, match=r"other flags.*'seed': \(5, 0\)"):
+        run(interrupted)
+
+
+def test_bad_flags_are_refused(tmp_path, capsys):
+    for extra, message in ((["--batch-size", "8", "--device-batch-size", "3"], "multiple of"),
+                           (["--steps", "7"], "multiple of --eval-every"),
+                           (["--lr", "-1"], "positive number")):
+        with pytest.raises(SystemExit):
+            _finetune.parse_args("cifar10", flags(tmp_path / "x") + extra)
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="unknown --model 'ViT_X99'"):
+        run(tmp_path / "y", "--model", "ViT_X99")
+    assert not (tmp_path / "y" / "metrics.json").exists()
+
+
+LAUNCHER = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {examples!r})
+    import keras
+    import tensorflow_datasets as tfds
+    import _finetune
+
+    class PauseAt(keras.callbacks.Callback):
+        # stands in for a long training step: the parent kills the process here
+        def __init__(self, step):
+            super().__init__()
+            self.step, self.seen = step, 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen += 1
+            if self.seen == self.step:
+                open(os.environ["PAUSED_FILE"], "w").close()
+                time.sleep(600)
+
+    pause = int(os.environ.get("PAUSE_AT", "0"))
+    with tfds.testing.mock_data(num_examples=12):
+        _finetune.main("cifar10", sys.argv[1:], callbacks=[PauseAt(pause)] if pause else [])
+""")
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_weights(tmp_path):
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(LAUNCHER.format(examples=EXAMPLES))
+    # 12 examples, device batches of 4: passes over the data and epochs do not
+    # line up, so the resumed data stream must start mid-pass.
+    extra = ["--steps", "8", "--eval-every", "2", "--ema"]
+    env = dict(os.environ, PAUSED_FILE=str(tmp_path / "paused"))
+
+    def start(out, pause=0):
+        return subprocess.Popen([sys.executable, str(launcher), *flags(out, *extra)],
+                                env=dict(env, PAUSE_AT=str(pause)), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    straight = start(tmp_path / "straight")
+    out_text = straight.communicate(timeout=600)[0]
+    assert straight.returncode == 0, out_text
+
+    out = tmp_path / "killed"
+    victim = start(out, pause=11)  # micro-step 11 = epoch 3 of 4 (4 steps an epoch), 3rd batch
+    deadline = time.time() + 600
+    while not (tmp_path / "paused").exists():
+        assert victim.poll() is None, victim.communicate()[0]
+        assert time.time() < deadline
+        time.sleep(0.2)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=60)
+    assert victim.returncode == -signal.SIGKILL
+    assert (out / "backup" / "latest.weights.h5").exists()
+    assert not (out / "metrics.json").exists()
+
+    resumed = start(out)
+    out_text = resumed.communicate(timeout=600)[0]
+    assert resumed.returncode == 0, out_text
+    assert "resuming" in out_text
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["resumed_from_step"] == 4  # two epochs of 2 updates were backed up
+    assert len(metrics["history"]["loss"]) == 4
+    reference = json.loads((tmp_path / "straight" / "metrics.json").read_text())
+    np.testing.assert_allclose(metrics["history"]["loss"], reference["history"]["loss"], rtol=1e-5)
+    assert not (out / "backup").exists()
+
+    a, b = weights_in(tmp_path / "straight" / "model.keras"), weights_in(out / "model.keras")
+    assert a.keys() == b.keys() and len(a) > 5
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
