@@ -745,10 +745,12 @@ def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max
     * ``attention_rollout.png`` - input, rollout overlay, input weighted by the
       rollout (Figure 6), for up to ``max_rollout_images`` images;
     * ``attention_distance.png`` - mean attention distance per head against
-      depth, averaged over all given images (Figure 7 right);
+      depth, averaged over all given images (Figure 7 right), with the distance
+      uniform attention would give as a dashed line;
     * ``position_embedding_similarity.png`` - cosine-similarity tiles (Figure 7 centre);
     * ``embedding_filters.png`` - principal components of the RGB patch
-      embedding (Figure 7 left). Hybrid models have no RGB embedding filters
+      embedding (Figure 7 left), each labelled with the share of the filters'
+      variance it explains. Hybrid models have no RGB embedding filters
       (their embedding is a 1x1 projection of the ResNet feature map): the file
       is not written, its entry is None and a warning says why.
 
@@ -825,8 +827,10 @@ def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max
     )
 
     distances = mean_attention_distance(attentions, grid, patch_size, prefix)
+    tokens = parts.num_tokens
+    uniform = mean_attention_distance([np.full((1, 1, tokens, tokens), 1.0 / tokens)], grid, patch_size, prefix)
     plotting.plot_attention_distance(
-        distances, paths["attention_distance"], image_size=model_hw[1],
+        distances, paths["attention_distance"], image_size=model_hw[1], uniform=float(uniform[0, 0]),
         title=f"{tag}: mean attention distance ({len(images)} image{'s' * (len(images) > 1)})",
     )
 
@@ -848,9 +852,9 @@ def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max
         kernel = _to_numpy(parts.embedding.kernel)
         p, _, c, d = kernel.shape
         k = min(int(num_components), d, p * p * c)
-        filters = embedding_filters(kernel, k)
+        filters, variance = embedding_filters(kernel, k, return_variance=True)
         plotting.plot_embedding_filters(
-            filters, paths["embedding_filters"],
+            filters, paths["embedding_filters"], variance=variance,
             title=f"{tag}: RGB embedding filters (first {k} principal components)",
         )
     return paths

@@ -18,7 +18,7 @@ def _figure(figsize):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=figsize, dpi=100)
+    fig = Figure(figsize=figsize, dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
@@ -33,7 +33,7 @@ def save_figure(fig, path, dpi=100):
     fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
-            fig.savefig(handle, format="png", dpi=dpi, bbox_inches="tight")
+            fig.savefig(handle, format="png", dpi=dpi)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -88,7 +88,7 @@ def plot_rollout(images, maps, path, title="Attention rollout (output token -> i
 
 
 def plot_attention_distance(distances, path, image_size=None,
-                            title="Mean attention distance by head and depth"):
+                            title="Mean attention distance by head and depth", uniform=None):
     """Scatter of mean attention distance (pixels) against layer, one colour per head
     (paper Figure 7 right / Figure 11).
 
@@ -97,6 +97,8 @@ def plot_attention_distance(distances, path, image_size=None,
         path: PNG path.
         image_size: image width in pixels; sets the y range to ``[0, width]`` and is
             noted in the title.
+        uniform: if given, the distance that uniform attention over all patches would
+            give, drawn as a dashed reference line.
     """
     d = np.asarray(distances, dtype=np.float64)
     if d.ndim != 2:
@@ -110,6 +112,8 @@ def plot_attention_distance(distances, path, image_size=None,
         jitter = (h - (heads - 1) / 2) * min(0.5 / max(heads, 1), 0.04)
         ax.scatter(depth + jitter, d[:, h], s=22, color=cmap(h % cmap.N), label=f"Head {h + 1}",
                    edgecolors="none")
+    if uniform is not None:
+        ax.axhline(uniform, color="0.5", linestyle="--", linewidth=1, label="uniform attention")
     ax.set_xlabel("Network depth (layer)")
     ax.set_ylabel("Mean attention distance (pixels)")
     ax.set_xticks(depth if layers <= 24 else depth[:: max(1, layers // 12)])
@@ -117,7 +121,7 @@ def plot_attention_distance(distances, path, image_size=None,
     ax.set_ylim(0, top)
     ax.set_xlim(0.5, layers + 0.5)
     ax.grid(alpha=0.3)
-    if heads <= 16:
+    if heads <= 16 or uniform is not None:
         ax.legend(fontsize=7, ncol=2 if heads > 8 else 1, loc="lower right", markerscale=0.8)
     suffix = f" (image width {image_size} px)" if image_size else ""
     ax.set_title(title + suffix, fontsize=10)
@@ -139,7 +143,8 @@ def plot_position_similarity(similarity, path, title="Position embedding similar
     gh, gw = s.shape[:2]
     side = min(8.0, 0.55 * max(gh, gw) + 1.5)
     fig = _figure((side * gw / max(gh, gw) + 1.0, side * gh / max(gh, gw) + 0.6))
-    axes = fig.subplots(gh, gw, squeeze=False, gridspec_kw=dict(wspace=0.06, hspace=0.06))
+    fig.get_layout_engine().set(w_pad=0.01, h_pad=0.01, wspace=0.02, hspace=0.02)
+    axes = fig.subplots(gh, gw, squeeze=False)
     shown = None
     for r in range(gh):
         for c in range(gw):
@@ -159,12 +164,13 @@ def plot_position_similarity(similarity, path, title="Position embedding similar
 
 
 def plot_embedding_filters(filters, path, title="RGB embedding filters (first principal components)",
-                           columns=7):
+                           columns=7, variance=None):
     """Grid of the principal components of the patch embedding (paper Figure 7 left).
 
     Args:
         filters: ``(k, P, P, C)`` in [0, 1] from :func:`keras_vit.inspection.embedding_filters`.
         path: PNG path.
+        variance: optional ``(k,)`` explained-variance ratios, printed under each filter.
     """
     f = np.asarray(filters, dtype=np.float64)
     if f.ndim != 4 or f.shape[-1] not in (1, 3):
@@ -173,7 +179,8 @@ def plot_embedding_filters(filters, path, title="RGB embedding filters (first pr
     cols = min(columns, k)
     rows = -(-k // cols)
     fig = _figure((1.1 * cols + 0.4, 1.1 * rows + 0.6))
-    axes = fig.subplots(rows, cols, squeeze=False, gridspec_kw=dict(wspace=0.08, hspace=0.08))
+    fig.get_layout_engine().set(w_pad=0.02, h_pad=0.02, wspace=0.03, hspace=0.03)
+    axes = fig.subplots(rows, cols, squeeze=False)
     for i, ax in enumerate(axes.ravel()):
         ax.set_xticks([])
         ax.set_yticks([])
@@ -181,6 +188,8 @@ def plot_embedding_filters(filters, path, title="RGB embedding filters (first pr
             img = np.clip(f[i], 0.0, 1.0)
             ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray" if img.shape[-1] == 1 else None,
                       vmin=0.0, vmax=1.0, interpolation="nearest")
+            if variance is not None:
+                ax.set_xlabel(f"{100 * variance[i]:.1f}%", fontsize=7, labelpad=2)
         else:
             ax.axis("off")
     fig.suptitle(title, fontsize=10)
