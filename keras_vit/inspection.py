@@ -924,7 +924,11 @@ def run_cli(args):
     parts = find_vit(model)
     pixels = np.stack([_load_image(p, parts.image_size) for p in args.image])
     images = np.asarray(keras_vit.preprocess_input(pixels), dtype=np.float32)
-    paths = inspect_model(model, images, args.out, num_components=args.num_components)
+    import warnings
+
+    with warnings.catch_warnings():  # the hybrid note is printed below instead
+        warnings.filterwarnings("ignore", message=".*no RGB embedding filters.*")
+        paths = inspect_model(model, images, args.out, num_components=args.num_components)
     for key, path in paths.items():
         if path is None:
             print(f"{key}: not written ({name} is a hybrid: no RGB embedding filters)")
