@@ -10,6 +10,7 @@ WEIGHT_STD_EPSILON = 1e-5
 
 def standardize_kernel(kernel, epsilon=WEIGHT_STD_EPSILON):
     """Weight standardisation: `(w - mean) / (std + eps)` over each output channel's (kh, kw, cin)."""
+    kernel = ops.convert_to_tensor(kernel)
     mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
     std = ops.sqrt(ops.mean(ops.square(kernel - mean), axis=(0, 1, 2), keepdims=True))
     return (kernel - mean) / (std + epsilon)
