@@ -72,6 +72,23 @@ def test_a_run_writes_model_metrics_and_curves(tmp_path):
     assert not any(name.startswith(".") for name in os.listdir(out))  # no temporary files
 
 
+@pytest.mark.slow
+def test_factory_models_and_official_checkpoints(tmp_path, capsys):
+    # a registered variant through its factory
+    metrics = run(tmp_path / "ti16", "--model", "ViT_Ti16", "--image-size", "32", "--steps", "2",
+                  "--eval-every", "2")
+    assert metrics["flags"]["model"] == "ViT_Ti16" and np.isfinite(metrics["test_loss"])
+    # an official-layout .npz loaded at another resolution with a new head
+    case = json.loads(open(os.path.join(os.path.dirname(__file__), "data", "official",
+                                        "cases.json")).read())["cases"]["vit_tiny_token"]
+    config = {k: case[k] for k in ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")}
+    npz = os.path.join(os.path.dirname(__file__), "data", "official", "vit_tiny_token.npz")
+    run(tmp_path / "npz", "--model", json.dumps(config), "--weights", npz,
+        "--image-size", str(case["resized_image_size"]), "--steps", "2", "--eval-every", "2")
+    printed = capsys.readouterr().out
+    assert "weights:" in printed  # the loader's notes (resize, new head) are shown
+
+
 def test_output_folder_rules(tmp_path):
     out = tmp_path / "run"
     run(out)
