@@ -2,6 +2,7 @@
 
 from keras_vit import layers, recipes  # recipes registers its schedules/losses for model reloading
 from keras_vit.model import VisionTransformer
+from keras_vit.precision import exact_float32
 from keras_vit.preprocessing import decode_predictions, preprocess_input
 from keras_vit.variants import (
     R26_ViT_B32,

@@ -20,6 +20,14 @@ def case_config(name, resized=False):
     return config
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _exact_float32():
+    """The official outputs are full float32: no TF32 on GPUs (a no-op on CPUs)."""
+    import keras_vit
+
+    keras_vit.exact_float32()
+
+
 @pytest.fixture(autouse=True)
 def _clean_keras_session():
     import keras

@@ -134,3 +134,19 @@ def test_fit_reduces_loss_on_a_learnable_task():
     first = model.evaluate(x, y, verbose=0)
     model.fit(x, y, epochs=8, batch_size=16, verbose=0)
     assert model.evaluate(x, y, verbose=0) < 0.8 * first
+
+
+def test_exact_float32_switches_the_backend_off_tf32():
+    backend = keras_vit.exact_float32(True)
+    if backend == "jax":
+        import jax
+
+        assert jax.config.jax_default_matmul_precision == "highest"
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        assert not tf.config.experimental.tensor_float_32_execution_enabled()
+    else:
+        import torch
+
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
