@@ -3,6 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 BACKENDS ?= jax tensorflow torch
+DEMO_ARGS ?= --overwrite
 
 .PHONY: venv test demo bench clean
 
@@ -22,7 +23,7 @@ test: venv
 	done
 
 demo: venv
-	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) examples/demo.py
+	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) examples/demo.py $(DEMO_ARGS)
 
 bench: venv
 	$(PY) benchmarks/benchmark.py
