@@ -26,6 +26,7 @@ or a finished run) is refused unless ``--overwrite``.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -109,6 +110,9 @@ def parse_args(dataset, argv=None):
                         help=f"output folder (default: runs/finetune_{dataset})")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an output folder holding another run of these examples")
+    parser.add_argument("--distribute", action="store_true",
+                        help="data-parallel over all local devices (Keras DataParallel on JAX, "
+                             "tf.distribute.MirroredStrategy on TensorFlow); --batch-size is the global batch")
     parser.add_argument("--ema", action="store_true", help="Polyak averaging of the weights (0.9999)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the init, data order and "
                         "augmentation (default: 0)")
@@ -280,10 +284,13 @@ def main(dataset, argv=None, callbacks=()):
 
     info = data.dataset_info(dataset, data_dir=args.data_dir)
     keras.utils.set_random_seed(args.seed)
-    model = build_model(args, info.num_classes)
-    recipes.compile_for_finetuning(
-        model, total_steps=args.steps, base_lr=args.lr, warmup_steps=args.warmup_steps,
-        batch_size=args.batch_size, device_batch_size=args.device_batch_size, ema=args.ema)
+    from keras_vit import distribute
+
+    with distribute.data_parallel() if args.distribute else contextlib.nullcontext():
+        model = build_model(args, info.num_classes)
+        recipes.compile_for_finetuning(
+            model, total_steps=args.steps, base_lr=args.lr, warmup_steps=args.warmup_steps,
+            batch_size=args.batch_size, device_batch_size=args.device_batch_size, ema=args.ema)
 
     # kept until metrics.json is written, so a run killed after training
     # but before its files are saved resumes at the end instead of restarting
