@@ -236,3 +236,13 @@ def test_registry_tag_downloads_from_a_mirror(server, tmp_path, monkeypatch, ker
         keras_vit.ViT_B16(weights="imagenet21k+imagenet2012")
     assert any(rel in r for r in server.requests)
     assert not any(f.endswith(".npz") for f in os.listdir(download.cache_dir()))
+
+
+def test_channel_count_the_weights_cannot_take():
+    import keras
+
+    model = keras_vit.VisionTransformer(**case_config("vit_tiny_token"), input_tensor=keras.Input((16, 16, 1)))
+    before = _weights(model)
+    with pytest.raises(ValueError, match=r"embedding/kernel: file \(4, 4, 3, 48\), model \(4, 4, 1, 48\)"):
+        keras_vit.load_weights(model, str(TOKEN))
+    _assert_unchanged(model, before)
