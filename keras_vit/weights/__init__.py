@@ -5,7 +5,8 @@ import math
 import os
 
 from keras_vit.weights.download import fetch
-from keras_vit.weights.npz import find_vit, load_npz, official_variables, peek_npz, read_npz, save_npz
+from keras_vit.structure import find_vit
+from keras_vit.weights.npz import load_npz, official_variables, peek_npz, read_npz, save_npz
 
 logger = logging.getLogger("keras_vit")
 
@@ -31,21 +32,13 @@ def _record(variant, tag, image_size=None):
 
 def model_config(model):
     """The architecture of the ViT in `model`, read off its layers (for registry look-ups)."""
-    vit = find_vit(model)
-    if vit is None:
-        raise ValueError(f"model {model.name!r} holds no keras_vit Vision Transformer")
-    blocks = [layer for layer in vit.layers if layer.name.startswith("encoderblock_")]
-    embedding = vit.get_layer("embedding")
-    config = dict(
-        patch_size=embedding.patch_size, hidden_size=embedding.hidden_size, num_layers=len(blocks),
-        num_heads=blocks[0].num_heads, mlp_dim=blocks[0].mlp_dim, resnet=None,
-    )
-    names = {layer.name for layer in vit.layers}
-    if "resnet" in names:
-        stem = vit.get_layer("resnet")
-        config["resnet"] = {"num_layers": stem.num_layers, "width_factor": stem.width_factor}
-    config["grid_size"] = vit.get_layer("posembed_input").grid_size
-    return config
+    parts = find_vit(model)
+    block = parts.blocks[0]
+    resnet = None if parts.resnet is None else {
+        "num_layers": parts.resnet.num_layers, "width_factor": parts.resnet.width_factor}
+    return dict(patch_size=parts.embedding.patch_size, hidden_size=parts.embedding.hidden_size,
+                num_layers=parts.num_layers, num_heads=block.num_heads, mlp_dim=block.mlp_dim, resnet=resnet,
+                image_size=parts.image_size)
 
 
 def resolve_build_args(variant, weights, image_size, classes, include_top, representation_size="auto"):
@@ -109,9 +102,8 @@ def load_weights(model, weights):
                 f"weights={weights!r} names a registered checkpoint, but model {model.name!r} is no "
                 "registered variant; pass a file path instead"
             )
-        grid = config["grid_size"]
-        stride = config["patch_size"] * (4 * 2 ** (len(config["resnet"]["num_layers"]) - 1) if config["resnet"] else 1)
-        record = _record(variant, weights, grid[0] * stride if grid[0] == grid[1] else None)
+        h, w = config["image_size"]
+        record = _record(variant, weights, h if h == w else None)
         path = fetch(record.url, record.filename)
         try:
             return load_npz(model, path)

@@ -10,6 +10,7 @@ import zipfile
 import numpy as np
 
 from keras_vit.layers import resize_position_embeddings
+from keras_vit.structure import find_vit
 
 logger = logging.getLogger("keras_vit")
 
@@ -26,26 +27,6 @@ _PREFIXES = {
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 
 
-def find_vit(model):
-    """The (sub-)model that holds the ViT layers: `model` itself, or a model nested inside it."""
-    names = {layer.name for layer in model.layers}
-    if "embedding" in names and "posembed_input" in names:
-        return model
-    for layer in model.layers:
-        if hasattr(layer, "layers"):
-            found = find_vit(layer) if _has_layers(layer) else None
-            if found is not None:
-                return found
-    return None
-
-
-def _has_layers(layer):
-    try:
-        return bool(layer.layers)
-    except Exception:  # a layer whose `layers` is not a list of layers
-        return False
-
-
 def _layer_params(layer):
     if hasattr(layer, "official_weights"):
         return layer.official_weights()
@@ -56,11 +37,8 @@ def _layer_params(layer):
 
 def official_variables(model):
     """{official key: keras Variable} for every parameter of the ViT in `model`."""
-    vit = find_vit(model)
-    if vit is None:
-        raise ValueError(f"model {model.name!r} holds no keras_vit Vision Transformer (no 'embedding'/'posembed_input' layers)")
     params = {}
-    for layer in vit.layers:
+    for layer in find_vit(model).container.layers:
         if layer.name.startswith("encoderblock_"):
             prefix = f"Transformer/{layer.name}"
         elif layer.name in _PREFIXES:
@@ -126,7 +104,7 @@ def plan_npz(model, arrays):
     missing, mis-shaped or unexpected key when the file does not fit the model.
     """
     targets = official_variables(model)
-    vit = find_vit(model)
+    posembed = find_vit(model).posembed
     assignments, notes = {}, []
     missing, mismatched = [], []
 
@@ -154,7 +132,7 @@ def plan_npz(model, arrays):
             continue
         value = arrays[key]
         if key == POSEMB_KEY and value.shape != shape and value.ndim == 3 and value.shape[-1] == shape[-1]:
-            layer = vit.get_layer("posembed_input")
+            layer = posembed
             try:
                 value = resize_position_embeddings(value, layer.grid_size, num_prefix_tokens=layer.num_prefix_tokens)
             except ValueError as err:

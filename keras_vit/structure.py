@@ -1,0 +1,158 @@
+"""Where the ViT is inside a Keras model: its layers found by their names, at any nesting depth.
+
+Shared by the checkpoint loader and the inspection tools.
+"""
+
+import re
+
+_BLOCK_NAME = re.compile(r"^encoderblock_(\d+)$")
+
+
+class ViTParts:
+    """The layers of one ViT found inside a model, in the order they run.
+
+    Attributes:
+        container: the model (or layer) whose direct sub-layers are the ViT's.
+        path: human-readable location of ``container`` inside the inspected model.
+        resnet: the hybrid stem (``resnet`` layer) or None.
+        embedding: the patch embedding (``embedding``).
+        cls: the class-token layer (``cls``) or None (``classifier="gap"``).
+        posembed: the position embedding (``posembed_input``).
+        blocks: the encoder blocks ``encoderblock_0 ... encoderblock_{L-1}``.
+        grid_size: ``(gh, gw)`` patch grid.
+        num_prefix_tokens: 1 with a class token, 0 without.
+        stride: pixels per token along each axis (patch size times ResNet stride).
+        image_size: ``(H, W)`` the ViT expects, ``grid_size * stride``.
+    """
+
+    def __init__(self, container, path, resnet, embedding, cls, posembed, blocks):
+        self.container = container
+        self.path = path
+        self.resnet = resnet
+        self.embedding = embedding
+        self.cls = cls
+        self.posembed = posembed
+        self.blocks = blocks
+        self.grid_size = tuple(int(v) for v in posembed.grid_size)
+        self.num_prefix_tokens = int(posembed.num_prefix_tokens)
+        self.stride = int(embedding.patch_size) * _stem_stride(resnet)
+        self.image_size = (self.grid_size[0] * self.stride, self.grid_size[1] * self.stride)
+
+    @property
+    def num_layers(self):
+        return len(self.blocks)
+
+    @property
+    def num_tokens(self):
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def is_hybrid(self):
+        return self.resnet is not None
+
+    def __repr__(self):
+        return (
+            f"ViTParts(path={self.path!r}, layers={self.num_layers}, grid={self.grid_size}, "
+            f"prefix={self.num_prefix_tokens}, image_size={self.image_size}, hybrid={self.is_hybrid})"
+        )
+
+
+def _stem_stride(resnet):
+    if resnet is None:
+        return 1
+    stride = getattr(resnet, "stride", None)
+    if stride is None:  # any stem that downsamples uniformly: measure it
+        side = 1024
+        out = resnet.compute_output_shape((1, side, side, 3))
+        stride = side // int(out[1])
+    return int(stride)
+
+
+def _direct_sublayers(obj):
+    layers = getattr(obj, "layers", None)
+    if isinstance(layers, (list, tuple)):
+        return list(layers)
+    flatten = getattr(obj, "_flatten_layers", None)
+    if flatten is not None:
+        try:
+            return list(flatten(include_self=False, recursive=False))
+        except TypeError:
+            return []
+    return []
+
+
+def _parts_of(container, path):
+    """ViTParts if ``container``'s direct sub-layers form a ViT, else None."""
+    by_name = {}
+    for layer in _direct_sublayers(container):
+        by_name.setdefault(layer.name, layer)
+    if not {"embedding", "posembed_input", "encoderblock_0"} <= set(by_name):
+        return None
+    embedding, posembed = by_name["embedding"], by_name["posembed_input"]
+    for layer, attrs in ((embedding, ("kernel", "patch_size")),
+                         (posembed, ("pos_embedding", "grid_size", "num_prefix_tokens"))):
+        missing = [a for a in attrs if not hasattr(layer, a)]
+        if missing:
+            raise ValueError(
+                f"{path}: layer {layer.name!r} ({type(layer).__name__}) lacks {missing}; "
+                "expected the keras_vit ViT layers (PatchEncoder / AddPositionEmbs)"
+            )
+    indices = sorted(int(m.group(1)) for m in map(_BLOCK_NAME.match, by_name) if m)
+    if indices != list(range(len(indices))):
+        raise ValueError(
+            f"{path}: encoder blocks are not numbered 0..{len(indices) - 1}: found {indices}"
+        )
+    blocks = [by_name[f"encoderblock_{i}"] for i in indices]
+    cls = by_name.get("cls")
+    if int(posembed.num_prefix_tokens) > 0 and cls is None:
+        raise ValueError(
+            f"{path}: posembed_input expects {posembed.num_prefix_tokens} prefix token(s) "
+            "but there is no 'cls' layer"
+        )
+    if int(posembed.num_prefix_tokens) == 0:
+        cls = None
+    return ViTParts(container, path, by_name.get("resnet"), embedding, cls, posembed, blocks)
+
+
+def find_vit(model):
+    """Locate the ViT inside ``model`` (itself, or nested at any depth).
+
+    A ViT is recognised by sub-layers named ``embedding``, ``posembed_input`` and
+    ``encoderblock_0`` (plus ``resnet`` for hybrids and ``cls`` for class-token
+    models) that sit side by side in one model, as built by
+    :func:`keras_vit.VisionTransformer`.
+
+    Returns:
+        :class:`ViTParts`.
+
+    Raises:
+        ValueError: if there is no ViT, or more than one (pass the sub-model you
+            mean instead).
+    """
+    found, seen = [], set()
+
+    def visit(obj, path):
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        parts = _parts_of(obj, path)
+        if parts is not None:
+            found.append(parts)
+            return
+        for layer in _direct_sublayers(obj):
+            visit(layer, f"{path}/{layer.name}")
+
+    visit(model, getattr(model, "name", type(model).__name__))
+    if not found:
+        raise ValueError(
+            f"no Vision Transformer found inside {getattr(model, 'name', model)!r} "
+            f"({type(model).__name__}): expected layers named 'embedding', "
+            "'posembed_input' and 'encoderblock_0' (as built by keras_vit.VisionTransformer), "
+            "at any nesting depth"
+        )
+    if len(found) > 1:
+        raise ValueError(
+            f"{len(found)} Vision Transformers found inside {getattr(model, 'name', model)!r} "
+            f"at {[p.path for p in found]}; pass the one to inspect"
+        )
+    return found[0]
