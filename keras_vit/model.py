@@ -47,6 +47,7 @@ def VisionTransformer(
     input_tensor=None,
     classifier_activation="softmax",
     name="vit",
+    remat=False,
 ):
     """Builds a Vision Transformer as a functional `keras.Model`.
 
@@ -69,6 +70,9 @@ def VisionTransformer(
         input_tensor: optional Keras tensor to build the model on.
         classifier_activation: activation of the head; None gives logits.
         name: the model's name.
+        remat: rematerialise each encoder block in training (gradient checkpointing): the backward
+            pass recomputes a block's activations instead of keeping them, so a training step holds
+            the residual stream plus one block's activations, for about a third more compute.
     """
     if classifier not in CLASSIFIERS:
         raise ValueError(f"unknown classifier {classifier!r}; expected one of {CLASSIFIERS}")
@@ -103,7 +107,9 @@ def VisionTransformer(
     x = L.AddPositionEmbs(grid, num_prefix_tokens=int(classifier == "token"), name="posembed_input")(x)
     x = keras.layers.Dropout(dropout_rate, name="dropout")(x)
     for i in range(num_layers):
-        x = L.TransformerBlock(num_heads, mlp_dim, dropout_rate, attention_dropout_rate, name=f"encoderblock_{i}")(x)
+        x = L.TransformerBlock(
+            num_heads, mlp_dim, dropout_rate, attention_dropout_rate, remat=remat, name=f"encoderblock_{i}"
+        )(x)
     x = keras.layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")(x)
     x = L.SequencePooling(classifier, name="pool")(x)
     if representation_size is not None:

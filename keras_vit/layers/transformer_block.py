@@ -3,9 +3,55 @@
 import keras
 from keras import ops
 
-from keras_vit.layers.attention import MultiHeadDotProductAttention
+from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, dense
 
 LAYER_NORM_EPSILON = 1e-6
+
+
+def _cotangent_barrier(x):
+    """Identity; on JAX on the CPU, the gradient flowing back through it is materialised once.
+
+    XLA:CPU fuses the elementwise part of the backward pass (residual adds, LayerNorm gradients)
+    across blocks into every consumer that needs the residual gradient transposed for a weight
+    gradient, so each such consumer recomputes the chain back to the last block: the backward pass
+    of ViT-S/16 spent half its time there. A conditional is a fusion boundary XLA keeps (an
+    optimization barrier is expanded away on CPU before fusion), so the gradient goes through one
+    whose predicate is always true, yet not foldable at compile time. Not on GPU/TPU, where XLA
+    fuses well and a conditional would cost a host round trip.
+    """
+    if keras.backend.backend() != "jax":
+        return x
+    import jax
+
+    if jax.default_backend() != "cpu":
+        return x
+    return _jax_cotangent_barrier()(x)
+
+
+_JAX_BARRIER = []
+
+
+def _jax_cotangent_barrier():
+    if not _JAX_BARRIER:
+        import jax
+        import jax.numpy as jnp
+
+        @jax.custom_vjp
+        def barrier(x):
+            return x
+
+        def fwd(x):
+            return x, None
+
+        def bwd(_, g):
+            first = g.reshape(-1)[0]
+            always = jnp.isnan(first) | ~jnp.isnan(first)  # true, even for NaN; XLA does not fold it
+            # the branches must differ, or XLA folds the conditional away; the second never runs
+            return (jax.lax.cond(always, lambda t: t, lambda t: -t, g),)
+
+        barrier.defvjp(fwd, bwd)
+        _JAX_BARRIER.append(barrier)
+    return _JAX_BARRIER[0]
 
 
 def _norm_params(layer):
@@ -25,17 +71,27 @@ class TransformerBlock(keras.layers.Layer):
         mlp_dim: hidden width of the MLP.
         dropout_rate: dropout after the attention output and each MLP dense layer.
         attention_dropout_rate: dropout on the attention weights.
+        remat: in training, recompute the block's activations in the backward pass instead of
+            keeping them (gradient checkpointing, `keras.remat`). The dropout masks are drawn
+            outside the recomputed part, so the recomputation sees the same masks; attention-weight
+            dropout is not supported with it.
     Call args:
         x: tokens (B, T, D).
         return_attention: also return the softmax attention weights (B, heads, T, T).
     """
 
-    def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, **kwargs):
+    def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, remat=False, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
         self.attention_dropout_rate = float(attention_dropout_rate)
+        self.remat = bool(remat)
+        if self.remat and self.attention_dropout_rate > 0:
+            raise ValueError(
+                f"TransformerBlock: remat=True needs attention_dropout_rate=0, got {self.attention_dropout_rate} "
+                "(the (B, heads, T, T) dropout mask would have to be kept, which remat is there to avoid)"
+            )
         self.input_spec = keras.InputSpec(ndim=3)
 
     def build(self, input_shape):
@@ -55,13 +111,41 @@ class TransformerBlock(keras.layers.Layer):
         self.mlp_1.build((*input_shape[:-1], self.mlp_dim))
 
     def call(self, x, training=None, return_attention=False):
+        x = _cotangent_barrier(x)
+        if self.remat and training and not return_attention:
+            keep = self._keep_masks(x)
+            return keras.remat(lambda x: self._forward(x, training, keep=keep))(x)
+        return self._forward(x, training, return_attention=return_attention)
+
+    def _keep_masks(self, x):
+        """Dropout keep-masks for the three dropouts of a training step (none without dropout)."""
+        if not self.dropout_rate:
+            return ()
+        gen = self.dropout.seed_generator
+        shape = ops.shape(x)
+        hidden = (*shape[:-1], self.mlp_dim)
+        return tuple(keras.random.uniform(s, seed=gen) >= self.dropout_rate for s in (shape, hidden, shape))
+
+    def _drop(self, y, training, keep, i):
+        if not keep:
+            return self.dropout(y, training=training)
+        return ops.where(keep[i], y / ops.cast(1.0 - self.dropout_rate, y.dtype), ops.zeros_like(y))
+
+    @staticmethod
+    def _dense(layer, x, gelu=False):
+        if not _plain(layer):
+            y = layer(x)
+            return ops.gelu(y, approximate=True) if gelu else y
+        return dense(x, ops.cast(layer.kernel, x.dtype), ops.cast(layer.bias, x.dtype), gelu=gelu)
+
+    def _forward(self, x, training, return_attention=False, keep=()):
         y = self.attention(self.norm_0(x), training=training, return_attention=return_attention)
         if return_attention:
             y, weights = y
-        x = x + self.dropout(y, training=training)
-        y = ops.gelu(self.mlp_0(self.norm_2(x)), approximate=True)
-        y = self.mlp_1(self.dropout(y, training=training))
-        x = x + self.dropout(y, training=training)
+        x = x + self._drop(y, training, keep, 0)
+        y = self._dense(self.mlp_0, self.norm_2(x), gelu=True)
+        y = self._dense(self.mlp_1, self._drop(y, training, keep, 1))
+        x = x + self._drop(y, training, keep, 2)
         return (x, weights) if return_attention else x
 
     def compute_output_shape(self, input_shape):
@@ -82,4 +166,5 @@ class TransformerBlock(keras.layers.Layer):
             "mlp_dim": self.mlp_dim,
             "dropout_rate": self.dropout_rate,
             "attention_dropout_rate": self.attention_dropout_rate,
+            "remat": self.remat,
         }
