@@ -16,6 +16,28 @@ def _pair(size, what):
     return size
 
 
+def jit_compile_default(training=True):
+    """The `jit_compile` keras-vit measured fastest for a ViT on the current backend and device.
+
+    For `model.compile(jit_compile=...)` where a caller would pass "auto" (Keras' own "auto" turns
+    XLA off for TensorFlow on a CPU). Measured on a 2-core x86 CPU against timm in the same run
+    (benchmarks/README.md):
+    - tensorflow, CPU: XLA for training (ViT-S/16 train step 0.90x timm with XLA, 0.66x without),
+      oneDNN without XLA for inference (ViT-B/16 1.05x timm without XLA, 0.90x with);
+      with a GPU: XLA.
+    - jax: XLA always (there is no fast eager mode).
+    - torch: eager (False), as Keras' "auto"; `torch.compile` stays opt-in.
+    """
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return True
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return bool(training) or bool(tf.config.list_physical_devices("GPU"))
+    return False
+
+
 def grid_size(image_size, patch_size, resnet=None):
     """The (gh, gw) patch grid of a configuration; raises when the image does not tile."""
     h, w = _pair(image_size, "image_size")
