@@ -239,6 +239,37 @@ def env_worker(spec):
     return out
 
 
+def flops_worker(spec):
+    """`model_flops` against XLA's own count (cost analysis of the lowered JAX forward, batch 1).
+
+    XLA also counts elementwise operations, so its figure is a little (< 1%) higher.
+    """
+    import jax
+    import keras
+
+    sys.path.insert(0, ROOT)
+    import keras_vit
+
+    out = []
+    for variant in spec["variants"]:
+        for size in spec["image_sizes"]:
+            config = arch_config(variant, size)
+            model = keras_vit.VisionTransformer(**config, classifier_activation=None)
+            tv = [w.value for w in model.trainable_variables]
+            ntv = [w.value for w in model.non_trainable_variables]
+            x = jax.ShapeDtypeStruct((1, size, size, 3), "float32")
+            lowered = jax.jit(lambda tv, ntv, x: model.stateless_call(tv, ntv, x, training=False)[0]).lower(
+                tv, ntv, x)
+            cost = lowered.cost_analysis()
+            cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+            mine = model_flops(**config)["total"]
+            out.append({"variant": variant, "image_size": size, "model_flops": mine, "xla_flops": cost["flops"],
+                        "ratio": cost["flops"] / mine})
+            print(json.dumps(out[-1]), flush=True)
+            keras.backend.clear_session()
+    return out
+
+
 def peak_worker(spec):
     return matmul_peak(libraries=tuple(spec["libraries"]))
 
@@ -718,7 +749,7 @@ def worker_main(spec_path, out_path):
         CLOCK["fn"] = time.process_time
     kind = spec["kind"]
     fn = {"keras": keras_worker, "timm": timm_worker, "jax_memory": jax_memory_worker, "peak": peak_worker,
-          "env": env_worker}[kind]
+          "env": env_worker, "flops": flops_worker}[kind]
     results = fn(spec)
     _write_json(out_path, results)
 
@@ -974,6 +1005,8 @@ def main(argv=None):
     p.add_argument("--source", action="append", default=[], metavar="NAME=DIR",
                    help="also measure the keras_vit package found in DIR, labelled keras-vit[NAME] (A/B tests "
                         "of model changes in one run); repeatable")
+    p.add_argument("--check-flops", action="store_true",
+                   help="compare model_flops with XLA's cost analysis of the JAX forward (per variant and size)")
     p.add_argument("--env", action="store_true", help="report each backend's devices and flash attention")
     p.add_argument("--tiny", action="store_true", help="a seconds-long smoke run on the tiny config")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per worker process")
@@ -1023,6 +1056,9 @@ def main(argv=None):
                                                        for k, v in peak["gpu_gflops"].items()), flush=True)
     report = {"started": started, "threads": args.threads, "clock": args.clock, "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
               "machine": machine(), "versions": versions(), "matmul_peak": peak, "results": []}
+    if args.check_flops:
+        report["flops_check"] = run_worker({"kind": "flops", "variants": args.variants,
+                                            "image_sizes": args.image_sizes}, "jax", timeout=args.timeout)
     if args.env:
         report["env"] = [run_worker({"kind": "env", **common}, b, timeout=300) for b in args.backends]
     if args.max_batch:
