@@ -58,6 +58,12 @@ def _matmul_attention(q, k, v, scale):
     return ops.swapaxes(ops.matmul(weights, v), 1, 2)
 
 
+def _tf_gpu():
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
 def _fused_attention(q, k, v, scale, training=False):
     """softmax(q k^T * scale) v for q, k, v (B, T, heads, head_dim), the backend's fused kernel."""
     backend = keras.backend.backend()
@@ -73,6 +79,10 @@ def _fused_attention(q, k, v, scale, training=False):
 
         if jax.default_backend() == "cpu":
             return _matmul_attention(q, k, v, scale)
+    if backend == "tensorflow" and not _tf_gpu():
+        # oneDNN's batched matmuls in (B, heads, T, head_dim) layout ran 10-30% faster than Keras'
+        # einsums over (B, T, heads, head_dim) (192 x 577 x 64 attention: 139 vs 105 GFLOP/s)
+        return _matmul_attention(q, k, v, scale)
     if backend == "jax" and training:
         # cuDNN's fused attention rejects ViT's sequence lengths (197, 577, ...) in training
         # ("Unsupported sequence length", H100, jax 0.11.2); Keras checks the inference case only,
