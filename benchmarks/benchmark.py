@@ -426,7 +426,7 @@ def keras_worker(spec):
                 model.compile(
                     optimizer=keras.optimizers.AdamW(1e-4),
                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    jit_compile="auto" if jit is None else jit,
+                    jit_compile=_default_jit(keras_vit) if jit is None else jit,
                 )
                 base["jit_compile"] = bool(model.jit_compile)
                 fn = lambda: model.train_on_batch(x, y)  # noqa: E731
@@ -463,6 +463,12 @@ def keras_worker(spec):
         gc.collect()
         print(json.dumps(_short(results[-1] if "paired_with" not in results[-1] else results[-2])), flush=True)
     return results
+
+
+def _default_jit(keras_vit):
+    """The package's own training default (`jit_compile_default`), or Keras' "auto" in a tree without it."""
+    fn = getattr(keras_vit, "jit_compile_default", None)
+    return fn(training=True) if fn else "auto"
 
 
 def _jax_step(model, x, y):
@@ -984,7 +990,7 @@ def main(argv=None):
     p.add_argument("--train-batch-sizes", default=None, help="batch sizes of `train` (default: --batch-sizes)")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--dtypes", default="float32", help="dtype policies, e.g. float32,mixed_bfloat16")
-    p.add_argument("--jit", default="auto", help="auto (the model's default), on, off, or a list: on,off")
+    p.add_argument("--jit", default="auto", help="auto (keras_vit.jit_compile_default: the package default per backend and mode), on, off, or a list: on,off")
     p.add_argument("--remat", default="off", choices=("off", "on", "both"), help="per-block remat for train")
     p.add_argument("--torch-compile", action="store_true", help="torch.compile the torch backend's call")
     p.add_argument("--warmup", type=int, default=2)

@@ -1,7 +1,7 @@
 """keras-vit: the Vision Transformer of "An Image is Worth 16x16 Words" for Keras 3."""
 
 from keras_vit import layers, recipes  # recipes registers its schedules/losses for model reloading
-from keras_vit.model import VisionTransformer
+from keras_vit.model import VisionTransformer, jit_compile_default
 from keras_vit.precision import exact_float32
 from keras_vit.preprocessing import decode_predictions, preprocess_input
 from keras_vit.variants import (

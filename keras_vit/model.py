@@ -22,8 +22,8 @@ def jit_compile_default(training=True):
     For `model.compile(jit_compile=...)` where a caller would pass "auto" (Keras' own "auto" turns
     XLA off for TensorFlow on a CPU). Measured on a 2-core x86 CPU against timm in the same run
     (benchmarks/README.md):
-    - tensorflow, CPU: XLA for training (ViT-S/16 train step 0.90x timm with XLA, 0.66x without),
-      oneDNN without XLA for inference (ViT-B/16 1.05x timm without XLA, 0.90x with);
+    - tensorflow, CPU: XLA for training (ViT-S/16 train step 0.94x timm with XLA, 0.84x without),
+      oneDNN without XLA for inference (ViT-B/16 1.00x timm without XLA, 0.84x with);
       with a GPU: XLA.
     - jax: XLA always (there is no fast eager mode).
     - torch: eager (False), as Keras' "auto"; `torch.compile` stays opt-in.
@@ -95,6 +95,9 @@ def VisionTransformer(
         remat: rematerialise each encoder block in training (gradient checkpointing): the backward
             pass recomputes a block's activations instead of keeping them, so a training step holds
             the residual stream plus one block's activations, for about a third more compute.
+            Measured on a CPU (ViT-B/16, benchmarks/README.md): 48 instead of 252 MiB per image
+            on TensorFlow, 21 instead of 148 on torch, 14-17% slower; with JAX on a CPU it saves
+            nothing (XLA:CPU drops the barriers that keep the recomputation apart).
     """
     if classifier not in CLASSIFIERS:
         raise ValueError(f"unknown classifier {classifier!r}; expected one of {CLASSIFIERS}")

@@ -31,6 +31,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.model import jit_compile_default
+
 __all__ = [
     "WarmupDecay",
     "finetune_schedule",
@@ -312,6 +314,8 @@ def _compile(model, optimizer, loss, jit_compile, compile_kwargs):
     if "optimizer" in compile_kwargs or "loss" in compile_kwargs:
         raise TypeError("`optimizer` and `loss` are chosen by the recipe; do not pass them.")
     compile_kwargs.setdefault("metrics", ["accuracy"])
+    if isinstance(jit_compile, str) and jit_compile == "auto":
+        jit_compile = jit_compile_default(training=True)
     model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile, **compile_kwargs)
     return model
 
@@ -339,6 +343,10 @@ def compile_for_finetuning(model, total_steps, base_lr=0.01, warmup_steps=500,
     one-hot labels), from logits when the output layer is linear and from
     probabilities when it is a softmax (or as ``from_logits`` says). Metrics
     default to ``["accuracy"]``; other ``compile`` arguments pass through.
+    ``jit_compile="auto"`` takes :func:`keras_vit.jit_compile_default`, the
+    setting measured fastest for training on the current backend (XLA on JAX,
+    and on TensorFlow also on a CPU, where Keras' own "auto" turns it off;
+    eager on torch); ``True``/``False`` override it.
 
     Returns:
         the same model, compiled.
