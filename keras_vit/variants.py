@@ -63,6 +63,10 @@ _DOC = """Builds {official} ({arch}), the `{name}` variant of the paper's Table 
         dropout_rate, attention_dropout_rate: dropout for fine-tuning or pre-training.
         representation_size: pre-logits width; "auto" keeps the file's pre-logits when the model
             keeps its head and classes, None drops them.
+        remat: recompute each encoder block in the backward pass instead of keeping its
+            activations (gradient checkpointing): 5x more images per step in the same memory on
+            TensorFlow and torch for about 15% more time; no saving with JAX on a CPU
+            (benchmarks/README.md).
     Returns:
         A `keras.Model`.
     """
@@ -73,7 +77,7 @@ def _factory(variant):
 
     def build(include_top=True, weights=None, input_tensor=None, classes=None,
               classifier_activation="softmax", name=None, image_size=None, classifier="token",
-              dropout_rate=0.0, attention_dropout_rate=0.0, representation_size="auto"):
+              dropout_rate=0.0, attention_dropout_rate=0.0, representation_size="auto", remat=False):
         from keras_vit.weights import resolve_build_args
 
         args = resolve_build_args(variant, weights, image_size, classes, include_top, representation_size)
@@ -81,6 +85,7 @@ def _factory(variant):
             **variant_config(variant), **args, classifier=classifier, dropout_rate=dropout_rate,
             attention_dropout_rate=attention_dropout_rate, include_top=include_top, weights=weights,
             input_tensor=input_tensor, classifier_activation=classifier_activation, name=name or variant,
+            remat=remat,
         )
 
     arch = f"D={dim}, {heads} heads, {depth} layers, patch {patch}" + (

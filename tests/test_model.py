@@ -150,3 +150,48 @@ def test_exact_float32_switches_the_backend_off_tf32():
         import torch
 
         assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+
+
+def _one_sgd_step(model, x, y):
+    model.compile(keras.optimizers.SGD(0.5), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    loss = model.train_on_batch(x, y)
+    return float(loss), [keras.ops.convert_to_numpy(w) for w in model.weights]
+
+
+def test_remat_trains_like_the_plain_model():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
+    y = np.array([0, 1, 2, 3])
+    plain = keras_vit.VisionTransformer(**TINY, classifier_activation=None)
+    remat = keras_vit.VisionTransformer(**TINY, classifier_activation=None, remat=True)
+    assert remat.get_layer("encoderblock_0").remat and not plain.get_layer("encoderblock_0").remat
+    # a non-zero head, so that the step changes every weight, the encoder's included
+    plain.get_layer("head").kernel.assign(rng.normal(0, 0.5, (32, 10)).astype("float32"))
+    remat.set_weights(plain.get_weights())
+    before = [w.copy() for w in plain.get_weights()]
+    loss_plain, after_plain = _one_sgd_step(plain, x, y)
+    loss_remat, after_remat = _one_sgd_step(remat, x, y)
+    np.testing.assert_allclose(loss_remat, loss_plain, rtol=1e-6)
+    moved = [not np.allclose(a, b) for a, b in zip(after_plain, before)]
+    assert sum(moved) > len(moved) // 2
+    for a, b in zip(after_remat, after_plain):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_remat_reaches_the_factories_and_survives_saving(tmp_path):
+    model = keras_vit.ViT_Ti16(image_size=32, classes=3, remat=True)
+    assert all(model.get_layer(f"encoderblock_{i}").remat for i in range(12))
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    again = keras.saving.load_model(path)
+    assert again.get_layer("encoderblock_11").remat
+
+
+def test_remat_with_dropout_trains_and_refuses_attention_dropout():
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
+    model = keras_vit.VisionTransformer(**TINY, classifier_activation=None, remat=True, dropout_rate=0.1)
+    loss, weights = _one_sgd_step(model, x, np.array([0, 1, 2, 3]))
+    assert np.isfinite(loss) and all(np.isfinite(w).all() for w in weights)
+    with pytest.raises(ValueError, match="remat=True needs attention_dropout_rate=0"):
+        keras_vit.VisionTransformer(**TINY, remat=True, attention_dropout_rate=0.1)
