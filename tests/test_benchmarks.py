@@ -1,0 +1,68 @@
+"""The benchmark scripts: their FLOP count against XLA's, and a real (tiny) run of each."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import benchmark  # noqa: E402
+import gemm  # noqa: E402
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="XLA's cost analysis of the JAX forward")
+def test_model_flops_matches_xla_cost_analysis():
+    rows = benchmark.flops_worker({"variants": ["ViT_Ti16"], "image_sizes": [32, 64]})
+    assert len(rows) == 2
+    for row in rows:
+        # XLA also counts the elementwise work that model_flops leaves out: a little more, never less
+        assert 1.0 <= row["ratio"] < 1.03, row
+
+
+def test_model_flops_grows_with_the_tokens_and_their_square():
+    small, large = benchmark.model_flops(image_size=224), benchmark.model_flops(image_size=448)
+    assert large["mlp"] * 197 == small["mlp"] * 785  # linear in the tokens (785 vs 197)
+    assert large["attention"] * 197**2 == small["attention"] * 785**2  # quadratic
+
+
+def test_gemm_shapes_and_flops():
+    rows = {name: (a, b, form) for name, a, b, form in gemm.shapes("ViT_S16", 32, 224)}
+    a, b, form = rows["MLP in  x W"]
+    assert (a, b, form) == ((32 * 197, 384), (384, 1536), "nn")
+    assert gemm.flops(a, b, form) == 2 * 6304 * 384 * 1536
+    a, b, form = rows["attention logits  q k^T"]
+    assert gemm.flops(a, b, form) == 2 * (32 * 6) * 197 * 64 * 197
+    with pytest.raises(ValueError, match="hybrid"):
+        gemm.shapes("R50_ViT_B16", 8, 224)
+
+
+def _run(args, tmp_path):
+    out = tmp_path / "out.json"
+    proc = subprocess.run([sys.executable, *args, "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_benchmark_tiny_run_measures_every_mode(tmp_path):
+    backend = keras.backend.backend()
+    report = _run(["benchmarks/benchmark.py", "--tiny", "--backends", backend, "--timm", "off", "--repeats", "2"],
+                  tmp_path)
+    results = report["results"]
+    assert not [r for r in results if "error" in r]
+    modes = {r["mode"] for r in results}
+    assert modes == ({"predict", "call", "train", "step"} if backend == "jax" else {"predict", "call", "train"})
+    assert all(r["images_per_s"] > 0 and r["rss_peak_mb"] > 0 for r in results)
+    assert report["matmul_peak"]["gflops"] > 0 and report["versions"]["keras"] == keras.__version__
+
+
+def test_gemm_script_measures_every_library(tmp_path):
+    report = _run(["benchmarks/gemm.py", "--variant", "tiny", "--batch", "2", "--repeats", "2"], tmp_path)
+    assert len(report["rows"]) == 8
+    for row in report["rows"]:
+        for lib in ("torch", "jax", "tensorflow", "tensorflow_xla"):
+            assert row[lib] > 0, (row["product"], lib)
