@@ -64,9 +64,8 @@ _DOC = """Builds {official} ({arch}), the `{name}` variant of the paper's Table 
         representation_size: pre-logits width; "auto" keeps the file's pre-logits when the model
             keeps its head and classes, None drops them.
         remat: recompute each encoder block in the backward pass instead of keeping its
-            activations (gradient checkpointing): 5x more images per step in the same memory on
-            TensorFlow and torch for about 15% more time; no saving with JAX on a CPU
-            (benchmarks/README.md).
+            activations (gradient checkpointing): about 5x more images per step in the same
+            memory for 8-17% more time (benchmarks/README.md).
     Returns:
         A `keras.Model`.
     """

@@ -195,3 +195,27 @@ def test_remat_with_dropout_trains_and_refuses_attention_dropout():
     assert np.isfinite(loss) and all(np.isfinite(w).all() for w in weights)
     with pytest.raises(ValueError, match="remat=True needs attention_dropout_rate=0"):
         keras_vit.VisionTransformer(**TINY, remat=True, attention_dropout_rate=0.1)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="XLA's memory analysis of a JAX training step")
+def test_remat_cuts_the_memory_of_a_jax_training_step():
+    import jax
+
+    def temp_bytes(remat):
+        config = {**TINY, "num_layers": 4}
+        model = keras_vit.VisionTransformer(**config, classifier_activation=None, remat=remat)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        def loss(tv, ntv, x, y):
+            return loss_fn(y, model.stateless_call(tv, ntv, x, training=True)[0])
+
+        tv = [v.value for v in model.trainable_variables]
+        ntv = [v.value for v in model.non_trainable_variables]
+        x = jax.ShapeDtypeStruct((256, 32, 32, 3), "float32")
+        y = jax.ShapeDtypeStruct((256,), "int32")
+        compiled = jax.jit(jax.grad(loss)).lower(tv, ntv, x, y).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    plain, remat = temp_bytes(False), temp_bytes(True)
+    # four blocks: the plain step keeps every block's activations, the remat step about one block's
+    assert remat < 0.6 * plain, (remat, plain)

@@ -34,7 +34,6 @@ _JAX_BARRIER = []
 def _jax_cotangent_barrier():
     if not _JAX_BARRIER:
         import jax
-        import jax.numpy as jnp
 
         @jax.custom_vjp
         def barrier(x):
@@ -44,14 +43,60 @@ def _jax_cotangent_barrier():
             return x, None
 
         def bwd(_, g):
-            first = g.reshape(-1)[0]
-            always = jnp.isnan(first) | ~jnp.isnan(first)  # true, even for NaN; XLA does not fold it
             # the branches must differ, or XLA folds the conditional away; the second never runs
-            return (jax.lax.cond(always, lambda t: t, lambda t: -t, g),)
+            return (jax.lax.cond(_always_true(g), lambda t: t, lambda t: -t, g),)
 
         barrier.defvjp(fwd, bwd)
         _JAX_BARRIER.append(barrier)
     return _JAX_BARRIER[0]
+
+
+def _jax_on_cpu():
+    if keras.backend.backend() != "jax":
+        return False
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
+def _always_true(x):
+    """A true scalar XLA cannot fold at compile time (a function of `x`'s first entry, NaN or not)."""
+    import jax.numpy as jnp
+
+    first = x.reshape(-1)[0]
+    return jnp.isnan(first) | ~jnp.isnan(first)
+
+
+def _jax_cpu_remat(fn, variables, x):
+    """`fn(x)` with its activations recomputed in the backward pass, for JAX on the CPU.
+
+    `jax.checkpoint` (what `keras.remat` is on JAX) saves nothing there: XLA:CPU expands the
+    optimization barriers that keep the recomputation apart before common-subexpression
+    elimination, which then merges the recomputation back into the forward pass. Here the forward
+    keeps only the input and the weights (`variables`' current values, passed explicitly so their
+    gradients flow), and the backward recomputes from the input passed through a conditional, a
+    value XLA cannot identify with the forward's, so nothing merges.
+    """
+    import jax
+
+    def pure(x, values):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return fn(x)
+
+    @jax.custom_vjp
+    def run(x, values):
+        return pure(x, values)
+
+    def fwd(x, values):
+        return pure(x, values), (x, values)
+
+    def bwd(saved, g):
+        x, values = saved
+        x = jax.lax.cond(_always_true(g), lambda t: t, lambda t: -t, x)
+        return jax.vjp(pure, x, values)[1](g)
+
+    run.defvjp(fwd, bwd)
+    return run(x, [v.value for v in variables])
 
 
 def _norm_params(layer):
@@ -72,7 +117,8 @@ class TransformerBlock(keras.layers.Layer):
         dropout_rate: dropout after the attention output and each MLP dense layer.
         attention_dropout_rate: dropout on the attention weights.
         remat: in training, recompute the block's activations in the backward pass instead of
-            keeping them (gradient checkpointing, `keras.remat`). The dropout masks are drawn
+            keeping them (gradient checkpointing: `keras.remat`; with JAX on a CPU, where that
+            saves nothing, a custom gradient that does). The dropout masks are drawn
             outside the recomputed part, so the recomputation sees the same masks; attention-weight
             dropout is not supported with it.
     Call args:
@@ -114,7 +160,10 @@ class TransformerBlock(keras.layers.Layer):
         x = _cotangent_barrier(x)
         if self.remat and training and not return_attention:
             keep = self._keep_masks(x)
-            return keras.remat(lambda x: self._forward(x, training, keep=keep))(x)
+            forward = lambda x: self._forward(x, training, keep=keep)  # noqa: E731
+            if _jax_on_cpu():
+                return _jax_cpu_remat(forward, self.variables, x)
+            return keras.remat(forward)(x)
         return self._forward(x, training, return_attention=return_attention)
 
     def _keep_masks(self, x):
