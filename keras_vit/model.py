@@ -96,7 +96,7 @@ def VisionTransformer(
             pass recomputes a block's activations instead of keeping them, so a training step holds
             the residual stream plus one block's activations, for about a third more compute.
             Measured on a CPU (ViT-B/16, benchmarks/README.md): 48 instead of 252 MiB per image
-            on TensorFlow, 21 instead of 148 on torch, 45 instead of 245 on JAX, 8-17% slower.
+            on TensorFlow, 21 instead of 148 on torch, 45 instead of 245 on JAX, 8-26% slower.
     """
     if classifier not in CLASSIFIERS:
         raise ValueError(f"unknown classifier {classifier!r}; expected one of {CLASSIFIERS}")

@@ -65,7 +65,7 @@ _DOC = """Builds {official} ({arch}), the `{name}` variant of the paper's Table 
             keeps its head and classes, None drops them.
         remat: recompute each encoder block in the backward pass instead of keeping its
             activations (gradient checkpointing): about 5x more images per step in the same
-            memory for 8-17% more time (benchmarks/README.md).
+            memory for 8-26% more time (benchmarks/README.md).
     Returns:
         A `keras.Model`.
     """
