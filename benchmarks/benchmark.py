@@ -471,13 +471,15 @@ def _default_jit(keras_vit):
     return fn(training=True) if fn else "auto"
 
 
-def _jax_step(model, x, y):
-    """A jitted JAX training step (forward, backward, AdamW) on donated state; returns (fn, True)."""
+def _jax_train_step(model):
+    """A pure JAX training step (forward, backward, AdamW) of `model`, and its initial state.
+
+    Returns (step, state): `step(tv, ntv, ov, x, y) -> (loss, tv, ntv, ov)` over trainable,
+    non-trainable and optimizer values; `state` is [tv, ntv, ov] from the model and a built AdamW.
+    """
     import jax
     import keras
 
-    if keras.backend.backend() != "jax":
-        raise ValueError("mode 'step' is the JAX backend's compiled training step; use 'train' elsewhere")
     opt = keras.optimizers.AdamW(1e-4)
     opt.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -491,9 +493,20 @@ def _jax_step(model, x, y):
         tv2, ov2 = opt.stateless_apply(ov, grads, tv)
         return value, tv2, ntv2, ov2
 
-    compiled = jax.jit(step, donate_argnums=(0, 1, 2))
     state = [[v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
              [v.value for v in opt.variables]]
+    return step, state
+
+
+def _jax_step(model, x, y):
+    """A jitted JAX training step (forward, backward, AdamW) on donated state; returns (fn, True)."""
+    import jax
+    import keras
+
+    if keras.backend.backend() != "jax":
+        raise ValueError("mode 'step' is the JAX backend's compiled training step; use 'train' elsewhere")
+    step, state = _jax_train_step(model)
+    compiled = jax.jit(step, donate_argnums=(0, 1, 2))
     xj, yj = jax.device_put(x), jax.device_put(y)
 
     def fn():
@@ -690,51 +703,35 @@ def jax_memory_worker(spec):
 
 
 def _jax_memory_case(case, jax, keras, keras_vit):
-    if True:
-        keras.config.set_dtype_policy(case["dtype"])
-        config = arch_config(case["variant"], case["image_size"])
-        kwargs = {"remat": True} if case["remat"] else {}
-        model = keras_vit.VisionTransformer(**config, classifier_activation=None, **kwargs)
-        opt = keras.optimizers.AdamW(1e-4)
-        opt.build(model.trainable_variables)
-        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-        def step(tv, ntv, ov, x, y):
-            def loss(tv):
-                logits, ntv2 = model.stateless_call(tv, ntv, x, training=True)
-                return loss_fn(y, logits), ntv2
-
-            (value, ntv2), grads = jax.value_and_grad(loss, has_aux=True)(tv)
-            tv2, ov2 = opt.stateless_apply(ov, grads, tv)
-            return value, tv2, ntv2, ov2
-
-        tv = [v.value for v in model.trainable_variables]
-        ntv = [v.value for v in model.non_trainable_variables]
-        ov = [v.value for v in opt.variables]
-        points = []
-        for batch in case["batches"]:
-            x = jax.ShapeDtypeStruct((batch, case["image_size"], case["image_size"], 3), "float32")
-            y = jax.ShapeDtypeStruct((batch,), "int32")
-            t0 = time.perf_counter()
-            compiled = jax.jit(step, donate_argnums=(0, 1, 2)).lower(tv, ntv, ov, x, y).compile()
-            mem = compiled.memory_analysis()
-            total = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
-                     - mem.alias_size_in_bytes)
-            points.append({"batch": batch, "bytes": int(total), "temp_bytes": int(mem.temp_size_in_bytes),
-                           "argument_bytes": int(mem.argument_size_in_bytes),
-                           "compile_s": time.perf_counter() - t0})
-            print(json.dumps({"variant": case["variant"], "remat": case["remat"], **points[-1]}), flush=True)
-        bs = np.array([p["batch"] for p in points], float)
-        by = np.array([p["bytes"] for p in points], float)
-        slope, intercept = np.polyfit(bs, by, 1)
-        budget = case["budget_bytes"]
-        return {
-            "library": "keras-vit", "backend": "jax", "variant": case["variant"], "image_size": case["image_size"],
-            "dtype": case["dtype"], "remat": case["remat"], "points": points,
-            "bytes_per_image": slope, "fixed_bytes": intercept, "budget_bytes": budget,
-            "max_batch": int(max(0, (budget - intercept) // slope)),
-            "device": str(jax.devices()[0]),
-        }
+    keras.config.set_dtype_policy(case["dtype"])
+    config = arch_config(case["variant"], case["image_size"])
+    kwargs = {"remat": True} if case["remat"] else {}
+    model = keras_vit.VisionTransformer(**config, classifier_activation=None, **kwargs)
+    step, (tv, ntv, ov) = _jax_train_step(model)
+    points = []
+    for batch in case["batches"]:
+        x = jax.ShapeDtypeStruct((batch, case["image_size"], case["image_size"], 3), "float32")
+        y = jax.ShapeDtypeStruct((batch,), "int32")
+        t0 = time.perf_counter()
+        compiled = jax.jit(step, donate_argnums=(0, 1, 2)).lower(tv, ntv, ov, x, y).compile()
+        mem = compiled.memory_analysis()
+        total = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+                 - mem.alias_size_in_bytes)
+        points.append({"batch": batch, "bytes": int(total), "temp_bytes": int(mem.temp_size_in_bytes),
+                       "argument_bytes": int(mem.argument_size_in_bytes),
+                       "compile_s": time.perf_counter() - t0})
+        print(json.dumps({"variant": case["variant"], "remat": case["remat"], **points[-1]}), flush=True)
+    bs = np.array([p["batch"] for p in points], float)
+    by = np.array([p["bytes"] for p in points], float)
+    slope, intercept = np.polyfit(bs, by, 1)
+    budget = case["budget_bytes"]
+    return {
+        "library": "keras-vit", "backend": "jax", "variant": case["variant"], "image_size": case["image_size"],
+        "dtype": case["dtype"], "remat": case["remat"], "points": points,
+        "bytes_per_image": slope, "fixed_bytes": intercept, "budget_bytes": budget,
+        "max_batch": int(max(0, (budget - intercept) // slope)),
+        "device": str(jax.devices()[0]),
+    }
 
 
 def _short(r):

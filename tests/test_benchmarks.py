@@ -66,3 +66,19 @@ def test_gemm_script_measures_every_library(tmp_path):
     for row in report["rows"]:
         for lib in ("torch", "jax", "tensorflow", "tensorflow_xla"):
             assert row[lib] > 0, (row["product"], lib)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="XLA's memory analysis of the JAX step")
+def test_max_batch_fits_the_memory_line_and_remat_lowers_it():
+    import jax
+
+    import keras_vit
+
+    rows = {}
+    for remat in (False, True):
+        case = {"variant": "tiny", "image_size": 32, "dtype": "float32", "remat": remat, "batches": [8, 16, 32],
+                "budget_bytes": 2**30}
+        rows[remat] = row = benchmark._jax_memory_case(case, jax, keras, keras_vit)
+        line = row["fixed_bytes"] + row["bytes_per_image"] * row["max_batch"]
+        assert line <= row["budget_bytes"] < line + row["bytes_per_image"]
+    assert rows[True]["bytes_per_image"] < rows[False]["bytes_per_image"]
