@@ -3,6 +3,7 @@
 import keras
 
 from keras_vit import layers as L
+from keras_vit.layers.attention import on_cpu
 
 CLASSIFIERS = ("token", "gap")
 
@@ -32,9 +33,7 @@ def jit_compile_default(training=True):
     if backend == "jax":
         return True
     if backend == "tensorflow":
-        import tensorflow as tf
-
-        return bool(training) or bool(tf.config.list_physical_devices("GPU"))
+        return bool(training) or not on_cpu()
     return False
 
 

@@ -118,6 +118,17 @@ def test_schedule_rejects_non_integer_steps():
 
 
 # ------------------------------------------------------------------ compile
+def test_recipes_take_the_measured_jit_default_and_let_it_be_overridden():
+    # measured fastest for training on a CPU (benchmarks/README.md): XLA on JAX and on TensorFlow
+    # (where Keras' own "auto" turns it off on a CPU), eager on torch
+    expected = {"jax": True, "tensorflow": True, "torch": False}[keras.backend.backend()]
+    for compile_fn in (recipes.compile_for_finetuning, recipes.compile_for_pretraining):
+        model = compile_fn(tiny_model(), total_steps=10, warmup_steps=1)
+        assert model.jit_compile is expected
+    model = recipes.compile_for_finetuning(tiny_model(), total_steps=10, warmup_steps=1, jit_compile=False)
+    assert model.jit_compile is False
+
+
 def test_compile_for_finetuning_builds_the_paper_optimizer():
     model = tiny_model()
     out = recipes.compile_for_finetuning(model, total_steps=1000)

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, dense
+from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, dense, on_cpu
 
 LAYER_NORM_EPSILON = 1e-6
 
@@ -19,13 +19,7 @@ def _cotangent_barrier(x):
     whose predicate is always true, yet not foldable at compile time. Not on GPU/TPU, where XLA
     fuses well and a conditional would cost a host round trip.
     """
-    if keras.backend.backend() != "jax":
-        return x
-    import jax
-
-    if jax.default_backend() != "cpu":
-        return x
-    return _jax_cotangent_barrier()(x)
+    return _jax_cotangent_barrier()(x) if _jax_on_cpu() else x
 
 
 _JAX_BARRIER = []
@@ -52,11 +46,7 @@ def _jax_cotangent_barrier():
 
 
 def _jax_on_cpu():
-    if keras.backend.backend() != "jax":
-        return False
-    import jax
-
-    return jax.default_backend() == "cpu"
+    return keras.backend.backend() == "jax" and on_cpu()
 
 
 def _always_true(x):
