@@ -119,6 +119,12 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--out", default=None, help="JSON output file")
     args = p.parse_args(argv)
+    for name in ("batch", "image_size", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    patch = ARCHS[args.variant][0]
+    if args.image_size % patch:
+        p.error(f"--image-size must be a multiple of {args.variant}'s patch size {patch}, got {args.image_size}")
     rng = np.random.default_rng(0)
     libs = products()
     rows = []

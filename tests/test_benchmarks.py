@@ -82,3 +82,14 @@ def test_max_batch_fits_the_memory_line_and_remat_lowers_it():
         line = row["fixed_bytes"] + row["bytes_per_image"] * row["max_batch"]
         assert line <= row["budget_bytes"] < line + row["bytes_per_image"]
     assert rows[True]["bytes_per_image"] < rows[False]["bytes_per_image"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch", "0"], "--batch must be a positive integer, got 0"),
+    (["--image-size", "100"], "--image-size must be a multiple of ViT_S16's patch size 16, got 100"),
+    (["--variant", "R50_ViT_B16"], "invalid choice"),
+])
+def test_gemm_script_refuses_bad_arguments(args, message, capsys):
+    with pytest.raises(SystemExit):
+        gemm.main(args)
+    assert message in capsys.readouterr().err
