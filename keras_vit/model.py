@@ -3,44 +3,15 @@
 import keras
 
 from keras_vit import layers as L
-from keras_vit.layers.attention import on_cpu
+from keras_vit.configs import pair, resnet_stride
 
 CLASSIFIERS = ("token", "gap")
 
 
-def _pair(size, what):
-    if isinstance(size, int):
-        size = (size, size)
-    size = tuple(size)
-    if len(size) != 2 or not all(isinstance(v, int) and v > 0 for v in size):
-        raise ValueError(f"{what} must be a positive int or an (h, w) pair of positive ints, got {size!r}")
-    return size
-
-
-def jit_compile_default(training=True):
-    """The `jit_compile` keras-vit measured fastest for a ViT on the current backend and device.
-
-    For `model.compile(jit_compile=...)` where a caller would pass "auto" (Keras' own "auto" turns
-    XLA off for TensorFlow on a CPU). Measured on a 2-core x86 CPU against timm in the same run
-    (benchmarks/README.md):
-    - tensorflow, CPU: XLA for training (ViT-S/16 train step 0.94x timm with XLA, 0.84x without),
-      oneDNN without XLA for inference (ViT-B/16 1.00x timm without XLA, 0.84x with);
-      with a GPU: XLA.
-    - jax: XLA always (there is no fast eager mode).
-    - torch: eager (False), as Keras' "auto"; `torch.compile` stays opt-in.
-    """
-    backend = keras.backend.backend()
-    if backend == "jax":
-        return True
-    if backend == "tensorflow":
-        return bool(training) or not on_cpu()
-    return False
-
-
 def grid_size(image_size, patch_size, resnet=None):
     """The (gh, gw) patch grid of a configuration; raises when the image does not tile."""
-    h, w = _pair(image_size, "image_size")
-    stride = patch_size * (4 * 2 ** (len(resnet["num_layers"]) - 1) if resnet else 1)
+    h, w = pair(image_size, "image_size")
+    stride = patch_size * resnet_stride(resnet and resnet["num_layers"])
     if h % stride or w % stride:
         what = f"patch size {patch_size}" + (f" x ResNet stride {stride // patch_size}" if resnet else "")
         raise ValueError(
@@ -50,7 +21,7 @@ def grid_size(image_size, patch_size, resnet=None):
     return h // stride, w // stride
 
 
-def VisionTransformer(
+def build_vit(
     image_size=224,
     patch_size=16,
     hidden_size=768,
@@ -64,13 +35,13 @@ def VisionTransformer(
     dropout_rate=0.0,
     attention_dropout_rate=0.0,
     include_top=True,
-    weights=None,
     input_tensor=None,
     classifier_activation="softmax",
     name="vit",
     remat=False,
 ):
-    """Builds a Vision Transformer as a functional `keras.Model`.
+    """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
+    (`keras_vit.VisionTransformer` is this plus `weights=`).
 
     The model takes NHWC images already scaled to [-1, 1] (see `keras_vit.preprocess_input`).
 
@@ -86,16 +57,13 @@ def VisionTransformer(
         dropout_rate, attention_dropout_rate: as the paper's Appendix B.1.
         include_top: with the head; without it the model returns the pooled representation
             y = LN(z_L^0) (or its mean for "gap"), passed through pre-logits when those are set.
-        weights: None, a path (official `.npz`, or a Keras `.weights.h5`) or a registry tag of the
-            variant this configuration equals (see `keras_vit.list_weights()`).
         input_tensor: optional Keras tensor to build the model on.
         classifier_activation: activation of the head; None gives logits.
         name: the model's name.
         remat: rematerialise each encoder block in training (gradient checkpointing): the backward
             pass recomputes a block's activations instead of keeping them, so a training step holds
             the residual stream plus one block's activations, for about a third more compute.
-            Measured on a CPU (ViT-B/16, benchmarks/README.md): 48 instead of 252 MiB per image
-            on TensorFlow, 21 instead of 148 on torch, 45 instead of 245 on JAX, 8-26% slower.
+            The measured memory and time per backend are in benchmarks/README.md.
     """
     if classifier not in CLASSIFIERS:
         raise ValueError(f"unknown classifier {classifier!r}; expected one of {CLASSIFIERS}")
@@ -109,7 +77,7 @@ def VisionTransformer(
         unknown = set(resnet) - {"num_layers", "width_factor"}
         if unknown or "num_layers" not in resnet:
             raise ValueError(f"resnet must be None or {{'num_layers': (...), 'width_factor': int}}, got {resnet!r}")
-    image_size = _pair(image_size, "image_size")
+    image_size = pair(image_size, "image_size")
     grid = grid_size(image_size, patch_size, resnet)
 
     if input_tensor is None:
@@ -146,9 +114,4 @@ def VisionTransformer(
 
     if input_tensor is not None:
         inputs = keras.utils.get_source_inputs(input_tensor)
-    model = keras.Model(inputs, x, name=name)
-    if weights is not None:
-        from keras_vit.weights import load_weights
-
-        load_weights(model, weights)
-    return model
+    return keras.Model(inputs, x, name=name)

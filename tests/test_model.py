@@ -6,7 +6,7 @@ import pytest
 from conftest import TINY
 
 import keras_vit
-from keras_vit.variants import VARIANTS, find_variant, variant_config
+from keras_vit.configs import VARIANTS, find_variant, get_variant
 
 # Official parameter counts at 224 px with 1000 classes and no pre-logits (vit_jax's test table).
 PARAM_COUNTS = {
@@ -26,7 +26,7 @@ def test_every_registered_variant_has_an_expected_count():
 def test_parameter_count_equals_official(variant):
     model = getattr(keras_vit, variant)()
     assert model.count_params() == PARAM_COUNTS[variant]
-    assert find_variant(variant_config(variant)) == variant
+    assert find_variant(get_variant(variant).build_args()) == variant
 
 
 @pytest.mark.parametrize("kwargs,shape", [
@@ -68,7 +68,7 @@ def test_bad_configurations_raise(kwargs, match):
 
 def test_unknown_variant_raises():
     with pytest.raises(ValueError, match="unknown variant 'ViT_X16'"):
-        variant_config("ViT_X16")
+        get_variant("ViT_X16")
 
 
 @pytest.mark.parametrize("shape,match", [

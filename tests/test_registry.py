@@ -40,7 +40,7 @@ def _stem(record):
 
 
 def test_every_package_variant_with_a_release_is_registered():
-    assert set(registry.VARIANTS) == set(ALL_VARIANTS)
+    assert set(registry.VARIANTS_WITH_WEIGHTS) == set(ALL_VARIANTS)
     for variant in ALL_VARIANTS:
         assert list_weights(variant), variant
 
@@ -48,8 +48,8 @@ def test_every_package_variant_with_a_release_is_registered():
 def test_registry_variants_are_the_package_factories():
     import keras_vit
 
-    assert set(registry.VARIANTS) <= set(keras_vit.VARIANTS)
-    for variant in registry.VARIANTS:
+    assert set(registry.VARIANTS_WITH_WEIGHTS) <= set(keras_vit.VARIANTS)
+    for variant in registry.VARIANTS_WITH_WEIGHTS:
         assert callable(getattr(keras_vit, variant))
 
 
@@ -140,7 +140,7 @@ def test_get_weights_falls_back_to_the_default_resolution():
     assert get_weights("ViT_L32", "imagenet21k+imagenet2012", 224) == get_weights("ViT_L32", "imagenet21k+imagenet2012")
     assert get_weights("ViT_B16", "imagenet21k", 384).image_size == 224  # only one file
     # every fine-tuned tag that has a 384 px file defaults to it
-    for variant in registry.VARIANTS:
+    for variant in registry.VARIANTS_WITH_WEIGHTS:
         for tag in ("imagenet21k+imagenet2012", "augreg-imagenet21k+imagenet2012"):
             sizes = {r.image_size for r in list_weights(variant) if r.tag == tag}
             if 384 in sizes:

@@ -4,6 +4,8 @@ convolutions and GroupNorm (BiT), whose feature map feeds the patch embedding.""
 import keras
 from keras import ops
 
+from keras_vit.configs import resnet_stride
+
 GROUP_NORM_EPSILON = 1e-6
 WEIGHT_STD_EPSILON = 1e-5
 
@@ -131,7 +133,7 @@ class ResNetStem(keras.layers.Layer):
     @property
     def stride(self):
         """Total downsampling of the stem."""
-        return 4 * 2 ** (len(self.num_layers) - 1)
+        return resnet_stride(self.num_layers)
 
     @property
     def output_channels(self):

@@ -1,33 +1,28 @@
 """Pretrained weights: the registry of released checkpoints, download, and loading into a model."""
 
 import logging
-import math
 import os
 
-from keras_vit.weights.download import fetch
+from keras_vit.configs import find_variant
 from keras_vit.structure import find_vit
+from keras_vit.weights.download import fetch
 from keras_vit.weights.npz import load_npz, official_variables, peek_npz, read_npz, save_npz
+from keras_vit.weights.registry import get_weights
+from keras_vit.weights.registry import list_weights as _list_weights
 
 logger = logging.getLogger("keras_vit")
 
 KERAS_SUFFIXES = (".weights.h5", ".keras")
 
 
-def _is_path(weights):
+def is_path(weights):
+    """True when `weights` (a str) names a file rather than a registry tag."""
     return os.path.exists(weights) or weights.endswith((".npz", *KERAS_SUFFIXES)) or os.sep in weights
 
 
 def list_weights(variant=None):
     """The registered released checkpoints (all, or those of one variant)."""
-    from keras_vit.weights.registry import list_weights as _list
-
-    return _list(variant)
-
-
-def _record(variant, tag, image_size=None):
-    from keras_vit.weights.registry import get_weights
-
-    return get_weights(variant, tag, image_size)
+    return _list_weights(variant)
 
 
 def model_config(model):
@@ -39,36 +34,6 @@ def model_config(model):
     return dict(patch_size=parts.embedding.patch_size, hidden_size=parts.embedding.hidden_size,
                 num_layers=parts.num_layers, num_heads=block.num_heads, mlp_dim=block.mlp_dim, resnet=resnet,
                 image_size=parts.image_size)
-
-
-def resolve_build_args(variant, weights, image_size, classes, include_top, representation_size="auto"):
-    """Fills `image_size`, `classes` and `representation_size` from the weights when not given."""
-    from keras_vit.variants import variant_config
-
-    file_size = file_classes = None
-    file_pre = False
-    if weights is not None:
-        if not isinstance(weights, (str, os.PathLike)):
-            raise TypeError(f"weights must be None, a registry tag or a path, got {type(weights).__name__}")
-        weights = os.fspath(weights)
-        if _is_path(weights):
-            if weights.endswith(".npz") or (os.path.exists(weights) and not weights.endswith(KERAS_SUFFIXES)):
-                file_classes, file_pre, tokens, has_cls = peek_npz(weights)
-                config = variant_config(variant)
-                if tokens is not None:
-                    side = math.isqrt(tokens - int(has_cls))
-                    stride = config["patch_size"] * (
-                        4 * 2 ** (len(config["resnet"]["num_layers"]) - 1) if config["resnet"] else 1)
-                    file_size = side * stride if side * side == tokens - int(has_cls) else None
-        else:
-            record = _record(variant, weights, image_size)
-            file_size, file_classes, file_pre = record.image_size, record.classes, record.pre_logits
-    image_size = image_size or file_size or 224
-    classes = classes or file_classes or 1000
-    if representation_size == "auto":
-        keep = include_top and file_pre and classes == file_classes
-        representation_size = variant_config(variant)["hidden_size"] if keep else None
-    return dict(image_size=image_size, classes=classes, representation_size=representation_size)
 
 
 def _snapshot(model):
@@ -92,9 +57,7 @@ def load_weights(model, weights):
     if not isinstance(weights, (str, os.PathLike)):
         raise TypeError(f"weights must be a registry tag or a path, got {type(weights).__name__}")
     weights = os.fspath(weights)
-    if not _is_path(weights):
-        from keras_vit.variants import find_variant
-
+    if not is_path(weights):
         config = model_config(model)
         variant = find_variant(config)
         if variant is None:
@@ -103,7 +66,7 @@ def load_weights(model, weights):
                 "registered variant; pass a file path instead"
             )
         h, w = config["image_size"]
-        record = _record(variant, weights, h if h == w else None)
+        record = get_weights(variant, weights, h if h == w else None)
         path = fetch(record.url, record.filename)
         try:
             return load_npz(model, path)
@@ -125,5 +88,5 @@ def load_weights(model, weights):
     return load_npz(model, weights)
 
 
-__all__ = ["fetch", "find_vit", "list_weights", "load_npz", "load_weights", "model_config", "official_variables",
-           "read_npz", "resolve_build_args", "save_npz"]
+__all__ = ["fetch", "find_vit", "get_weights", "is_path", "list_weights", "load_npz", "load_weights", "model_config", "official_variables",
+           "peek_npz", "read_npz", "save_npz"]

@@ -3,12 +3,11 @@ before a single variable is written."""
 
 import logging
 import math
-import os
-import tempfile
 import zipfile
 
 import numpy as np
 
+from keras_vit.fileio import atomic_write
 from keras_vit.layers import resize_position_embeddings
 from keras_vit.structure import find_vit
 
@@ -197,14 +196,6 @@ def peek_npz(path):
 def save_npz(model, path):
     """Writes the ViT in `model` as an official-layout `.npz` (atomically: temp file, then rename)."""
     arrays = {key: np.asarray(var.numpy(), np.float32) for key, var in official_variables(model).items()}
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".npz", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        os.remove(tmp)
-        raise
+    with atomic_write(path, suffix=".npz") as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
     return path

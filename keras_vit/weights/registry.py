@@ -39,13 +39,14 @@ Sources of the facts below (looked up, not guessed):
           ``imagenet21k+imagenet2012/`` files by these exact names (e.g. a
           ``MODEL_URLS`` table listing the 8 fine-tuned files, TransUNet forks
           listing the 9 ``imagenet21k/`` files).
-[NOTES]   Project reference notes, section 2 (folder contents, pre-logits).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import posixpath
+
+from keras_vit.configs import IMAGENET1K_CLASSES, IMAGENET21K_CLASSES, get_variant
 
 BUCKET_URL = "https://storage.googleapis.com/vit_models"
 
@@ -64,8 +65,6 @@ TAG_FOLDERS = {
     TAG_AUGREG_I21K_I1K: "augreg",
 }
 
-IMAGENET21K_CLASSES = 21843
-IMAGENET1K_CLASSES = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,56 +126,27 @@ class WeightsRecord:
 
 
 def _i21k(variant, model):
-    # imagenet21k/: 224 px, 21,843 classes, pre_logits present [README][NOTES].
-    return WeightsRecord(
-        variant=variant,
-        tag=TAG_I21K,
-        url=f"{BUCKET_URL}/imagenet21k/{model}.npz",
-        image_size=224,
-        classes=IMAGENET21K_CLASSES,
-        pre_logits=True,
-        accuracy=None,
-    )
+    # imagenet21k/: 224 px, 21,843 classes, pre_logits present [README].
+    return WeightsRecord(variant, TAG_I21K, f"{BUCKET_URL}/imagenet21k/{model}.npz", 224, IMAGENET21K_CLASSES, True)
 
 
 def _i21k_i1k(variant, name, image_size, accuracy):
-    # imagenet21k+imagenet2012/: 1,000 classes, no pre_logits [README][NOTES].
-    return WeightsRecord(
-        variant=variant,
-        tag=TAG_I21K_I1K,
-        url=f"{BUCKET_URL}/imagenet21k+imagenet2012/{name}.npz",
-        image_size=image_size,
-        classes=IMAGENET1K_CLASSES,
-        pre_logits=False,
-        accuracy=accuracy,
-    )
+    # imagenet21k+imagenet2012/: 1,000 classes, no pre_logits [README].
+    return WeightsRecord(variant, TAG_I21K_I1K, f"{BUCKET_URL}/imagenet21k+imagenet2012/{name}.npz", image_size,
+                         IMAGENET1K_CLASSES, False, accuracy)
 
 
 def _augreg_i21k(variant, pretrain):
-    # augreg/<pretrain>.npz: i21k 300 epochs at 224 px, no pre_logits [README][NOTES].
-    return WeightsRecord(
-        variant=variant,
-        tag=TAG_AUGREG_I21K,
-        url=f"{BUCKET_URL}/augreg/{pretrain}.npz",
-        image_size=224,
-        classes=IMAGENET21K_CLASSES,
-        pre_logits=False,
-        accuracy=None,
-    )
+    # augreg/<pretrain>.npz: i21k 300 epochs at 224 px, no pre_logits [README].
+    return WeightsRecord(variant, TAG_AUGREG_I21K, f"{BUCKET_URL}/augreg/{pretrain}.npz", 224, IMAGENET21K_CLASSES,
+                         False)
 
 
 def _augreg_i1k(variant, pretrain, lr, image_size, accuracy):
     # augreg/<pretrain>--imagenet2012-steps_20k-lr_<lr>-res_<size>.npz
     name = f"{pretrain}--imagenet2012-steps_20k-lr_{lr}-res_{image_size}"
-    return WeightsRecord(
-        variant=variant,
-        tag=TAG_AUGREG_I21K_I1K,
-        url=f"{BUCKET_URL}/augreg/{name}.npz",
-        image_size=image_size,
-        classes=IMAGENET1K_CLASSES,
-        pre_logits=False,
-        accuracy=accuracy,
-    )
+    return WeightsRecord(variant, TAG_AUGREG_I21K_I1K, f"{BUCKET_URL}/augreg/{name}.npz", image_size,
+                         IMAGENET1K_CLASSES, False, accuracy)
 
 
 _T5 = "ViT paper, Table 5"
@@ -209,29 +179,29 @@ _RECORDS = (
     _augreg_i21k("ViT_S32", _AUGREG_S32),  # [README][BV]
     _augreg_i1k("ViT_S32", _AUGREG_S32, "0.01", 384, f"79.58% ({_README_AUGREG})"),  # [README]
     # ---- ViT-B/8 ----
-    _i21k("ViT_B8", "ViT-B_8"),  # [NOTES][FILES]
-    _i21k_i1k("ViT_B8", "ViT-B_8", 384, None),  # [NOTES][FILES]; no accuracy published
+    _i21k("ViT_B8", "ViT-B_8"),  # [FILES]
+    _i21k_i1k("ViT_B8", "ViT-B_8", 384, None),  # [FILES]; no accuracy published
     # B/8 is not in the [README] AugReg table; [BV] names aug_medium2 as the
     # recommended run (timm uses aug_medium1 instead). Its 224 px fine-tune is
     # named in the GTP-ViT README (WACV 2024); no 384 px B/8 AugReg file is known.
     _augreg_i21k("ViT_B8", _AUGREG_B8),  # [BV]
     _augreg_i1k("ViT_B8", _AUGREG_B8, "0.01", 224, None),  # GTP-ViT README
     # ---- ViT-B/16 ----
-    _i21k("ViT_B16", "ViT-B_16"),  # [README][NOTES]
+    _i21k("ViT_B16", "ViT-B_16"),  # [README]
     _i21k_i1k("ViT_B16", "ViT-B_16", 384, f"83.97% ({_T5})"),  # [README][PAPER]
     _i21k_i1k("ViT_B16", "ViT-B_16-224", 224, f"81.2% ({_README_224})"),  # [README]
     _augreg_i21k("ViT_B16", _AUGREG_B16),  # [README][BV][TIMM]
     _augreg_i1k("ViT_B16", _AUGREG_B16, "0.03", 384, f"85.49% ({_README_AUGREG})"),  # [README]
     _augreg_i1k("ViT_B16", _AUGREG_B16, "0.01", 224, None),  # [TIMM]
     # ---- ViT-B/32 ----
-    _i21k("ViT_B32", "ViT-B_32"),  # [README][NOTES]
+    _i21k("ViT_B32", "ViT-B_32"),  # [README]
     _i21k_i1k("ViT_B32", "ViT-B_32", 384, f"81.28% ({_T5})"),  # [README][PAPER]
     # A 224 px fine-tune of this AugReg run could not be confirmed (timm's 224 px
     # B/32 file comes from another run, aug_medium1-wd_0.03).
     _augreg_i21k("ViT_B32", _AUGREG_B32),  # [README][BV]
     _augreg_i1k("ViT_B32", _AUGREG_B32, "0.01", 384, f"83.59% ({_README_AUGREG})"),  # [README]
     # ---- ViT-L/16 ----
-    _i21k("ViT_L16", "ViT-L_16"),  # [README][NOTES]
+    _i21k("ViT_L16", "ViT-L_16"),  # [README]
     _i21k_i1k("ViT_L16", "ViT-L_16", 384, f"85.15% ({_T5})"),  # [README][PAPER]
     _i21k_i1k("ViT_L16", "ViT-L_16-224", 224, f"82.7% ({_README_224})"),  # [README]
     _augreg_i21k("ViT_L16", _AUGREG_L16),  # [README][BV]
@@ -239,10 +209,10 @@ _RECORDS = (
     # 224 px name: timm-style cfg in lpylpy0514/workspace_tracking lib/models/vt/orivit.py
     _augreg_i1k("ViT_L16", _AUGREG_L16, "0.01", 224, None),
     # ---- ViT-L/32 ----
-    _i21k("ViT_L32", "ViT-L_32"),  # [README][NOTES]
+    _i21k("ViT_L32", "ViT-L_32"),  # [README]
     _i21k_i1k("ViT_L32", "ViT-L_32", 384, f"80.99% ({_T5})"),  # [README][PAPER]
     # ---- ViT-H/14 (no fine-tuned file in this registry) ----
-    _i21k("ViT_H14", "ViT-H_14"),  # [README][NOTES]
+    _i21k("ViT_H14", "ViT-H_14"),  # [README]
     # ---- R26+ViT-S/32: AugReg only ----
     _augreg_i21k("R26_ViT_S32", _AUGREG_R26_S32),  # [README]
     _augreg_i1k("R26_ViT_S32", _AUGREG_R26_S32, "0.01", 384, f"83.85% ({_README_AUGREG})"),  # [README]
@@ -250,32 +220,24 @@ _RECORDS = (
     # timm's 224 px R26+S/32 file comes from another run (aug_light0).
     _augreg_i1k("R26_ViT_S32", _AUGREG_R26_S32, "0.01", 224, None),
     # ---- R26+ViT-B/32 ----
-    _i21k("R26_ViT_B32", "R26+ViT-B_32"),  # [NOTES][FILES]
+    _i21k("R26_ViT_B32", "R26+ViT-B_32"),  # [FILES]
     # ---- R50+ViT-B/16 ----
-    _i21k("R50_ViT_B16", "R50+ViT-B_16"),  # [NOTES][FILES]
-    _i21k_i1k("R50_ViT_B16", "R50+ViT-B_16", 384, None),  # [NOTES][FILES]; not in Table 5
+    _i21k("R50_ViT_B16", "R50+ViT-B_16"),  # [FILES]
+    _i21k_i1k("R50_ViT_B16", "R50+ViT-B_16", 384, None),  # [FILES]; not in Table 5
     # ---- R50+ViT-L/32 ----
-    _i21k("R50_ViT_L32", "R50+ViT-L_32"),  # [NOTES][FILES]
+    _i21k("R50_ViT_L32", "R50+ViT-L_32"),  # [FILES]
 )
 
 
-def _variants():
-    seen = []
-    for record in _RECORDS:
-        if record.variant not in seen:
-            seen.append(record.variant)
-    return tuple(seen)
-
-
-VARIANTS = _variants()
+# The variants with at least one released file, in registry order.
+VARIANTS_WITH_WEIGHTS = tuple(dict.fromkeys(r.variant for r in _RECORDS))
 
 
 def _check_variant(variant):
-    if variant not in VARIANTS:
-        raise ValueError(
-            f"Unknown variant {variant!r}: no released checkpoint is registered "
-            f"for it. Valid variants: {', '.join(VARIANTS)}."
-        )
+    get_variant(variant)
+    if variant not in VARIANTS_WITH_WEIGHTS:
+        raise ValueError(f"no released checkpoint is registered for {variant!r}; "
+                         f"variants with weights: {', '.join(VARIANTS_WITH_WEIGHTS)}")
 
 
 def list_weights(variant: str | None = None) -> list[WeightsRecord]:
@@ -350,7 +312,7 @@ __all__ = [
     "BUCKET_URL",
     "TAGS",
     "TAG_FOLDERS",
-    "VARIANTS",
+    "VARIANTS_WITH_WEIGHTS",
     "WeightsRecord",
     "format_table",
     "get_weights",

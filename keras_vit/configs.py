@@ -1,0 +1,112 @@
+"""The variants of the paper (Table 1, plus the hybrids of Table 6) as data: one frozen config a row.
+
+This module imports nothing of the package, so every other piece (factories, weights, CLI,
+benchmarks, examples) reads its architecture facts from here.
+"""
+
+import dataclasses
+import numbers
+
+IMAGENET1K_CLASSES = 1000
+IMAGENET21K_CLASSES = 21843  # the official imagenet21k checkpoints' head
+
+R26 = (2, 2, 2, 2)
+R50 = (3, 4, 9)
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantConfig:
+    """One architecture of the paper.
+
+    Attributes:
+        name: the factory's name, e.g. "ViT_B16".
+        checkpoint: the released file stem, e.g. "ViT-B_16".
+        patch_size, hidden_size, mlp_dim, num_heads, num_layers: P, D, MLP width, heads, depth.
+        resnet: None, or the hybrid stem's units per stage (width factor 1), e.g. (3, 4, 9).
+    """
+
+    name: str
+    checkpoint: str
+    patch_size: int
+    hidden_size: int
+    mlp_dim: int
+    num_heads: int
+    num_layers: int
+    resnet: tuple = None
+
+    def build_args(self):
+        """The `VisionTransformer` arguments of this architecture."""
+        resnet = None if self.resnet is None else {"num_layers": self.resnet, "width_factor": 1}
+        return dict(patch_size=self.patch_size, hidden_size=self.hidden_size, mlp_dim=self.mlp_dim,
+                    num_heads=self.num_heads, num_layers=self.num_layers, resnet=resnet)
+
+    @property
+    def stride(self):
+        """Pixels per token along each axis: the patch size times the ResNet stem's stride."""
+        return self.patch_size * resnet_stride(self.resnet)
+
+    def describe(self):
+        stem = f", ResNet stem {self.resnet}" if self.resnet else ""
+        return f"D={self.hidden_size}, {self.num_heads} heads, {self.num_layers} layers, patch {self.patch_size}{stem}"
+
+
+VARIANTS = {c.name: c for c in (
+    VariantConfig("ViT_Ti16", "ViT-Ti_16", 16, 192, 768, 3, 12),
+    VariantConfig("ViT_S16", "ViT-S_16", 16, 384, 1536, 6, 12),
+    VariantConfig("ViT_S32", "ViT-S_32", 32, 384, 1536, 6, 12),
+    VariantConfig("ViT_B8", "ViT-B_8", 8, 768, 3072, 12, 12),
+    VariantConfig("ViT_B16", "ViT-B_16", 16, 768, 3072, 12, 12),
+    VariantConfig("ViT_B32", "ViT-B_32", 32, 768, 3072, 12, 12),
+    VariantConfig("ViT_L16", "ViT-L_16", 16, 1024, 4096, 16, 24),
+    VariantConfig("ViT_L32", "ViT-L_32", 32, 1024, 4096, 16, 24),
+    VariantConfig("ViT_H14", "ViT-H_14", 14, 1280, 5120, 16, 32),
+    VariantConfig("R26_ViT_S32", "R26+ViT-S_32", 1, 384, 1536, 6, 12, R26),
+    VariantConfig("R26_ViT_B32", "R26+ViT-B_32", 1, 768, 3072, 12, 12, R26),
+    VariantConfig("R50_ViT_B16", "R50+ViT-B_16", 1, 768, 3072, 12, 12, R50),
+    VariantConfig("R50_ViT_L32", "R50+ViT-L_32", 1, 1024, 4096, 16, 24, (3, 4, 6, 3)),
+)}
+
+
+def get_variant(name):
+    """The config of a variant by its factory name; one error for every caller."""
+    try:
+        return VARIANTS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown variant {name!r}; expected one of {', '.join(VARIANTS)}") from None
+
+
+def resnet_stride(num_layers):
+    """Total downsampling of a ResNet stem with `num_layers` units per stage (1 without a stem):
+    the root conv and max-pool give 4, each stage after the first halves again."""
+    return 1 if not num_layers else 4 * 2 ** (len(num_layers) - 1)
+
+
+def find_variant(config):
+    """The variant whose architecture equals `config` (builder arguments), or None."""
+    resnet = config.get("resnet")
+    stages = None if resnet is None else tuple(resnet["num_layers"] if isinstance(resnet, dict) else resnet)
+    for variant in VARIANTS.values():
+        args = variant.build_args()
+        if variant.resnet == stages and all(args[k] == config.get(k) for k in
+                                            ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers")):
+            return variant.name
+    return None
+
+
+def none_or(value):
+    """`None` for the command-line spellings of no weights ("none", ""), else the value."""
+    return None if value is None or (isinstance(value, str) and value.lower() in ("", "none")) else value
+
+
+def pair(value, what):
+    """`value` (an int or an (h, w) pair of positive ints) as an (h, w) tuple; one error for all."""
+    def whole(v):
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0
+
+    try:
+        out = (value, value) if whole(value) else tuple(value)
+    except TypeError:
+        out = ()
+    if len(out) != 2 or not all(whole(v) for v in out):
+        raise ValueError(f"{what} must be a positive int or an (h, w) pair of positive ints, got {value!r}")
+    return tuple(int(v) for v in out)
