@@ -5,6 +5,8 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.runtime import on_cpu
+
 
 def _plain(layer):
     """True when `layer`'s weights are plain float kernels (not quantized, no LoRA): the fused paths
@@ -40,36 +42,22 @@ def dense(x, kernel, bias, gelu=False):
     return ops.gelu(y, approximate=True) if gelu else y
 
 
-# q/k/v as one (D, 3D) matmul: measured faster on torch (+6% ViT-B/16 inference, one addmm) and
-# on tensorflow without XLA; on jax (XLA:CPU) three einsums ran ~3% faster than the concatenated
-# kernel and its slices, so jax keeps the layers' own einsums.
+# q/k/v as one (D, 3D) matmul where it measured faster (torch: one addmm; tensorflow without XLA);
+# on jax, XLA:CPU ran the three einsums faster than the concatenated kernel and its slices
+# (benchmarks/README.md).
 _FUSED_QKV = {"torch": True, "tensorflow": True}
 
 
 def _matmul_attention(q, k, v, scale):
     """Attention as two batched matmuls in (B, heads, T, head_dim) layout with a float32 softmax.
 
-    On XLA:CPU this ran faster than `jax.nn.dot_product_attention`'s einsums in (B, T, heads,
-    head_dim) layout (ViT-B/16 inference +7% at 224 px, +22% at 512 px, identical outputs).
+    On XLA:CPU and oneDNN this ran faster than einsums in (B, T, heads, head_dim) layout, with
+    identical outputs (benchmarks/README.md).
     """
     q, k, v = (ops.swapaxes(t, 1, 2) for t in (q, k, v))
     logits = ops.matmul(q * ops.cast(scale, q.dtype), ops.swapaxes(k, -1, -2))
     weights = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), v.dtype)
     return ops.swapaxes(ops.matmul(weights, v), 1, 2)
-
-
-def on_cpu():
-    """True when the JAX or TensorFlow backend computes on the CPU (no GPU/TPU default device)."""
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        return jax.default_backend() == "cpu"
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        return not tf.config.list_physical_devices("GPU")
-    return False
 
 
 def _fused_attention(q, k, v, scale, training=False):
@@ -83,12 +71,11 @@ def _fused_attention(q, k, v, scale, training=False):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale).transpose(1, 2)
     if on_cpu():
-        # in (B, heads, T, head_dim) layout, oneDNN's batched matmuls ran 10-30% faster than Keras'
-        # einsums over (B, T, heads, head_dim) (192 x 577 x 64 attention: 139 vs 105 GFLOP/s)
+        # batched matmuls in (B, heads, T, head_dim) layout: faster on oneDNN and XLA:CPU
         return _matmul_attention(q, k, v, scale)
     if backend == "jax" and training:
         # cuDNN's fused attention rejects ViT's sequence lengths (197, 577, ...) in training
-        # ("Unsupported sequence length", H100, jax 0.11.2); Keras checks the inference case only,
+        # ("Unsupported sequence length"); Keras checks the inference case only,
         # and under remat the failure escapes its fallback. XLA's attention trains at any length.
         return ops.dot_product_attention(q, k, v, scale=scale, flash_attention=False)
     return ops.dot_product_attention(q, k, v, scale=scale)

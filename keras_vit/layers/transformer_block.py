@@ -3,7 +3,8 @@
 import keras
 from keras import ops
 
-from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, dense, on_cpu
+from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, dense
+from keras_vit.runtime import on_cpu
 
 LAYER_NORM_EPSILON = 1e-6
 
