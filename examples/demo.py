@@ -57,16 +57,17 @@ run; every file inside is itself written to a temporary name and renamed.
 """
 
 import argparse
-import json
 import os
 import shutil
-import sys
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
+
+from keras_vit.fileio import atomic_write, write_json  # noqa: E402
+from keras_vit.interpolation import resize_2d  # noqa: E402
 
 PRETRAIN_CLASSES = (0, 1, 2, 3, 4)
 FINETUNE_CLASSES = (5, 6, 7, 8, 9)
@@ -160,49 +161,13 @@ def publish(staging, out):
         shutil.rmtree(old, ignore_errors=True)
 
 
-def atomic_path(path):
-    """A temporary name beside ``path`` that keeps its suffix (Keras checks ``.keras``/``.weights.h5``)."""
-    directory, name = os.path.split(path)
-    return os.path.join(directory, f".tmp-{os.getpid()}-{name}")
-
-
-def write_json(path, data):
-    tmp = atomic_path(path)
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=False)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-def save_npz(path, **arrays):
-    tmp = atomic_path(path)
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------
 # data
 # --------------------------------------------------------------------------
-def _linear_resize_matrix(n_in, n_out):
-    """(n_out, n_in) matrix of 1-D linear interpolation with half-pixel centres (edges clamped)."""
-    centres = (np.arange(n_out) + 0.5) * n_in / n_out - 0.5
-    centres = np.clip(centres, 0, n_in - 1)
-    lo = np.floor(centres).astype(int)
-    hi = np.minimum(lo + 1, n_in - 1)
-    frac = centres - lo
-    matrix = np.zeros((n_out, n_in))
-    matrix[np.arange(n_out), lo] += 1 - frac
-    matrix[np.arange(n_out), hi] += frac
-    return matrix
-
-
 def to_rgb(images, size):
     """(N, 8, 8) grey levels 0..16 -> (N, size, size, 3) float32 in [-1, 1] (bilinear, channels repeated)."""
     images = np.asarray(images, np.float64) / 16.0 * 2.0 - 1.0
-    rows = _linear_resize_matrix(images.shape[1], size)
-    cols = _linear_resize_matrix(images.shape[2], size)
-    resized = np.einsum("ph,nhw,qw->npq", rows, images, cols)
+    resized = np.moveaxis(resize_2d(np.moveaxis(images, 0, -1), (size, size), align_corners=False), -1, 0)
     resized = np.clip(resized, -1.0, 1.0).astype(np.float32)
     return np.repeat(resized[..., None], 3, axis=-1)
 
@@ -338,10 +303,9 @@ def plot_curves(path, pretrain, finetune, scratch=None, title=None):
                 ax.set_title(panel_title)
     if title:
         fig.suptitle(title)
-    tmp = atomic_path(path)
-    fig.savefig(tmp, dpi=100, format="png")
+    with atomic_write(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------
@@ -402,9 +366,8 @@ def run(args, config, staging):
     # ---- 2. checkpoint ----
     ckpt_h5 = os.path.join(staging, "pretrained.weights.h5")
     ckpt_npz = os.path.join(staging, "pretrained.npz")
-    tmp = atomic_path(ckpt_h5)
-    pretrained.save_weights(tmp)
-    os.replace(tmp, ckpt_h5)
+    with atomic_write(ckpt_h5) as tmp:
+        pretrained.save_weights(tmp)
     save_official_npz(pretrained, ckpt_npz)  # official key layout, written atomically
     print(f"[2/5] saved the pre-trained checkpoint: {os.path.basename(ckpt_h5)}, "
           f"{os.path.basename(ckpt_npz)} ({len(official_variables(pretrained))} arrays, official layout)")
@@ -432,7 +395,7 @@ def run(args, config, staging):
 
     scratch_history = scratch_eval = None
     if config["baseline"]:
-        print(f"\n      baseline: the same ViT from scratch, same fine-tuning budget")
+        print("\n      baseline: the same ViT from scratch, same fine-tuning budget")
         keras.utils.set_random_seed(args.seed)
         scratch = build_vit(config, f_size, classes=len(FINETUNE_CLASSES), classifier_activation=None,
                             name="vit_scratch")
@@ -464,15 +427,14 @@ def run(args, config, staging):
     # ---- outputs ----
     with tqdm(total=4, desc="saving model, curves, attention maps", unit="file") as bar:
         model_path = os.path.join(staging, "model.keras")
-        tmp = atomic_path(model_path)
-        finetuned.save(tmp)
-        os.replace(tmp, model_path)
+        with atomic_write(model_path) as tmp:
+            finetuned.save(tmp)
         bar.update()
         # a few test digits and the model's logits on them, to check a reload against
         sample = xf_test[:16]
         logits = keras.ops.convert_to_numpy(finetuned.predict(sample, batch_size=len(sample), verbose=0))
-        save_npz(os.path.join(staging, "sample_predictions.npz"), images=sample,
-                 labels=fin["y_test"][:16], logits=np.asarray(logits, np.float32))
+        with atomic_write(os.path.join(staging, "sample_predictions.npz")) as tmp, open(tmp, "wb") as f:
+            np.savez(f, images=sample, labels=fin["y_test"][:16], logits=np.asarray(logits, np.float32))
         bar.update()
         title = f"ViT on digits, {keras.backend.backend()}: test accuracy {finetune_eval['accuracy']:.3f} fine-tuned"
         if scratch_eval:

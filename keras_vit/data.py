@@ -8,7 +8,7 @@ Both datasets yield ``(images, labels)``: float32 NHWC images in [-1, 1]
 (``(x - 127.5) / 127.5``) and int32 labels. They feed ``model.fit`` on every
 Keras backend (Keras converts tf.data batches for JAX and PyTorch).
 
-Preprocessing (NOTES.md section 3, official fine-tuning code):
+Preprocessing (as the official fine-tuning input pipeline, vit_jax `input_pipeline.py`):
 - train: a random crop from ``sample_distorted_bounding_box`` with area range
   (0.05, 1) and no object constraint, resized to the square training size,
   then a random horizontal flip;
@@ -27,6 +27,8 @@ the Keras backend.
 
 import dataclasses
 import difflib
+
+from keras_vit.configs import pair
 
 __all__ = ["ImageDatasetInfo", "dataset_info", "load", "dev_splits", "train_preprocess",
            "eval_preprocess"]
@@ -150,18 +152,6 @@ def dev_splits(split, dev_fraction):
     return f"{split}[:{cut}%]", f"{split}[{cut}%:]"
 
 
-def _size(image_size):
-    if isinstance(image_size, int) and not isinstance(image_size, bool):
-        image_size = (image_size, image_size)
-    try:
-        h, w = (int(s) for s in image_size)
-    except (TypeError, ValueError):
-        raise ValueError(f"`image_size` must be an int or (height, width); got {image_size!r}.") from None
-    if h < 1 or w < 1 or (h, w) != tuple(image_size):
-        raise ValueError(f"`image_size` must be positive integers; got {image_size!r}.")
-    return h, w
-
-
 def _positive_int(name, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
@@ -187,7 +177,7 @@ def train_preprocess(image, image_size, seed):
     a shape-[2] integer tensor: the same seed gives the same crop and flip.
     """
     tf, _ = _tf()
-    size = _size(image_size)
+    size = pair(image_size, "image_size")
     image = tf.convert_to_tensor(image)
     seed = tf.convert_to_tensor(seed)
     crop_seed = tf.random.experimental.stateless_fold_in(seed, 0)
@@ -212,7 +202,7 @@ def train_preprocess(image, image_size, seed):
 def eval_preprocess(image, image_size):
     """The paper's evaluation preprocessing: bilinear resize to ``image_size``, scale to [-1, 1]."""
     tf, _ = _tf()
-    size = _size(image_size)
+    size = pair(image_size, "image_size")
     image = tf.image.resize(tf.convert_to_tensor(image), size, method="bilinear")
     image.set_shape([size[0], size[1], 3])
     return _normalise(tf, image)
@@ -255,7 +245,7 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
             features, bad sizes, or data missing with ``download=False``.
     """
     tf, tfds = _tf()
-    size = _size(image_size)
+    size = pair(image_size, "image_size")
     batch_size = _positive_int("batch_size", batch_size)
     eval_batch_size = _positive_int("eval_batch_size", eval_batch_size or batch_size)
     shuffle_buffer = _positive_int("shuffle_buffer", shuffle_buffer)

@@ -13,8 +13,8 @@ import importlib.resources
 
 import numpy as np
 
-IMAGENET1K_CLASSES = 1000
-IMAGENET21K_CLASSES = 21843
+from keras_vit.fileio import load_image  # noqa: F401  (public here too)
+from keras_vit.configs import IMAGENET1K_CLASSES, IMAGENET21K_CLASSES
 
 _CLASS_FILES = {
     IMAGENET1K_CLASSES: "imagenet1k.txt",
@@ -147,22 +147,6 @@ def decode_predictions(preds, top=5):
         [(*names[i], float(row[i])) for i in indices]
         for row, indices in zip(preds, order)
     ]
-
-
-def load_image(path, image_size):
-    """Reads an image file as RGB, resized (bicubic) to `image_size` (int or (h, w)): float32 in [0, 255]."""
-    import os
-
-    from PIL import Image, UnidentifiedImageError
-
-    h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"image file not found: {path}")
-    try:
-        with Image.open(path) as img:
-            return np.asarray(img.convert("RGB").resize((w, h), Image.Resampling.BICUBIC), dtype=np.float32)
-    except (UnidentifiedImageError, OSError) as err:
-        raise ValueError(f"cannot read {path} as an image: {err}") from None
 
 
 __all__ = ["class_names", "decode_predictions", "load_image", "preprocess_input"]

@@ -6,17 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
-
-def _linear_resize_matrix(old, new):
-    """(new, old) matrix of 1D linear interpolation with the end points aligned."""
-    m = np.zeros((new, old), dtype=np.float64)
-    pos = np.arange(new) * ((old - 1) / (new - 1)) if new > 1 else np.zeros(1)
-    lo = np.clip(np.floor(pos).astype(int), 0, old - 1)
-    hi = np.minimum(lo + 1, old - 1)
-    frac = pos - lo
-    m[np.arange(new), lo] += 1.0 - frac
-    m[np.arange(new), hi] += frac
-    return m
+from keras_vit.interpolation import resize_2d
 
 
 def resize_position_embeddings(posemb, new_grid, old_grid=None, num_prefix_tokens=1):
@@ -52,8 +42,7 @@ def resize_position_embeddings(posemb, new_grid, old_grid=None, num_prefix_token
         raise ValueError(f"old_grid {old_grid} holds {gh * gw} positions but the embeddings have {n}")
     if (gh, gw) == (nh, nw):
         return posemb.copy()
-    grid = grid.reshape(gh, gw, -1).astype(np.float64)
-    out = np.einsum("ih,hwd,jw->ijd", _linear_resize_matrix(gh, nh), grid, _linear_resize_matrix(gw, nw))
+    out = resize_2d(grid.reshape(gh, gw, -1), (nh, nw))
     out = out.reshape(1, nh * nw, -1).astype(posemb.dtype)
     return np.concatenate([prefix, out], axis=1)
 

@@ -8,11 +8,11 @@ The file is written to a temporary name beside --out and renamed only after the 
 """
 
 import argparse
-import os
 import sys
-import tempfile
 
 import numpy as np
+
+from keras_vit.fileio import atomic_write
 
 
 def convert(model_name, weights, out, image_size=None, classes=None, tolerance=1e-5, seed=0):
@@ -22,20 +22,13 @@ def convert(model_name, weights, out, image_size=None, classes=None, tolerance=1
 
     if not out.endswith((".keras", ".weights.h5")):
         raise ValueError(f"--out must end in .keras or .weights.h5, got {out!r}")
-    if model_name not in keras_vit.VARIANTS:
-        raise ValueError(f"unknown model {model_name!r}; expected one of {', '.join(keras_vit.VARIANTS)}")
-    factory = getattr(keras_vit, model_name)
+    factory = getattr(keras_vit, keras_vit.get_variant(model_name).name)
     model = factory(weights=weights, image_size=image_size, classes=classes, classifier_activation=None)
     x = np.random.default_rng(seed).uniform(-1, 1, (2, *model.input_shape[1:])).astype("float32")
     before = model.predict(x, verbose=0)
 
-    directory = os.path.dirname(os.path.abspath(out))
-    os.makedirs(directory, exist_ok=True)
-    suffix = ".keras" if out.endswith(".keras") else ".weights.h5"
-    fd, tmp = tempfile.mkstemp(suffix=suffix, dir=directory)
-    os.close(fd)
-    try:
-        if suffix == ".keras":
+    with atomic_write(out) as tmp:
+        if out.endswith(".keras"):
             model.save(tmp)
             reloaded = keras.saving.load_model(tmp, safe_mode=True)
         else:
@@ -47,10 +40,6 @@ def convert(model_name, weights, out, image_size=None, classes=None, tolerance=1
         err = float(np.abs(after - before).max())
         if err > tolerance:
             raise ValueError(f"converted model differs from the source by {err:.3g} > {tolerance}")
-        os.replace(tmp, out)
-    except BaseException:
-        os.remove(tmp)
-        raise
     return err
 
 

@@ -24,8 +24,9 @@ import io
 import os
 import re
 import sys
-import tempfile
 import zipfile
+
+from keras_vit.fileio import atomic_write
 
 INFO_DIR = "timm/data/_info/"
 SYNSET_RE = re.compile(r"^n\d{8}$")
@@ -89,19 +90,10 @@ def _gzip_bytes(text):
 
 
 def write(outputs, out_dir):
-    os.makedirs(out_dir, exist_ok=True)
     for name, text in outputs.items():
         data = _gzip_bytes(text) if name.endswith(".gz") else text.encode("utf-8")
-        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; package data must be world-readable
-            os.replace(tmp, os.path.join(out_dir, name))
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_write(os.path.join(out_dir, name)) as tmp, open(tmp, "wb") as f:
+            f.write(data)
         print(f"wrote {os.path.join(out_dir, name)}: {text.count(chr(10))} lines, {len(data)} bytes")
 
 
