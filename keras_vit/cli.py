@@ -1,17 +1,21 @@
 """The `keras-vit` command: `predict`, `list`, `inspect`."""
 
 import argparse
-import os
 import sys
+
+from keras_vit.configs import VARIANTS, get_variant, none_or
 
 
 def _build(args):
     import keras_vit
 
-    if args.model not in keras_vit.VARIANTS:
-        raise SystemExit(f"keras-vit: unknown model {args.model!r}; expected one of {', '.join(keras_vit.VARIANTS)}")
-    weights = None if args.weights in (None, "none") else args.weights
-    return getattr(keras_vit, args.model)(weights=weights, image_size=args.image_size)
+    factory = getattr(keras_vit, get_variant(args.model).name)
+    kwargs = {"weights": none_or(args.weights)}
+    if args.image_size is not None:
+        if args.image_size < 1:
+            raise ValueError(f"--image-size must be a positive number of pixels, got {args.image_size}")
+        kwargs["image_size"] = args.image_size
+    return factory(**kwargs)
 
 
 def _predict(args):
@@ -36,20 +40,43 @@ def _predict(args):
 
 
 def _list(args):
-    from keras_vit.variants import VARIANTS
     from keras_vit.weights.registry import format_table
 
     print("Variants (factory, official name, patch, hidden, MLP, heads, layers, ResNet stem):")
-    for name, (official, patch, dim, mlp, heads, depth, resnet) in VARIANTS.items():
-        stem = "-" if resnet is None else str(tuple(resnet["num_layers"]))
-        print(f"  {name:12s} {official:14s} {patch:>3d} {dim:>5d} {mlp:>5d} {heads:>3d} {depth:>3d}  {stem}")
+    for c in VARIANTS.values():
+        stem = "-" if c.resnet is None else str(c.resnet)
+        print(f"  {c.name:12s} {c.checkpoint:14s} {c.patch_size:>3d} {c.hidden_size:>5d} {c.mlp_dim:>5d} "
+              f"{c.num_heads:>3d} {c.num_layers:>3d}  {stem}")
     print("\nReleased weights (weights=TAG):")
     print(format_table(args.variant))
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="keras-vit", description="Vision Transformer model zoo for Keras 3.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _inspect(args):
+    import warnings
+
+    import numpy as np
+
+    from keras_vit.inspection import find_vit, inspect_model
+    from keras_vit.preprocessing import load_image, preprocess_input
+
+    model = _build(args)
+    parts = find_vit(model)
+    pixels = np.stack([load_image(p, parts.image_size) for p in args.image])
+    images = np.asarray(preprocess_input(pixels), dtype=np.float32)
+    with warnings.catch_warnings():  # the hybrid note is printed below instead
+        warnings.filterwarnings("ignore", message=".*no RGB embedding filters.*")
+        paths = inspect_model(model, images, args.out, num_components=args.num_components)
+    for key, path in paths.items():
+        if path is None:
+            print(f"{key}: not written ({args.model} is a hybrid: no RGB embedding filters)")
+        else:
+            print(f"{key}: {path}")
+
+
+def parser():
+    """The argument parser of `keras-vit` (every sub-command)."""
+    top = argparse.ArgumentParser(prog="keras-vit", description="Vision Transformer model zoo for Keras 3.")
+    sub = top.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("predict", help="classify images and print the top classes")
     p.add_argument("images", nargs="+", metavar="IMAGE")
@@ -64,10 +91,31 @@ def main(argv=None):
     p.add_argument("--variant", default=None, help="only this variant's weights")
     p.set_defaults(func=_list)
 
-    from keras_vit.inspection import add_cli
+    p = sub.add_parser(
+        "inspect",
+        help="draw attention rollout, attention distance, position-embedding similarity "
+        "and embedding filters (paper section 4.5) as PNGs",
+        description="Inspect a ViT as in section 4.5 of the paper: writes attention_rollout.png, "
+        "attention_distance.png, position_embedding_similarity.png and embedding_filters.png "
+        "(not for hybrids, which have no RGB filters) into --out.",
+    )
+    p.add_argument("--model", required=True, help="variant factory name, e.g. ViT_B16 or R50_ViT_B16")
+    p.add_argument("--weights", required=True,
+                   help="registry tag or path (.npz, .weights.h5) of the weights to inspect; "
+                   "'none' for a randomly initialised model")
+    p.add_argument("--image", required=True, action="append", metavar="PATH",
+                   help="image file (repeat for several; all are used for the attention distance)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="model input size in pixels (images are resized to it); default: the variant's")
+    p.add_argument("--out", required=True, help="output folder for the PNGs")
+    p.add_argument("--num-components", type=int, default=28,
+                   help="embedding-filter principal components to draw (default 28)")
+    p.set_defaults(func=_inspect)
+    return top
 
-    add_cli(sub)
-    args = parser.parse_args(argv)
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     try:
         args.func(args)
     except (ValueError, FileNotFoundError, OSError) as err:

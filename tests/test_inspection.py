@@ -1,7 +1,7 @@
 """Tests of keras_vit.inspection (paper 4.5, D.7, D.8): constructed inputs with known answers,
 and real tiny models (nested, "gap", hybrid) checked against a numpy recomputation."""
 
-import argparse
+import dataclasses
 import math
 import os
 import warnings
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from keras_vit import inspection as I
-from keras_vit.model import VisionTransformer
+from keras_vit.inspection import capture
+from keras_vit import VisionTransformer, cli
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2, classes=10)
 HYBRID = dict(TINY, patch_size=1, resnet={"num_layers": (1,), "width_factor": 1})
@@ -321,7 +322,7 @@ def test_real_models_attention_rows_and_manual_first_layer(request, images, whic
     np.testing.assert_allclose(I.attention_maps(model, images, layers=[-1])[0], maps[1], atol=1e-6)
     # the layer-by-layer run reproduces the model's own encoder output
     inner = keras.Model(parts.container.inputs[0], parts.container.get_layer("encoderblock_1").output)
-    _, final = I._run_vit(parts, images, [1])
+    _, final = capture._run_vit(parts, images, [1])
     np.testing.assert_allclose(final, _np(inner(images)), atol=1e-4)
     # the analyses accept what attention_maps returns
     assert I.attention_rollout(maps, prefix, parts.grid_size).shape == (2, *parts.grid_size)
@@ -428,25 +429,24 @@ def test_cli_inspect(tmp_path, monkeypatch):
         return VisionTransformer(**dict(TINY, image_size=image_size), name="cli_tiny")
 
     monkeypatch.setattr(keras_vit, "Tiny_Test", tiny_factory, raising=False)
-    monkeypatch.setitem(keras_vit.VARIANTS, "Tiny_Test", keras_vit.VARIANTS["ViT_Ti16"])
+    monkeypatch.setitem(keras_vit.VARIANTS, "Tiny_Test", dataclasses.replace(keras_vit.VARIANTS["ViT_Ti16"], name="Tiny_Test"))
 
     pixels = np.random.default_rng(8).integers(0, 256, (50, 70, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(tmp_path / "a.png")
-    parser = argparse.ArgumentParser(prog="keras-vit")
-    I.add_cli(parser.add_subparsers(dest="command"))
+    parser = cli.parser()
     args = parser.parse_args(["inspect", "--model", "Tiny_Test", "--image", str(tmp_path / "a.png"),
                               "--image", str(tmp_path / "a.png"), "--weights", "none",
                               "--image-size", "32", "--out", str(tmp_path / "out")])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert args.func(args) == 0
+        args.func(args)
     assert sorted(os.listdir(tmp_path / "out")) == sorted(I.FIGURE_NAMES.values())
     bad = parser.parse_args(["inspect", "--model", "NotAViT", "--weights", "none", "--image", "x.jpg",
                              "--out", str(tmp_path)])
-    with pytest.raises(ValueError, match="unknown model 'NotAViT'"):
-        I.run_cli(bad)
+    with pytest.raises(ValueError, match="unknown variant 'NotAViT'"):
+        bad.func(bad)
     missing = parser.parse_args(["inspect", "--model", "Tiny_Test", "--weights", "none",
                                  "--image", str(tmp_path / "nope.jpg"),
                                  "--image-size", "32", "--out", str(tmp_path)])
     with pytest.raises(FileNotFoundError, match="nope.jpg"):
-        I.run_cli(missing)
+        missing.func(missing)

@@ -9,9 +9,10 @@ interrupted save never leaves a half-written PNG.
 from __future__ import annotations
 
 import os
-import tempfile
 
 import numpy as np
+
+from keras_vit.fileio import atomic_write
 
 
 def _figure(figsize):
@@ -28,17 +29,8 @@ def save_figure(fig, path, dpi=100):
     path = os.fspath(path)
     if not path.lower().endswith(".png"):
         raise ValueError(f"figures are saved as PNG: path must end in '.png', got {path!r}")
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            fig.savefig(handle, format="png", dpi=dpi)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_write(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi)
     return path
 
 

@@ -1,0 +1,145 @@
+"""All four figures of paper section 4.5 for one model, written as PNGs into a folder."""
+
+import os
+
+import numpy as np
+
+from keras_vit.inspection import plots
+from keras_vit.inspection.capture import _run_vit, _to_numpy
+from keras_vit.inspection.maps import (
+    attention_rollout,
+    embedding_filters,
+    mean_attention_distance,
+    position_embedding_similarity,
+    upsample_map,
+)
+from keras_vit.structure import find_vit
+
+FIGURE_NAMES = {
+    "rollout": "attention_rollout.png",
+    "attention_distance": "attention_distance.png",
+    "position_embedding": "position_embedding_similarity.png",
+    "embedding_filters": "embedding_filters.png",
+}
+
+
+def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max_rollout_images=4):
+    """Compute the four analyses of paper section 4.5 and save them as PNGs in ``out_dir``.
+
+    Writes (each atomically: temp file, then ``os.replace``):
+
+    * ``attention_rollout.png`` - input, rollout overlay, input weighted by the
+      rollout (Figure 6), for up to ``max_rollout_images`` images;
+    * ``attention_distance.png`` - mean attention distance per head against
+      depth, averaged over all given images (Figure 7 right), with the distance
+      uniform attention would give as a dashed line;
+    * ``position_embedding_similarity.png`` - cosine-similarity tiles (Figure 7 centre);
+    * ``embedding_filters.png`` - principal components of the RGB patch
+      embedding (Figure 7 left), each labelled with the share of the filters'
+      variance it explains. Hybrid models have no RGB embedding filters
+      (their embedding is a 1x1 projection of the ResNet feature map): the file
+      is not written, its entry is None and a warning says why.
+
+    Args:
+        model: a keras_vit ViT, or a model containing one (see :func:`find_vit`).
+        image: ``(H, W, 3)`` or ``(B, H, W, 3)`` RGB scaled to [-1, 1] as the model
+            takes it (``keras_vit.preprocess_input``). Any ``H, W``: images of
+            another size than the model's are resized (bilinear, antialiased,
+            ``keras.ops.image.resize``) for the forward pass; the rollout is drawn
+            over the original image. Values outside [-1, 1] raise ValueError
+            (e.g. raw 0..255 pixels that were not preprocessed).
+        out_dir: folder to write into (created if missing).
+        patch_size: pixels per token used for the attention distance; None
+            takes ``image_size / grid_size`` of the model (for hybrids this
+            includes the ResNet's downsampling).
+        num_components: embedding-filter components to draw (capped at what the
+            kernel has).
+        max_rollout_images: how many images the rollout figure shows.
+
+    Returns:
+        dict with keys ``"rollout"``, ``"attention_distance"``,
+        ``"position_embedding"``, ``"embedding_filters"`` mapping to the written
+        paths (``"embedding_filters"`` is None for hybrids).
+    """
+    import warnings
+
+    import keras
+
+
+    parts = find_vit(model)
+    images = np.asarray(_to_numpy(image), dtype=np.float32)
+    if images.ndim == 3:
+        images = images[None]
+    if images.ndim != 4 or images.shape[-1] != 3 or images.shape[0] == 0:
+        raise ValueError(
+            f"image must have shape (H, W, 3) or (B, H, W, 3) (RGB), got {np.shape(image)}"
+        )
+    if not np.all(np.isfinite(images)):
+        raise ValueError("image contains NaN or infinite values")
+    lo, hi = float(images.min()), float(images.max())
+    if lo < -1.01 or hi > 1.01:
+        raise ValueError(
+            f"image values span [{lo:g}, {hi:g}]; expected RGB scaled to [-1, 1] as the model "
+            "takes it: apply keras_vit.preprocess_input to 0..255 pixels first"
+        )
+    if max_rollout_images < 1:
+        raise ValueError(f"max_rollout_images must be >= 1, got {max_rollout_images}")
+    model_hw = parts.image_size
+    if tuple(images.shape[1:3]) != model_hw:
+        resized = keras.ops.image.resize(
+            keras.ops.convert_to_tensor(images), model_hw, interpolation="bilinear", antialias=True
+        )
+        model_images = np.clip(_to_numpy(resized), -1.0, 1.0).astype(np.float32)
+    else:
+        model_images = images
+    if patch_size is None:
+        patch_size = (model_hw[0] / parts.grid_size[0], model_hw[1] / parts.grid_size[1])
+
+    attentions, _ = _run_vit(parts, model_images, list(range(parts.num_layers)))
+    prefix, grid = parts.num_prefix_tokens, parts.grid_size
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {key: os.path.join(out_dir, name) for key, name in FIGURE_NAMES.items()}
+    tag = f"{parts.container.name}"
+
+    shown = images[:max_rollout_images]
+    rollout = attention_rollout([a[: len(shown)] for a in attentions], prefix, grid)
+    maps = upsample_map(rollout, shown.shape[1:3], normalize=True)
+    source = "class token" if prefix else "mean of all tokens (classifier='gap')"
+    plots.plot_rollout(
+        (shown + 1.0) / 2.0, maps, paths["rollout"],
+        title=f"{tag}: attention rollout from the {source} to the input",
+    )
+
+    distances = mean_attention_distance(attentions, grid, patch_size, prefix)
+    tokens = parts.num_tokens
+    uniform = mean_attention_distance([np.full((1, 1, tokens, tokens), 1.0 / tokens)], grid, patch_size, prefix)
+    plots.plot_attention_distance(
+        distances, paths["attention_distance"], image_size=model_hw[1], uniform=float(uniform[0, 0]),
+        title=f"{tag}: mean attention distance ({len(images)} image{'s' * (len(images) > 1)})",
+    )
+
+    similarity = position_embedding_similarity(_to_numpy(parts.posembed.pos_embedding), grid, prefix)
+    plots.plot_position_similarity(
+        similarity, paths["position_embedding"], title=f"{tag}: position embedding similarity"
+    )
+
+    if parts.is_hybrid:
+        warnings.warn(
+            f"{tag} is a hybrid (ResNet + ViT): its embedding is a "
+            f"{parts.embedding.patch_size}x{parts.embedding.patch_size} projection of the ResNet "
+            "feature map, so there are no RGB embedding filters to draw; "
+            "embedding_filters.png was not written",
+            stacklevel=2,
+        )
+        paths["embedding_filters"] = None
+    else:
+        kernel = _to_numpy(parts.embedding.kernel)
+        p, _, c, d = kernel.shape
+        k = min(int(num_components), d, p * p * c)
+        filters, variance = embedding_filters(kernel, k, return_variance=True)
+        plots.plot_embedding_filters(
+            filters, paths["embedding_filters"], variance=variance,
+            title=f"{tag}: RGB embedding filters (first {k} principal components)",
+        )
+    return paths
