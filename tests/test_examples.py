@@ -19,10 +19,7 @@ import pytest
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-sys.path.insert(0, EXAMPLES)
-
-import _finetune  # noqa: E402
+from keras_vit.recipes import finetune as _finetune  # noqa: E402
 
 TINY = json.dumps(dict(patch_size=8, hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1))
 NOWHERE = "/nonexistent/tfds"
@@ -123,17 +120,16 @@ def test_bad_flags_are_refused(tmp_path, capsys):
         with pytest.raises(SystemExit):
             _finetune.parse_args("cifar10", flags(tmp_path / "x") + extra)
         assert message in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="unknown --model 'ViT_X99'"):
+    with pytest.raises(SystemExit, match="--model: unknown variant 'ViT_X99'"):
         run(tmp_path / "y", "--model", "ViT_X99")
     assert not (tmp_path / "y" / "metrics.json").exists()
 
 
 LAUNCHER = textwrap.dedent("""
     import os, sys, time
-    sys.path.insert(0, {examples!r})
     import keras
     import tensorflow_datasets as tfds
-    import _finetune
+    from keras_vit.recipes import finetune as _finetune
 
     class PauseAt(keras.callbacks.Callback):
         # stands in for a long training step: the parent kills the process here
@@ -156,7 +152,7 @@ LAUNCHER = textwrap.dedent("""
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_same_weights(tmp_path):
     launcher = tmp_path / "launch.py"
-    launcher.write_text(LAUNCHER.format(examples=EXAMPLES))
+    launcher.write_text(LAUNCHER)
     # 12 examples, device batches of 4: passes over the data and epochs do not
     # line up, so the resumed data stream must start mid-pass.
     extra = ["--steps", "8", "--eval-every", "2", "--ema"]

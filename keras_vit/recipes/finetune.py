@@ -34,6 +34,9 @@ import shutil
 import sys
 import time
 
+from keras_vit.configs import get_variant, none_or
+from keras_vit.fileio import atomic_write, write_json
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MARKER = "run.json"
@@ -44,34 +47,24 @@ HISTORY = "history.json"
 # --------------------------------------------------------------------------
 # command line
 # --------------------------------------------------------------------------
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _number(kind, minimum, strict):
+    """An argparse type: `kind` (int or float) finite and > `minimum` (>= when not `strict`)."""
+    what = {(int, 0, True): "a positive integer", (int, 0, False): "an integer >= 0",
+            (float, 0, True): "a positive number"}[kind, minimum, strict]
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-def _positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+_positive_int, _non_negative_int, _positive_float = _number(int, 0, True), _number(int, 0, False), _number(float, 0, True)
 
 
 def parse_args(dataset, argv=None):
@@ -141,8 +134,7 @@ def parse_args(dataset, argv=None):
         args.accumulation = gradient_accumulation_steps(args.batch_size, args.device_batch_size)
     except ValueError as e:
         parser.error(str(e))
-    if args.weights.lower() == "none":
-        args.weights = None
+    args.weights = none_or(args.weights)
     return args
 
 
@@ -157,28 +149,6 @@ def run_flags(args):
 # --------------------------------------------------------------------------
 # output folder
 # --------------------------------------------------------------------------
-def write_atomic(path, write):
-    """Call ``write(tmp_path)`` and rename the result to ``path``."""
-    folder, name = os.path.split(path)
-    stem, ext = os.path.splitext(name)
-    tmp = os.path.join(folder, f".{stem}.tmp-{os.getpid()}{ext}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def write_json(path, obj):
-    def write(tmp):
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True)
-            f.write("\n")
-
-    write_atomic(path, write)
-
-
 def prepare_output_dir(out, flags, overwrite):
     """Create ``out`` or decide to resume in it; refuse to mix two runs. Returns True when resuming."""
     marker = os.path.join(out, MARKER)
@@ -237,10 +207,10 @@ def build_model(args, classes):
             for note in keras_vit.load_weights(model, args.weights) or ():
                 print(f"weights: {note}")
         return model
-    factory = getattr(keras_vit, spec, None)
-    if spec not in getattr(keras_vit, "VARIANTS", {}) or factory is None:
-        names = ", ".join(getattr(keras_vit, "VARIANTS", {}))
-        raise SystemExit(f"error: unknown --model {spec!r}; expected one of {names} or a JSON object")
+    try:
+        factory = getattr(keras_vit, get_variant(spec).name)
+    except ValueError as err:
+        raise SystemExit(f"error: --model: {err}, or a JSON object of VisionTransformer arguments") from None
     return factory(weights=args.weights, image_size=args.image_size, classes=classes,
                    classifier_activation=None, remat=args.remat)
 
@@ -268,7 +238,8 @@ def plot_curves(path, history, eval_every, title):
         ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100))
+    with atomic_write(path) as tmp:
+        fig.savefig(tmp, dpi=100)
     plt.close(fig)
 
 
@@ -361,7 +332,8 @@ def main(dataset, argv=None, callbacks=()):
 
     result = model.evaluate(test, verbose=args.verbose, return_dict=True)
 
-    write_atomic(os.path.join(out, "model.keras"), model.save)
+    with atomic_write(os.path.join(out, "model.keras")) as tmp:
+        model.save(tmp)
     plot_curves(os.path.join(out, "curves.png"), history, args.eval_every,
                 f"{args.model if not args.model.startswith('{') else 'ViT'} on {dataset}")
     metrics = {

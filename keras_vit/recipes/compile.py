@@ -1,0 +1,248 @@
+"""The paper's optimisers and losses as a compiled Keras model: `compile_for_finetuning` (SGD with
+momentum, B.1.1) and `compile_for_pretraining` (Adam with weight decay, 4.1), with gradient
+accumulation, EMA and label smoothing."""
+
+import types
+
+import keras
+from keras import ops
+
+from keras_vit.recipes.checks import _check_int, _check_positive_float
+from keras_vit.recipes.schedules import finetune_schedule, pretrain_schedule
+from keras_vit.runtime import jit_compile_default
+
+
+def gradient_accumulation_steps(batch_size, device_batch_size=None):
+    """Number of micro-batches per update: ``batch_size // device_batch_size`` (1 if none).
+
+    Raises a ``ValueError`` unless ``device_batch_size`` divides ``batch_size``.
+    """
+    batch_size = _check_int("batch_size", batch_size, 1)
+    if device_batch_size is None:
+        return 1
+    device_batch_size = _check_int("device_batch_size", device_batch_size, 1)
+    if device_batch_size > batch_size:
+        raise ValueError(
+            f"`device_batch_size` ({device_batch_size}) must not exceed `batch_size` "
+            f"({batch_size}); it is the part of the batch one step holds."
+        )
+    if batch_size % device_batch_size:
+        raise ValueError(
+            f"`batch_size` ({batch_size}) must be a multiple of `device_batch_size` "
+            f"({device_batch_size}) to accumulate gradients over equal micro-batches; "
+            f"e.g. device_batch_size={_largest_divisor(batch_size, device_batch_size)}."
+        )
+    return batch_size // device_batch_size
+
+
+def _largest_divisor(n, at_most):
+    return max(d for d in range(1, at_most + 1) if n % d == 0)
+
+
+def fit_steps(model_or_optimizer, updates):
+    """Number of batches ``model.fit`` must run for ``updates`` optimizer updates.
+
+    ``updates * gradient_accumulation_steps`` of the compiled optimizer.
+    """
+    optimizer = getattr(model_or_optimizer, "optimizer", model_or_optimizer)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            "`fit_steps` expects a compiled keras.Model or a keras optimizer; "
+            f"got {type(model_or_optimizer).__name__}."
+        )
+    updates = _check_int("updates", updates, 0)
+    return updates * (optimizer.gradient_accumulation_steps or 1)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class SparseCategoricalCrossentropyWithSmoothing(keras.losses.Loss):
+    """Cross-entropy on integer labels with label smoothing.
+
+    Keras' sparse cross-entropy has no ``label_smoothing``; this one-hot encodes
+    the labels to the width of the predictions and uses the categorical loss.
+    """
+
+    def __init__(self, from_logits=False, label_smoothing=0.0,
+                 name="sparse_categorical_crossentropy_with_smoothing", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.from_logits = bool(from_logits)
+        self.label_smoothing = float(label_smoothing)
+
+    def call(self, y_true, y_pred):
+        num_classes = ops.shape(y_pred)[-1]
+        y_true = ops.cast(y_true, "int32")
+        if len(y_true.shape) == len(y_pred.shape):
+            y_true = ops.squeeze(y_true, axis=-1)
+        onehot = ops.one_hot(y_true, num_classes, dtype=y_pred.dtype)
+        return keras.losses.categorical_crossentropy(
+            onehot, y_pred, from_logits=self.from_logits,
+            label_smoothing=self.label_smoothing,
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(from_logits=self.from_logits, label_smoothing=self.label_smoothing)
+        return config
+
+
+def _outputs_logits(model):
+    """True if the model's output layer has a linear activation, False for softmax."""
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"Expected a keras.Model; got {type(model).__name__}.")
+    if not model.layers:
+        raise ValueError("The model has no layers; pass `from_logits` explicitly.")
+    layer = model.layers[-1]
+    if isinstance(layer, keras.layers.Softmax):
+        return False
+    activation = getattr(layer, "activation", None)
+    if activation is None:
+        raise ValueError(
+            f"Cannot tell whether the output layer {layer.name!r} "
+            f"({type(layer).__name__}) returns logits or probabilities; pass "
+            "`from_logits=True` or `from_logits=False`."
+        )
+    name = getattr(activation, "__name__", str(activation))
+    if name == "linear":
+        return True
+    if name == "softmax":
+        return False
+    raise ValueError(
+        f"The output layer {layer.name!r} has activation {name!r}; expected "
+        "'linear' (logits) or 'softmax' (probabilities). Pass `from_logits` explicitly."
+    )
+
+
+def _make_loss(model, from_logits, label_smoothing, sparse_labels):
+    if from_logits is None:
+        from_logits = _outputs_logits(model)
+    label_smoothing = _check_positive_float("label_smoothing", label_smoothing, allow_zero=True)
+    if label_smoothing >= 1:
+        raise ValueError(f"`label_smoothing` must be in [0, 1); got {label_smoothing}.")
+    if not sparse_labels:
+        return keras.losses.CategoricalCrossentropy(
+            from_logits=from_logits, label_smoothing=label_smoothing)
+    if label_smoothing:
+        return SparseCategoricalCrossentropyWithSmoothing(
+            from_logits=from_logits, label_smoothing=label_smoothing)
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits)
+
+
+def _ema_args(ema, ema_momentum, accumulation):
+    if not ema:
+        return {}
+    ema_momentum = float(ema_momentum)
+    if not 0.0 <= ema_momentum < 1.0:
+        raise ValueError(f"`ema_momentum` must be in [0, 1); got {ema_momentum}.")
+    # Keras updates the average after every train_step, also between
+    # accumulated micro-batches when the weights have not moved; taking the
+    # k-th root gives the requested momentum per optimizer update.
+    return {"use_ema": True, "ema_momentum": ema_momentum ** (1.0 / accumulation)}
+
+
+def _copy_average_into_weights(optimizer, trainable_variables):
+    # Replaces the optimizer's own method on this instance (see _compile).
+    averages = optimizer._model_variables_moving_average
+    if len(trainable_variables) != len(averages):
+        raise ValueError(
+            f"Expected {len(averages)} model variables to overwrite with their "
+            f"moving averages; got {len(trainable_variables)}."
+        )
+    for variable, average in zip(trainable_variables, averages):
+        if average is not None:
+            variable.assign(ops.copy(average.value))
+
+
+def _compile(model, optimizer, loss, jit_compile, compile_kwargs):
+    if optimizer.use_ema:
+        # At the end of fit, Keras assigns each EMA average to its weight. On
+        # JAX both variables then hold the same buffer, and the next evaluate or
+        # predict (which donates the weights' buffers) deletes the average
+        # too, so a later model.save fails with "Array has been deleted".
+        # Assigning a copy keeps the two buffers apart on every backend.
+        optimizer._overwrite_model_variables_with_average_value = types.MethodType(
+            _copy_average_into_weights, optimizer)
+    if "optimizer" in compile_kwargs or "loss" in compile_kwargs:
+        raise TypeError("`optimizer` and `loss` are chosen by the recipe; do not pass them.")
+    compile_kwargs.setdefault("metrics", ["accuracy"])
+    if isinstance(jit_compile, str) and jit_compile == "auto":
+        jit_compile = jit_compile_default(training=True)
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile, **compile_kwargs)
+    return model
+
+
+def compile_for_finetuning(model, total_steps, base_lr=0.01, warmup_steps=500,
+                           batch_size=512, device_batch_size=None, ema=False,
+                           label_smoothing=0.0, jit_compile="auto", *,
+                           momentum=0.9, global_clipnorm=1.0, ema_momentum=0.9999,
+                           from_logits=None, sparse_labels=True, **compile_kwargs):
+    """Compile ``model`` with the paper's fine-tuning recipe (B.1.1, Table 4).
+
+    SGD with momentum 0.9, no weight decay, gradient clipping at global norm 1,
+    linear warm-up then cosine decay to 0 over ``total_steps`` updates. When
+    ``device_batch_size`` is smaller than ``batch_size``, gradients of
+    ``batch_size // device_batch_size`` micro-batches are averaged before each
+    update (the data pipeline must then yield batches of ``device_batch_size``
+    and ``model.fit`` must run ``fit_steps(model, total_steps)`` batches).
+    ``ema=True`` keeps a Polyak average of the weights (momentum 0.9999 per
+    update) that replaces the weights at the end of ``fit``.
+
+    The loss is cross-entropy on integer labels (``sparse_labels=False`` for
+    one-hot labels), from logits when the output layer is linear and from
+    probabilities when it is a softmax (or as ``from_logits`` says). Metrics
+    default to ``["accuracy"]``; other ``compile`` arguments pass through.
+    ``jit_compile="auto"`` takes :func:`keras_vit.jit_compile_default`, the
+    setting measured fastest for training on the current backend (XLA on JAX,
+    and on TensorFlow also on a CPU, where Keras' own "auto" turns it off;
+    eager on torch); ``True``/``False`` override it.
+
+    Returns:
+        the same model, compiled.
+    """
+    accumulation = gradient_accumulation_steps(batch_size, device_batch_size)
+    schedule = finetune_schedule(base_lr, total_steps, warmup_steps, accumulation)
+    optimizer = keras.optimizers.SGD(
+        learning_rate=schedule,
+        momentum=_check_positive_float("momentum", momentum, allow_zero=True),
+        global_clipnorm=_clipnorm(global_clipnorm),
+        gradient_accumulation_steps=accumulation if accumulation > 1 else None,
+        **_ema_args(ema, ema_momentum, accumulation),
+    )
+    loss = _make_loss(model, from_logits, label_smoothing, sparse_labels)
+    return _compile(model, optimizer, loss, jit_compile, compile_kwargs)
+
+
+def compile_for_pretraining(model, total_steps, base_lr=1e-3, weight_decay=0.1,
+                            warmup_steps=10_000, decay="linear", label_smoothing=0.0,
+                            global_clipnorm=1.0, batch_size=4096, device_batch_size=None,
+                            ema=False, jit_compile="auto", *, beta_1=0.9, beta_2=0.999,
+                            ema_momentum=0.9999, from_logits=None, sparse_labels=True,
+                            **compile_kwargs):
+    """Compile ``model`` with the paper's pre-training recipe (4.1, Table 3).
+
+    AdamW (beta1 0.9, beta2 0.999) with decoupled weight decay (Keras applies
+    ``weight_decay * learning_rate`` per update), linear warm-up over
+    ``warmup_steps`` then linear (or ``decay="cosine"``) decay to 0, optional
+    global-norm clipping (``global_clipnorm=None`` to switch off) and label
+    smoothing. Dropout is a property of the model (``dropout_rate=0.1`` in the
+    paper's ImageNet runs). Batch-size handling, loss and metrics as in
+    :func:`compile_for_finetuning`.
+    """
+    accumulation = gradient_accumulation_steps(batch_size, device_batch_size)
+    schedule = pretrain_schedule(base_lr, total_steps, warmup_steps, decay, accumulation)
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=schedule,
+        weight_decay=_check_positive_float("weight_decay", weight_decay, allow_zero=True),
+        beta_1=float(beta_1),
+        beta_2=float(beta_2),
+        global_clipnorm=_clipnorm(global_clipnorm),
+        gradient_accumulation_steps=accumulation if accumulation > 1 else None,
+        **_ema_args(ema, ema_momentum, accumulation),
+    )
+    loss = _make_loss(model, from_logits, label_smoothing, sparse_labels)
+    return _compile(model, optimizer, loss, jit_compile, compile_kwargs)
+
+
+def _clipnorm(value):
+    if value is None:
+        return None
+    return _check_positive_float("global_clipnorm", value)
