@@ -908,7 +908,7 @@ def table(results):
         if "error" in r:
             rows.append([r.get("library", ""), r.get("backend", ""), r.get("variant", ""), str(r.get("image_size", "")),
                          str(r.get("batch", "")), r.get("dtype", ""), r.get("mode", ""), "", "error: "
-                         + r["error"][:60], "", "", "", ""])
+                         + r["error"][:60].replace("\n", " "), "", "", "", ""])
             continue
         mem = r.get("gpu_peak_mb")
         mem = (f"{r['rss_peak_mb']:.0f}" if "rss_peak_mb" in r else f"+{r.get('rss_delta_mb', 0):.0f}") + (
