@@ -423,11 +423,17 @@ def keras_worker(spec):
                 fn, base["jit_compile"] = _jax_step(model, x, y)
             else:
                 jit = _jit_value(case["jit"])
-                model.compile(
-                    optimizer=keras.optimizers.AdamW(1e-4),
-                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    jit_compile=_default_jit(keras_vit) if jit is None else jit,
-                )
+                jit = _default_jit(keras_vit) if jit is None else jit
+                if case.get("recipe") == "pretrain":  # the recipe's defaults, with no gradient accumulation
+                    from keras_vit.recipes import compile_for_pretraining
+
+                    compile_for_pretraining(model, total_steps=10**6, batch_size=batch, jit_compile=jit)
+                else:
+                    model.compile(
+                        optimizer=keras.optimizers.AdamW(1e-4),
+                        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                        jit_compile=jit,
+                    )
                 base["jit_compile"] = bool(model.jit_compile)
                 fn = lambda: model.train_on_batch(x, y)  # noqa: E731
             paired = spec.get("paired") and config["resnet"] is None
@@ -634,21 +640,24 @@ def _timm_fn(case, config):
     bf16 = case["dtype"] == "mixed_bfloat16"
     autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    fwd = torch.compile(model) if case.get("torch_compile") else model
     if case["mode"] == "train":
         model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.004)
+        pretrain = case.get("recipe") == "pretrain"  # as compile_for_pretraining: decay 0.1, clipping at norm 1
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1 if pretrain else 0.004)
 
         def fn():
             opt.zero_grad(set_to_none=True)
             with autocast():
-                loss = torch.nn.functional.cross_entropy(model(xt), yt)
+                loss = torch.nn.functional.cross_entropy(fwd(xt), yt)
             loss.backward()
+            if pretrain:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sync()
             return loss.item()
     else:
         model.eval()
-        fwd = torch.compile(model) if case.get("torch_compile") else model
 
         def fn():
             with torch.inference_mode(), autocast():
@@ -877,12 +886,16 @@ def add_derived(results, peak_gflops):
     for r in results:
         if r.get("library", "").startswith("timm") and "images_per_s" in r:
             kind = "train" if r["mode"] in ("train", "step") else "infer"
-            ref[(r["variant"], r["image_size"], r["batch"], r["dtype"], kind)] = r["images_per_s"]
+            ref[(r["variant"], r["image_size"], r["batch"], r["dtype"], kind, bool(r.get("torch_compile")))] = \
+                r["images_per_s"]
     for r in results:
         if "images_per_s" in r and not r.get("library", "").startswith("timm") and not r.get("paired"):
             kind = "train" if r["mode"] in ("train", "step") else "infer"
-            t = ref.get((r["variant"], r["image_size"], r["batch"], r["dtype"], kind))
+            key = (r["variant"], r["image_size"], r["batch"], r["dtype"], kind)
+            t, tc = ref.get((*key, False)), ref.get((*key, True))
             r["ratio_to_timm"] = r["images_per_s"] / t if t else None
+            if tc:
+                r["ratio_to_timm_compile"] = r["images_per_s"] / tc
 
 
 def table(results):
@@ -895,7 +908,7 @@ def table(results):
         if "error" in r:
             rows.append([r.get("library", ""), r.get("backend", ""), r.get("variant", ""), str(r.get("image_size", "")),
                          str(r.get("batch", "")), r.get("dtype", ""), r.get("mode", ""), "", "error: "
-                         + r["error"][:60], "", "", "", ""])
+                         + r["error"][:60].replace("\n", " "), "", "", "", ""])
             continue
         mem = r.get("gpu_peak_mb")
         mem = (f"{r['rss_peak_mb']:.0f}" if "rss_peak_mb" in r else f"+{r.get('rss_delta_mb', 0):.0f}") + (
@@ -904,9 +917,11 @@ def table(results):
             r["library"].split()[0], r["backend"], r["variant"], str(r["image_size"]), str(r["batch"]), r["dtype"],
             r["mode"] + ("+remat" if r.get("remat") else "") + ("+compile" if r.get("torch_compile") else "")
             + (f" (with {r['paired_with']})" if r.get("paired_with") else ""),
-            "xla" if r.get("jit_compile") else "-", f"{r['images_per_s']:.2f}", f"{r['achieved_gflops']:.0f}",
+            ("compile" if r["backend"] == "torch" else "xla") if r.get("jit_compile") else "-",
+            f"{r['images_per_s']:.2f}", f"{r['achieved_gflops']:.0f}",
             f"{100 * r['fraction_of_peak']:.0f}" if r.get("fraction_of_peak") else "",
-            f"{r['ratio_to_timm']:.2f}" if r.get("ratio_to_timm") else "", mem,
+            (f"{r['ratio_to_timm']:.2f}" if r.get("ratio_to_timm") else "")
+            + (f" ({r['ratio_to_timm_compile']:.2f} compiled)" if r.get("ratio_to_timm_compile") else ""), mem,
         ])
     widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
@@ -930,7 +945,7 @@ def build_cases(args):
                                     continue
                                 cases.append({"variant": variant, "image_size": size, "batch": batch, "dtype": dtype,
                                               "mode": mode, "jit": jit, "remat": remat,
-                                              "torch_compile": args.torch_compile})
+                                              "torch_compile": args.torch_compile, "recipe": args.recipe})
     return cases
 
 
@@ -947,6 +962,10 @@ def backend_cases(cases, backend):
             c = {**c, "jit": "on"}
         if backend == "torch":
             c = {**c, "jit": "on" if c.get("torch_compile") and c["jit"] == "on" else "auto"}
+            if c["mode"] == "train":  # compiled by Keras' jit_compile=True, so only with --jit on
+                c["torch_compile"] = c["jit"] == "on"
+        else:
+            c = {**c, "torch_compile": False}
         key = json.dumps(c, sort_keys=True)
         if key not in seen:
             seen.add(key)
@@ -960,10 +979,12 @@ def _dedupe_timm(cases):
         if ARCHS[c["variant"]][5] is not None:
             continue
         kind = "train" if c["mode"] in ("train", "step") else "infer"
-        key = (c["variant"], c["image_size"], c["batch"], c["dtype"], kind)
-        if key not in seen:
-            seen.add(key)
-            out.append({**c, "mode": "train" if kind == "train" else "call", "jit": "off", "remat": False})
+        for compiled in (False, True) if c.get("torch_compile") else (False,):
+            key = (c["variant"], c["image_size"], c["batch"], c["dtype"], kind, compiled)
+            if key not in seen:
+                seen.add(key)
+                out.append({**c, "mode": "train" if kind == "train" else "call", "jit": "off", "remat": False,
+                            "torch_compile": compiled})
     return out
 
 
@@ -989,7 +1010,11 @@ def main(argv=None):
     p.add_argument("--dtypes", default="float32", help="dtype policies, e.g. float32,mixed_bfloat16")
     p.add_argument("--jit", default="auto", help="auto (keras_vit.jit_compile_default: the package default per backend and mode), on, off, or a list: on,off")
     p.add_argument("--remat", default="off", choices=("off", "on", "both"), help="per-block remat for train")
-    p.add_argument("--torch-compile", action="store_true", help="torch.compile the torch backend's call")
+    p.add_argument("--torch-compile", action="store_true",
+                   help="torch.compile the torch backend's call (train: with --jit on); timm runs eager and compiled")
+    p.add_argument("--recipe", default="plain", choices=("plain", "pretrain"),
+                   help="train: AdamW(1e-4) (plain), or compile_for_pretraining's defaults (AdamW, weight decay "
+                        "0.1, clipping at global norm 1, schedule, accuracy metric); timm's step does the same")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rounds", type=int, default=1,

@@ -93,3 +93,24 @@ def test_gemm_script_refuses_bad_arguments(args, message, capsys):
     with pytest.raises(SystemExit):
         gemm.main(args)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.backend_independent
+def test_torch_compile_times_timm_eager_and_compiled_and_ratios_each():
+    args = benchmark.argparse.Namespace(
+        variants=["ViT_B16"], image_sizes=[224], dtypes=["mixed_bfloat16"], modes=["train"], batch_sizes=[256],
+        train_batch_sizes=None, jit=["auto", "on"], remat="off", torch_compile=True, recipe="pretrain")
+    cases = benchmark.build_cases(args)
+    timm = benchmark._dedupe_timm(cases)
+    assert [(c["mode"], c["torch_compile"], c["recipe"]) for c in timm] == [("train", False, "pretrain"),
+                                                                          ("train", True, "pretrain")]
+    on_torch = benchmark.backend_cases(cases, "torch")
+    assert [(c["jit"], c["torch_compile"]) for c in on_torch] == [("auto", False), ("on", True)]
+    assert [c["torch_compile"] for c in benchmark.backend_cases(cases, "jax")] == [False]
+    results = [{**timm[0], "library": "timm", "backend": "torch", "images_per_s": 200.0},
+               {**timm[1], "library": "timm", "backend": "torch", "images_per_s": 400.0},
+               {**on_torch[0], "library": "keras-vit", "backend": "torch", "images_per_s": 100.0}]
+    benchmark.add_derived(results, 1e6)
+    assert results[2]["ratio_to_timm"] == 0.5 and results[2]["ratio_to_timm_compile"] == 0.25
+    row = benchmark.table(results).splitlines()[-1]
+    assert "0.50 (0.25 compiled)" in row
