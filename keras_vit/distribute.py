@@ -26,9 +26,10 @@ BATCH_AXIS, MODEL_AXIS = "batch", "model"
 # bias, Dense_1 (mlp, D) by rows: one all-reduce per MLP. The pre-logits Dense (D, R) by columns
 # and the head (R or D, classes) by rows: one all-reduce of (B, classes), and a 21k-class head is
 # not held whole on every device. Everything else is replicated: LayerNorms, the class token,
-# position embeddings and output biases are small; the patch embedding is under 1% of a ViT's
-# parameters, and splitting its output would cost an all-gather of every token before the first
-# LayerNorm; a hybrid's ResNet convolutions keep the batch split only.
+# position embeddings and output biases are small; the patch embedding (P*P*3 x D, a few percent of
+# a /32 model, less of the others) would cost an all-gather of every token before the first
+# LayerNorm split by columns, and by rows needs a model axis dividing P*P*3 (588 for ViT-H/14);
+# a hybrid's ResNet convolutions keep the batch split only.
 _PREFIX = r"(?:.*/)?"
 _SPLITS = (
     (_PREFIX + r"MultiHeadDotProductAttention_1/(?:query|key|value)/kernel", 1, "heads"),
@@ -110,7 +111,7 @@ class _CheckedModelParallel(keras.distribution.ModelParallel):
                 raise ValueError(
                     f"model_parallel: the mesh's {axis!r} axis has {size} devices, which does not divide "
                     f"the {what} ({variable.shape[dim]}) of {variable.path!r} (shape {tuple(variable.shape)}); "
-                    f"expected a {axis!r} axis of {' or '.join(map(str, fits))} devices"
+                    f"expected a {axis!r} axis that divides {variable.shape[dim]} ({', '.join(map(str, fits))})"
                 )
         return layout
 
