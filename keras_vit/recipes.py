@@ -31,6 +31,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.distribute import num_replicas
 from keras_vit.model import jit_compile_default
 
 __all__ = [
@@ -315,7 +316,10 @@ def _compile(model, optimizer, loss, jit_compile, compile_kwargs):
         raise TypeError("`optimizer` and `loss` are chosen by the recipe; do not pass them.")
     compile_kwargs.setdefault("metrics", ["accuracy"])
     if isinstance(jit_compile, str) and jit_compile == "auto":
-        jit_compile = jit_compile_default(training=True)
+        # XLA-compiled TensorFlow steps cannot reach a MirroredStrategy's per-device variables
+        # ("Trying to access resource ... located in device CPU:1 from device CPU:0")
+        mirrored = keras.backend.backend() == "tensorflow" and num_replicas() > 1
+        jit_compile = jit_compile_default(training=True) and not mirrored
     model.compile(optimizer=optimizer, loss=loss, jit_compile=jit_compile, **compile_kwargs)
     return model
 
