@@ -210,7 +210,7 @@ def eval_preprocess(image, image_size):
 
 def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *,
          dev_fraction=None, shuffle_buffer=10_000, seed=0, repeat=True, skip_batches=0,
-         eval_batch_size=None, download=True, drop_remainder=True):
+         eval_batch_size=None, download=True, drop_remainder=True, process_index=0, process_count=1):
     """Training and evaluation pipelines of a TFDS image-classification dataset.
 
     Args:
@@ -234,7 +234,16 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
             resume a run; the skipped images are not decoded).
         eval_batch_size: defaults to ``batch_size``; the last eval batch may be smaller.
         download: download and prepare the data when it is not in ``data_dir``.
-        drop_remainder: drop a last partial training batch (keeps shapes static).
+        drop_remainder: drop a last partial training batch (keeps shapes static,
+            as TPUs and XLA want).
+        process_index, process_count: on several hosts (``keras_vit.distribute.
+            initialize_multihost()`` returns them), this host's part of every
+            batch: rows ``[i * b, (i + 1) * b)`` of each global batch of
+            ``batch_size`` (and of each eval batch), ``b = batch_size //
+            process_count``. Every host reads the same encoded records (so the
+            shuffle is the same everywhere) but decodes and augments only its
+            own rows; the hosts' parts put together are the single-host
+            batches. Give the distribution ``auto_shard_dataset=False``.
 
     Returns:
         ``(train_ds, eval_ds)``: ``tf.data.Dataset`` of ``(images, labels)``,
@@ -253,6 +262,17 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
         raise ValueError(f"`skip_batches` must be an integer >= 0; got {skip_batches!r}.")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"`seed` must be an integer; got {seed!r}.")
+    process_count = _positive_int("process_count", process_count)
+    if isinstance(process_index, bool) or not isinstance(process_index, int) or not 0 <= process_index < process_count:
+        raise ValueError(f"`process_index` must be an integer in [0, {process_count}); got {process_index!r}.")
+    for what, size in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+        if size % process_count:
+            raise ValueError(
+                f"`{what}` ({size}) must be divisible by `process_count` ({process_count}): each host "
+                f"reads an equal part of every batch; expected a multiple of {process_count}.")
+    if process_count > 1 and not (repeat or drop_remainder):
+        raise ValueError("Several processes need equal batches on every host: pass repeat=True or "
+                         "drop_remainder=True.")
     if isinstance(split, str) or len(split) != 2:
         raise ValueError(f"`split` must be a pair (train split, eval split); got {split!r}.")
     train_split, eval_split = split
@@ -316,13 +336,16 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
 
     last = 2**62 if repeat else first_pass + 1
     train = tf.data.Dataset.range(first_pass, last).flat_map(one_pass)
+    if not repeat and process_count > 1:  # whole global batches only, so every host has as many
+        train = train.take((num_train - offset) // batch_size * batch_size)
+    train = _this_process(train, batch_size, process_index, process_count)
 
     def train_map(pass_index, index, encoded, label):
         image_seed = tf.stack([seed_base, pass_index * (num_train + 1) + index])
         return train_preprocess(_decode(tf, encoded), size, image_seed), label
 
     train = train.map(train_map, num_parallel_calls=_AUTOTUNE, deterministic=True)
-    train = train.batch(batch_size, drop_remainder=drop_remainder)
+    train = train.batch(batch_size // process_count, drop_remainder=drop_remainder)
     if repeat:
         cardinality = tf.data.INFINITE_CARDINALITY
     elif drop_remainder:
@@ -332,8 +355,17 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
     train = train.apply(tf.data.experimental.assert_cardinality(cardinality))
     train = train.prefetch(_AUTOTUNE)
 
-    evaluation = read(eval_split).map(
+    evaluation = _this_process(read(eval_split), eval_batch_size, process_index, process_count).map(
         lambda encoded, label: (eval_preprocess(_decode(tf, encoded), size), label),
         num_parallel_calls=_AUTOTUNE, deterministic=True)
-    evaluation = evaluation.batch(eval_batch_size).prefetch(_AUTOTUNE)
+    evaluation = evaluation.batch(eval_batch_size // process_count).prefetch(_AUTOTUNE)
     return train, evaluation
+
+
+def _this_process(ds, batch_size, process_index, process_count):
+    """The examples of `ds` (a stream starting at a batch boundary) in this process's rows of each batch."""
+    if process_count == 1:
+        return ds
+    rows = batch_size // process_count
+    ds = ds.enumerate().filter(lambda n, _: (n % batch_size) // rows == process_index)
+    return ds.map(lambda n, example: example)

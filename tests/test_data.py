@@ -250,3 +250,36 @@ def test_pipelines_feed_model_fit_on_this_backend():
     assert np.isfinite(history.history["loss"]).all()
     assert 0.0 <= result["accuracy"] <= 1.0
     assert any(not np.allclose(a, np.array(b)) for a, b in zip(before, model.get_weights()))
+
+
+@pytest.mark.parametrize("repeat", [True, False])
+def test_hosts_read_their_rows_of_each_global_batch(repeat):
+    """Two processes' batches of 3, put side by side, are the single-process batches of 6 (also
+    resumed mid-stream), each host decoding only its own rows."""
+    with tfds.testing.mock_data(num_examples=14):
+        args = dict(name="cifar10", image_size=8, batch_size=6, data_dir=NOWHERE, repeat=repeat, eval_batch_size=4)
+        whole, whole_eval = data.load(**args, skip_batches=1)
+        parts = [data.load(**args, skip_batches=1, process_index=i, process_count=2) for i in range(2)]
+        n = 3 if repeat else 1
+        expected, expected_eval = take(whole, n), take(whole_eval, 2)
+        got = [take(train, n) for train, _ in parts]
+        got_eval = [take(evaluation, 2) for _, evaluation in parts]
+        assert [int(train.cardinality()) for train, _ in parts] == [int(whole.cardinality())] * 2
+    assert len(got[0]) == len(got[1]) == len(expected) == n
+    for batch, first, second in zip(expected, *got):
+        assert first[0].shape == (3, *batch[0].shape[1:]) and batch[0].shape[0] == 6
+        for k in range(2):
+            np.testing.assert_array_equal(np.concatenate([first[k], second[k]]), batch[k])
+    for batch, first, second in zip(expected_eval, *got_eval):
+        np.testing.assert_array_equal(np.concatenate([first[1], second[1]]), batch[1])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(process_count=4), r"`batch_size` \(6\) must be divisible by `process_count` \(4\)"),
+    (dict(process_index=2, process_count=2), r"`process_index` must be an integer in \[0, 2\); got 2"),
+    (dict(process_count=2, repeat=False, drop_remainder=False), "equal batches on every host"),
+])
+def test_bad_process_split(kwargs, match):
+    with tfds.testing.mock_data(num_examples=4):
+        with pytest.raises(ValueError, match=match):
+            data.load("cifar10", 8, batch_size=6, data_dir=NOWHERE, **kwargs)

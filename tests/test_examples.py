@@ -195,3 +195,19 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     assert a.keys() == b.keys() and len(a) > 5
     for name in a:
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_distribution_flags_are_refused_before_anything_runs(tmp_path, capsys):
+    import keras
+
+    cases = [(["--mesh", "2x4"], "--mesh goes with --distribute model")]
+    if keras.backend.backend() == "jax":
+        cases.append((["--distribute", "model", "--mesh", "2by4"], "mesh must be 'BxM'"))
+    else:
+        cases.append((["--distribute", "model"], "--distribute model runs on the jax backend"))
+    for extra, message in cases:
+        with pytest.raises(SystemExit):
+            _finetune.parse_args("cifar10", flags(tmp_path / "x") + extra)
+        assert message in capsys.readouterr().err
+    assert _finetune.parse_args("cifar10", flags(tmp_path / "x") + ["--distribute"]).distribute == "data"
+    assert not (tmp_path / "x").exists()

@@ -84,8 +84,9 @@ def parse_args(dataset, argv=None):
     parser.add_argument("--batch-size", type=_positive_int, default=setup.batch_size,
                         help=f"images per update (default: {setup.batch_size})")
     parser.add_argument("--device-batch-size", type=_positive_int, default=None,
-                        help="images per train step; gradients of batch-size/device-batch-size "
-                        "steps are accumulated (default: the batch size)")
+                        help="images per device (per replica) and train step; gradients of "
+                        "batch-size/(device-batch-size x replicas) steps are accumulated "
+                        "(default: the batch size split over the replicas, no accumulation)")
     parser.add_argument("--steps", type=_positive_int, default=setup.total_steps,
                         help=f"optimizer updates (default: {setup.total_steps})")
     parser.add_argument("--lr", type=_positive_float, default=setup.default_lr,
@@ -103,9 +104,16 @@ def parse_args(dataset, argv=None):
                         help=f"output folder (default: runs/finetune_{dataset})")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an output folder holding another run of these examples")
-    parser.add_argument("--distribute", action="store_true",
-                        help="data-parallel over all local devices (Keras DataParallel on JAX, "
-                             "tf.distribute.MirroredStrategy on TensorFlow); --batch-size is the global batch")
+    parser.add_argument("--distribute", nargs="?", const="data", default="none", choices=("none", "data", "model"),
+                        help="none (default); data: data parallel over all devices (Keras DataParallel on JAX, "
+                        "tf.distribute.tf_strategy() on TensorFlow: TPU, several GPUs, TF_CONFIG workers); "
+                        "model: JAX ModelParallel over a --mesh of batch x model devices. --batch-size stays "
+                        "the global batch, accumulated over steps when the devices hold less")
+    parser.add_argument("--mesh", default=None, metavar="BxM",
+                        help="with --distribute model: devices along the batch and the model axis, e.g. 2x4 "
+                        "(default: 1 x all devices)")
+    parser.add_argument("--steps-per-execution", type=_positive_int, default=1,
+                        help="train steps per compiled call (TPUs: e.g. 32; default: 1)")
     parser.add_argument("--ema", action="store_true", help="Polyak averaging of the weights (0.9999)")
     parser.add_argument("--remat", action="store_true",
                         help="recompute each encoder block in the backward pass: far less memory per "
@@ -118,8 +126,24 @@ def parse_args(dataset, argv=None):
                         help="Keras verbosity: 1 progress bars (default), 2 a line an epoch, 0 none")
     args = parser.parse_args(argv)
     args.dataset = dataset
-    if args.device_batch_size is None:
-        args.device_batch_size = args.batch_size
+    import keras
+
+    from keras_vit import distribute
+
+    if args.distribute == "model" and keras.backend.backend() != "jax":
+        parser.error(f"--distribute model runs on the jax backend (Keras ModelParallel); this is "
+                     f"{keras.backend.backend()!r}: use --distribute data"
+                     + (" or torchrun" if keras.backend.backend() == "torch" else ""))
+    if args.distribute == "data" and keras.backend.backend() == "torch":
+        parser.error("--distribute data covers the jax and tensorflow backends; on 'torch' run one process "
+                     "per device with torchrun")
+    if args.mesh is not None:
+        if args.distribute != "model":
+            parser.error(f"--mesh goes with --distribute model, got --distribute {args.distribute}")
+        try:
+            args.mesh = "x".join(map(str, distribute.parse_mesh(args.mesh)))
+        except ValueError as e:
+            parser.error(f"--mesh: {e}")
     if args.warmup_steps is None:
         args.warmup_steps = min(setup.warmup_steps, args.steps)
     if args.eval_every is None:
@@ -142,7 +166,7 @@ def run_flags(args):
     """The flags that define a run (a resumed run must repeat them)."""
     keys = ("dataset", "model", "weights", "image_size", "batch_size", "device_batch_size",
             "steps", "lr", "warmup_steps", "eval_every", "ema", "seed", "shuffle_buffer",
-            "validate")
+            "validate", "distribute", "mesh")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -184,6 +208,52 @@ def prepare_output_dir(out, flags, overwrite):
     os.makedirs(out, exist_ok=True)
     write_json(marker, flags)
     return False
+
+
+# --------------------------------------------------------------------------
+# devices
+# --------------------------------------------------------------------------
+def _distribution(args):
+    """The context to build and compile in for --distribute (refusing a mesh that does not fit)."""
+    from keras_vit import distribute
+
+    if args.distribute == "none":
+        return contextlib.nullcontext()
+    try:
+        if args.distribute == "model":
+            mesh = distribute.parse_mesh(args.mesh) if args.mesh else None
+            return distribute.model_parallel(mesh, auto_shard_dataset=False)
+        import keras
+
+        if keras.backend.backend() == "tensorflow":
+            return distribute.tf_strategy().scope()
+        return distribute.data_parallel()
+    except ValueError as e:
+        raise SystemExit(f"error: --distribute {args.distribute}: {e}") from None
+
+
+def _step_batch(args):
+    """Images per train step over all replicas; sets args.accumulation (refuses what does not divide)."""
+    from keras_vit import distribute, recipes
+
+    replicas = distribute.num_replicas()
+    per_device = args.device_batch_size
+    args.replicas = replicas
+    if per_device is None:
+        try:
+            distribute.check_batch_size(args.batch_size, "--batch-size")
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
+        step_batch = args.batch_size
+    else:
+        step_batch = per_device * replicas
+    try:
+        args.accumulation = recipes.gradient_accumulation_steps(args.batch_size, step_batch)
+    except ValueError as e:
+        raise SystemExit(
+            f"error: --batch-size {args.batch_size} is not a multiple of --device-batch-size {per_device} x "
+            f"{replicas} replicas = {step_batch} images per step: {e}") from None
+    return step_batch
 
 
 # --------------------------------------------------------------------------
@@ -259,13 +329,13 @@ def main(dataset, argv=None, callbacks=()):
 
     info = data.dataset_info(dataset, data_dir=args.data_dir)
     keras.utils.set_random_seed(args.seed)
-    from keras_vit import distribute
-
-    with distribute.data_parallel() if args.distribute else contextlib.nullcontext():
+    with _distribution(args):
+        step_batch = _step_batch(args)
         model = build_model(args, info.num_classes)
         recipes.compile_for_finetuning(
             model, total_steps=args.steps, base_lr=args.lr, warmup_steps=args.warmup_steps,
-            batch_size=args.batch_size, device_batch_size=args.device_batch_size, ema=args.ema)
+            batch_size=args.batch_size, device_batch_size=step_batch, ema=args.ema,
+            steps_per_execution=args.steps_per_execution)
 
     # kept until metrics.json is written, so a run killed after training
     # but before its files are saved resumes at the end instead of restarting
@@ -281,10 +351,11 @@ def main(dataset, argv=None, callbacks=()):
     from keras_vit.recipes import FINETUNE_SETUPS
 
     setup = FINETUNE_SETUPS[dataset]
+    process_index, process_count = distribute.process_shard() if args.distribute != "none" else (0, 1)
     train, test = data.load(
-        dataset, args.image_size, args.device_batch_size, split=(setup.train_split, setup.test_split),
+        dataset, args.image_size, step_batch, split=(setup.train_split, setup.test_split),
         data_dir=args.data_dir, seed=args.seed, shuffle_buffer=args.shuffle_buffer,
-        skip_batches=done)
+        skip_batches=done, process_index=process_index, process_count=process_count)
 
     history_path = os.path.join(out, BACKUP, HISTORY)
     history = {}
@@ -328,7 +399,7 @@ def main(dataset, argv=None, callbacks=()):
         # ended by loading the averaged weights
         model.optimizer.finalize_variable_values(model.trainable_variables)
     seconds = time.perf_counter() - start
-    trained_images = (total_micro - done) * args.device_batch_size
+    trained_images = (total_micro - done) * step_batch
 
     result = model.evaluate(test, verbose=args.verbose, return_dict=True)
 
@@ -343,12 +414,13 @@ def main(dataset, argv=None, callbacks=()):
         "test_examples": info.splits.get(setup.test_split),
         "steps": args.steps,
         "batch_size": args.batch_size,
-        "device_batch_size": args.device_batch_size,
+        "device_batch_size": step_batch // args.replicas,
+        "replicas": args.replicas,
         "seconds": round(seconds, 3),
         "images_per_second": round(trained_images / seconds, 3) if seconds > 0 else None,
         # the same after the first epoch of this process (no compilation, no warm-up)
         "steady_images_per_second": (
-            round(steps_per_epoch * args.device_batch_size * (len(timer.times) - 1)
+            round(steps_per_epoch * step_batch * (len(timer.times) - 1)
                   / sum(timer.times[1:]), 3) if len(timer.times) > 1 else None),
         "resumed_from_step": done // args.accumulation,
         "backend": keras.backend.backend(),

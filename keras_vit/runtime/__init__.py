@@ -25,7 +25,9 @@ def jit_compile_default(training=True):
 
     For `model.compile(jit_compile=...)` where a caller would pass "auto" (Keras' own "auto" turns
     XLA off for TensorFlow on a CPU); the measurements are in benchmarks/README.md:
-    - tensorflow: XLA for training; on a CPU oneDNN without XLA for inference, XLA on a GPU.
+    - tensorflow: XLA for training; on a CPU oneDNN without XLA for inference, XLA on a GPU; no
+      XLA under a strategy of several replicas (an XLA step cannot reach a MirroredStrategy's
+      per-device variables: "Trying to access resource ... located in device CPU:1").
     - jax: XLA always (there is no fast eager mode).
     - torch: eager (False), as Keras' "auto"; `torch.compile` stays opt-in.
     """
@@ -33,6 +35,10 @@ def jit_compile_default(training=True):
     if backend == "jax":
         return True
     if backend == "tensorflow":
+        import tensorflow as tf
+
+        if tf.distribute.get_strategy().num_replicas_in_sync > 1:
+            return False
         return bool(training) or not on_cpu()
     return False
 
