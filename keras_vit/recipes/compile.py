@@ -152,6 +152,25 @@ def _copy_average_into_weights(optimizer, trainable_variables):
             variable.assign(ops.copy(average.value))
 
 
+def _clip_across_replicas(optimizer, grads):
+    """Global-norm clipping by the norm of the gradient summed over the replicas.
+
+    Keras clips each replica's share of the gradient by its own norm before the all-reduce, which
+    is not the clipping of the whole batch's gradient under a TensorFlow strategy of several
+    replicas; here every share is scaled by the one factor the summed gradient calls for.
+    """
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    clip = optimizer.global_clipnorm
+    if not clip or context is None or context.num_replicas_in_sync == 1:
+        return type(optimizer)._clip_gradients(optimizer, grads)
+    present = [g for g in grads if g is not None]
+    norm = tf.linalg.global_norm(context.all_reduce(tf.distribute.ReduceOp.SUM, present))
+    scale = clip / tf.maximum(norm, clip)
+    return [None if g is None else g * tf.cast(scale, g.dtype) for g in grads]
+
+
 def _compile(model, optimizer, loss, jit_compile, compile_kwargs):
     if optimizer.use_ema:
         # At the end of fit, Keras assigns each EMA average to its weight. On
@@ -161,6 +180,8 @@ def _compile(model, optimizer, loss, jit_compile, compile_kwargs):
         # Assigning a copy keeps the two buffers apart on every backend.
         optimizer._overwrite_model_variables_with_average_value = types.MethodType(
             _copy_average_into_weights, optimizer)
+    if keras.backend.backend() == "tensorflow" and optimizer.global_clipnorm:
+        optimizer._clip_gradients = types.MethodType(_clip_across_replicas, optimizer)
     if "optimizer" in compile_kwargs or "loss" in compile_kwargs:
         raise TypeError("`optimizer` and `loss` are chosen by the recipe; do not pass them.")
     compile_kwargs.setdefault("metrics", ["accuracy"])
