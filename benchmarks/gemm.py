@@ -11,7 +11,6 @@ XLA), so a backend's distance to the others on the model can be traced to its ma
 
 import argparse
 import functools
-import json
 import os
 import sys
 import time
@@ -21,14 +20,17 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchmark import ARCHS, _write_json  # noqa: E402
+from flops import ARCHS  # noqa: E402
+
+from keras_vit.fileio import write_json  # noqa: E402
 
 
 def shapes(variant, batch, image_size):
     """(name, a_shape, b_shape, form) of the step's products; form: nn (a @ b), nt (a @ b^T), tn (a^T @ b),
     bnt (batched a @ b^T over the leading axis)."""
-    patch, d, m, heads, _, resnet = ARCHS[variant]
-    if resnet:
+    arch = ARCHS[variant]
+    patch, d, m, heads = arch["patch_size"], arch["hidden_size"], arch["mlp_dim"], arch["num_heads"]
+    if arch["resnet"]:
         raise ValueError(f"{variant}: hybrid models have convolutions; pick a plain ViT")
     t = (image_size // patch) ** 2 + 1
     rows = batch * t
@@ -113,7 +115,7 @@ def rate(fn, a, b, sync, n, flop):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--variant", default="ViT_S16", choices=[v for v in ARCHS if ARCHS[v][5] is None])
+    p.add_argument("--variant", default="ViT_S16", choices=[v for v in ARCHS if ARCHS[v]["resnet"] is None])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--repeats", type=int, default=7)
@@ -122,7 +124,7 @@ def main(argv=None):
     for name in ("batch", "image_size", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    patch = ARCHS[args.variant][0]
+    patch = ARCHS[args.variant]["patch_size"]
     if args.image_size % patch:
         p.error(f"--image-size must be a multiple of {args.variant}'s patch size {patch}, got {args.image_size}")
     rng = np.random.default_rng(0)
@@ -138,7 +140,7 @@ def main(argv=None):
         rows.append(row)
         print(f"{name:34s} " + "  ".join(f"{lib} {row[lib]:5.0f}" for lib in libs) + "  GFLOP/s", flush=True)
     if args.out:
-        _write_json(args.out, {"variant": args.variant, "batch": args.batch, "image_size": args.image_size,
+        write_json(args.out, {"variant": args.variant, "batch": args.batch, "image_size": args.image_size,
                                      "rows": rows})
 
 

@@ -53,7 +53,7 @@ def load_image(path, image_size):
 
 
 def write_json(path, obj):
-    """Writes `obj` as indented JSON, atomically."""
+    """Writes `obj` as indented JSON, atomically (numpy scalars as numbers)."""
     with atomic_write(path) as tmp, open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
+        json.dump(obj, f, indent=2, default=float)
         f.write("\n")

@@ -11,12 +11,14 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import benchmark  # noqa: E402
+import flops  # noqa: E402
 import gemm  # noqa: E402
+import workers  # noqa: E402
 
 
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="XLA's cost analysis of the JAX forward")
 def test_model_flops_matches_xla_cost_analysis():
-    rows = benchmark.flops_worker({"variants": ["ViT_Ti16"], "image_sizes": [32, 64]})
+    rows = workers.flops_worker({"variants": ["ViT_Ti16"], "image_sizes": [32, 64]})
     assert len(rows) == 2
     for row in rows:
         # XLA also counts the elementwise work that model_flops leaves out: a little more, never less
@@ -24,7 +26,7 @@ def test_model_flops_matches_xla_cost_analysis():
 
 
 def test_model_flops_grows_with_the_tokens_and_their_square():
-    small, large = benchmark.model_flops(image_size=224), benchmark.model_flops(image_size=448)
+    small, large = flops.model_flops(image_size=224), flops.model_flops(image_size=448)
     assert large["mlp"] * 197 == small["mlp"] * 785  # linear in the tokens (785 vs 197)
     assert large["attention"] * 197**2 == small["attention"] * 785**2  # quadratic
 
@@ -78,7 +80,7 @@ def test_max_batch_fits_the_memory_line_and_remat_lowers_it():
     for remat in (False, True):
         case = {"variant": "tiny", "image_size": 32, "dtype": "float32", "remat": remat, "batches": [8, 16, 32],
                 "budget_bytes": 2**30}
-        rows[remat] = row = benchmark._jax_memory_case(case, jax, keras, keras_vit)
+        rows[remat] = row = workers._jax_memory_case(case, jax, keras, keras_vit)
         line = row["fixed_bytes"] + row["bytes_per_image"] * row["max_batch"]
         assert line <= row["budget_bytes"] < line + row["bytes_per_image"]
     assert rows[True]["bytes_per_image"] < rows[False]["bytes_per_image"]
