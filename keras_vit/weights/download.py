@@ -7,6 +7,7 @@ import tempfile
 import zipfile
 
 from keras_vit.weights.registry import BUCKET_URL as DEFAULT_BASE_URL
+
 # A mirror of the official bucket (same folder layout), e.g. an internal server.
 BASE_URL_ENV = "KERAS_VIT_BASE_URL"
 
