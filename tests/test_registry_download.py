@@ -5,6 +5,7 @@ Keras' default folder, and loaded."""
 import os
 
 import numpy as np
+from keras import ops
 import pytest
 from conftest import LoopbackServer
 
@@ -52,7 +53,7 @@ def test_a_tag_downloads_once_into_the_default_cache_and_gives_the_files_outputs
         assert server.requests == [f"/{rel}"]
         assert os.listdir(_cache(user_home)) == [record.filename]  # no temporary leftovers
         x = np.random.default_rng(2).uniform(-1, 1, (1, 224, 224, 3)).astype("float32")
-        np.testing.assert_allclose(np.asarray(model(x)), np.asarray(source(x)), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ops.convert_to_numpy(model(x)), ops.convert_to_numpy(source(x)), rtol=1e-5, atol=1e-5)
         model.get_layer("head").kernel.assign(np.zeros((192, record.classes), "float32"))
         keras_vit.load_weights(model, "augreg-imagenet21k")  # a second call takes the cache
         assert server.requests == [f"/{rel}"]
@@ -77,7 +78,7 @@ def test_a_hybrid_tag_downloads_and_gives_the_files_outputs(user_home, tmp_path,
         assert server.requests == [f"/{rel}"]
         assert os.listdir(_cache(user_home)) == [record.filename]
         x = np.random.default_rng(4).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
-        np.testing.assert_allclose(np.asarray(model(x)), np.asarray(source(x)), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ops.convert_to_numpy(model(x)), ops.convert_to_numpy(source(x)), rtol=1e-5, atol=1e-5)
     finally:
         server.close()
 
