@@ -53,7 +53,7 @@ def test_preprocess_input_names_the_accepted_types(value):
 
 @pytest.mark.parametrize("classes", [0, -3, True, 2.0])
 def test_classes_must_be_a_positive_int(classes):
-    with pytest.raises(ValueError, match=f"classes must be a positive int, got {classes!r}"):
+    with pytest.raises(ValueError, match=f"classes must be a positive int.*got {classes!r}"):
         keras_vit.ViT_Ti16(classes=classes, image_size=32)
 
 
