@@ -1,9 +1,45 @@
-"""The `keras-vit` command: `predict`, `list`, `inspect`."""
+"""The `keras-vit` command: `predict`, `list`, `inspect`.
+
+`--help`, `list` and argument errors import no backend; the commands that run a model keep the
+backend's start-up logs off the terminal unless `--verbose`.
+"""
 
 import argparse
+import contextlib
+import logging
+import os
 import sys
 
 from keras_vit.configs import VARIANTS, get_variant, none_or
+
+# The commands that build a model (and so import the Keras backend).
+MODEL_COMMANDS = ("predict", "inspect")
+
+
+@contextlib.contextmanager
+def quiet_backend():
+    """TensorFlow, XLA and CUDA log from C++ straight to file descriptor 2 (absl's early messages ignore
+    TF_CPP_MIN_LOG_LEVEL): while a command runs, descriptor 2 goes to /dev/null and Python's
+    `sys.stderr` to a copy of the terminal, so our own messages and Python warnings still show."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    for name in ("absl", "tensorflow", "jax"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    if sys.stderr is not sys.__stderr__:  # already redirected (e.g. captured by a test runner)
+        yield
+        return
+    sys.stderr.flush()
+    terminal = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    sys.stderr = os.fdopen(os.dup(terminal), "w", buffering=1)
+    try:
+        yield
+    finally:
+        sys.stderr.close()
+        sys.stderr = sys.__stderr__
+        os.dup2(terminal, 2)
+        os.close(terminal)
 
 
 def _build(args):
@@ -76,6 +112,8 @@ def _inspect(args):
 def parser():
     """The argument parser of `keras-vit` (every sub-command)."""
     top = argparse.ArgumentParser(prog="keras-vit", description="Vision Transformer model zoo for Keras 3.")
+    top.add_argument("--verbose", action="store_true",
+                     help="show the backend's log messages (TensorFlow, XLA, CUDA), hidden by default")
     sub = top.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("predict", help="classify images and print the top classes")
@@ -116,8 +154,10 @@ def parser():
 
 def main(argv=None):
     args = parser().parse_args(argv)
+    quiet = args.command in MODEL_COMMANDS and not args.verbose
     try:
-        args.func(args)
+        with quiet_backend() if quiet else contextlib.nullcontext():
+            args.func(args)
     except (ValueError, FileNotFoundError, OSError) as err:
         print(f"keras-vit {args.command}: error: {err}", file=sys.stderr)
         return 2

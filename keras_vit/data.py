@@ -91,6 +91,41 @@ def _builder(name, data_dir):
         ) from None
 
 
+def _failed_url(err):
+    """The URL a failed download was fetching: from the exception chain (requests keeps its request)
+    or the first URL in a message."""
+    import re
+
+    seen = err
+    while seen is not None:
+        request = getattr(seen, "request", None)
+        if getattr(request, "url", None):
+            return request.url
+        found = re.search(r"https?://[^\s'\"]+", str(seen))
+        if found:
+            return found.group(0).rstrip(".,")
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _download_and_prepare(builder, name):
+    """`builder.download_and_prepare()`, with one message naming the dataset, the URL and `data_dir`
+    when the download fails (instead of a raw `requests` traceback)."""
+    try:
+        builder.download_and_prepare()
+    except ImportError:
+        raise
+    except Exception as err:
+        url = _failed_url(err) or "its source URL"
+        detail = str(err).splitlines()[0][:300] if str(err) else ""
+        raise OSError(
+            f"Could not download TFDS dataset {name!r} from {url} ({type(err).__name__}: {detail}). "
+            f"Prepare it where the URL can be reached (tfds.builder({name!r}, data_dir=DIR)."
+            "download_and_prepare()) and pass that folder as `data_dir` (--data-dir DIR in "
+            "examples/finetune_*.py)."
+        ) from None
+
+
 def _features(builder):
     _, tfds = _tf()
     features = builder.info.features
@@ -252,6 +287,7 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
     Raises:
         ValueError: unknown dataset, a dataset without image and class-label
             features, bad sizes, or data missing with ``download=False``.
+        OSError: the data is not prepared and could not be downloaded.
     """
     tf, tfds = _tf()
     size = pair(image_size, "image_size")
@@ -287,7 +323,7 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
                 f"TFDS dataset {name!r} is not prepared in {builder.data_dir!r}; pass the "
                 "`data_dir` that holds it, or download=True."
             )
-        builder.download_and_prepare()
+        _download_and_prepare(builder, name)
 
     decoders = tfds.decode.PartialDecoding(
         {image_key: True, label_key: True}, decoders={image_key: tfds.decode.SkipDecoding()})

@@ -69,7 +69,7 @@ def build_vit(
         raise ValueError(f"unknown classifier {classifier!r}; expected one of {CLASSIFIERS}")
     for key, value in (("patch_size", patch_size), ("hidden_size", hidden_size), ("mlp_dim", mlp_dim),
                        ("num_heads", num_heads), ("num_layers", num_layers), ("classes", classes)):
-        if not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key} must be a positive int, got {value!r}")
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")

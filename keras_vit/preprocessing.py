@@ -59,7 +59,7 @@ def preprocess_input(x):
 
     Raises:
         ValueError: the rank is not 3 or 4, or the last axis is known and is not 3.
-        TypeError: `x` does not hold numbers.
+        TypeError: `x` is not one of those kinds, or does not hold numbers.
     """
     if isinstance(x, (np.ndarray, np.generic, list, tuple)):
         array = np.asarray(x)
@@ -71,6 +71,11 @@ def preprocess_input(x):
         scale = np.float32(127.5)
         return (array.astype(np.float32) - scale) / scale
 
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(
+            "preprocess_input expects images as a NumPy array, a nested list of numbers, a backend tensor or "
+            f"a keras.KerasTensor; got {type(x).__name__}"
+        )
     import keras
 
     _check_image_shape(_static_shape(x))

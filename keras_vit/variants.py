@@ -51,8 +51,9 @@ def resolve_build_args(variant, weights, image_size, classes, include_top, repre
     if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 1):
         raise ValueError(f"classes must be a positive int (or None for the weights' classes), got {classes!r}")
     file_size, file_classes, file_pre = _file_facts(config, weights, image_size)
-    image_size = image_size or file_size or 224
-    classes = classes or file_classes or 1000
+    # None means "take the weights' value"; any other value (0 included) goes to the builder's checks.
+    image_size = image_size if image_size is not None else file_size or 224
+    classes = classes if classes is not None else file_classes or 1000
     if representation_size == "auto":
         keep = include_top and file_pre and classes == file_classes
         representation_size = config.hidden_size if keep else None

@@ -1,6 +1,9 @@
+import functools
+import http.server
 import json
 import os
 import pathlib
+import threading
 
 import numpy as np
 import pytest
@@ -37,10 +40,34 @@ def _clean_keras_session():
 
 
 @pytest.fixture
-def keras_home(tmp_path, monkeypatch):
-    """A private Keras cache for tests that download."""
-    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
-    return tmp_path / "keras_home"
+def user_home(tmp_path, monkeypatch):
+    """A new user's machine: HOME is an empty folder and KERAS_HOME is not set, so downloads take
+    Keras' default cache (`~/.keras`) as they do for users."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("KERAS_HOME", raising=False)
+    return home
+
+
+class LoopbackServer:
+    """An HTTP server on 127.0.0.1 over a folder, recording the path of every request."""
+
+    def __init__(self, root):
+        self.requests = []
+        outer = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *args):
+                outer.requests.append(self.path)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
 
 
 @pytest.fixture

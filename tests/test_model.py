@@ -72,7 +72,7 @@ def test_unknown_variant_raises():
 
 
 @pytest.mark.parametrize("shape,match", [
-    ((1, 32, 32, 1), "expected axis -1 of input shape to have value 3|expected shape=\\(None, 32, 32, 3\\)"),
+    ((1, 32, 32, 1), "takes images with 3 channels \\(RGB\\) on the last axis, got a batch of shape \\(1, 32, 32, 1\\)"),
     ((32, 32, 3), "Expected shape \\(None, 32, 32, 3\\)|expected shape=\\(None, 32, 32, 3\\)"),
     ((1, 48, 48, 3), "expects 17 tokens|Expected shape \\(None, 32, 32, 3\\)|expected shape=\\(None, 32, 32, 3\\)"),
 ])

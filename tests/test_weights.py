@@ -1,14 +1,11 @@
 """Checkpoint loading: the key map, adaptation rules, all-or-nothing errors, and the download path."""
 
-import functools
-import http.server
 import logging
 import os
-import threading
 
 import numpy as np
 import pytest
-from conftest import OFFICIAL, TINY, case_config
+from conftest import OFFICIAL, TINY, LoopbackServer, case_config
 
 import keras_vit
 from keras_vit.weights import download, official_variables, read_npz, save_npz
@@ -161,33 +158,13 @@ def test_keras_weights_file_round_trip_and_mismatch_keeps_weights(tmp_path):
     _assert_unchanged(other, before)
 
 
-class _Server:
-    """A loopback HTTP server over a folder, counting requests."""
-
-    def __init__(self, root):
-        self.requests = []
-        outer = self
-
-        class Handler(http.server.SimpleHTTPRequestHandler):
-            def log_message(self, *args):
-                outer.requests.append(self.path)
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def server(tmp_path):
     root = tmp_path / "served"
     root.mkdir()
     (root / "good.npz").write_bytes(TOKEN.read_bytes())
     (root / "truncated.npz").write_bytes(TOKEN.read_bytes()[: TOKEN.stat().st_size // 2])
-    srv = _Server(root)
+    srv = LoopbackServer(root)
     yield srv
     srv.close()
 
@@ -222,7 +199,7 @@ def test_corrupt_cached_file_is_never_trusted(server, tmp_path):
     assert any("good.npz" in r for r in server.requests)
 
 
-def test_registry_tag_downloads_from_a_mirror(server, tmp_path, monkeypatch, keras_home):
+def test_registry_tag_downloads_from_a_mirror(server, tmp_path, monkeypatch, user_home):
     """A registry name resolves to its record's URL; KERAS_VIT_BASE_URL points it at a mirror."""
     from keras_vit.weights import registry
 

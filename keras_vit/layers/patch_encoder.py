@@ -4,6 +4,17 @@ import keras
 from keras import ops
 
 
+def check_channels(layer, shape, channels):
+    """Raises when an input batch of `shape` does not have the `channels` the layer's kernel takes."""
+    if shape[-1] is not None and shape[-1] != channels:
+        rgb = " (RGB)" if channels == 3 else ""
+        raise ValueError(
+            f"{layer.name}: the model takes images with {channels} channels{rgb} on the last axis, got a batch "
+            f"of shape {tuple(shape)} with {shape[-1]}; e.g. repeat a grayscale channel 3 times "
+            "(np.repeat(x, 3, axis=-1)) or build the model on `input_tensor=keras.Input((h, w, c))`."
+        )
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class PatchEncoder(keras.layers.Layer):
     """Splits the input into non-overlapping `patch_size` patches and projects each to `hidden_size`.
@@ -34,7 +45,6 @@ class PatchEncoder(keras.layers.Layer):
                 )
         if c is None:
             raise ValueError(f"PatchEncoder needs a known channel count, got input shape {tuple(input_shape)}.")
-        self.input_spec = keras.InputSpec(ndim=4, axes={-1: c})
         self.kernel = self.add_weight(
             name="kernel", shape=(p, p, c, self.hidden_size), initializer="lecun_normal"
         )
@@ -42,6 +52,7 @@ class PatchEncoder(keras.layers.Layer):
 
     def call(self, images):
         p, d = self.patch_size, self.hidden_size
+        check_channels(self, images.shape, self.kernel.shape[2])
         _, h, w, c = images.shape
         gh, gw = h // p, w // p
         if p == 1:

@@ -5,6 +5,7 @@ import keras
 from keras import ops
 
 from keras_vit.configs import resnet_stride
+from keras_vit.layers.patch_encoder import check_channels
 
 GROUP_NORM_EPSILON = 1e-6
 WEIGHT_STD_EPSILON = 1e-5
@@ -157,6 +158,7 @@ class ResNetStem(keras.layers.Layer):
                 self.units.append(unit)
 
     def call(self, images):
+        check_channels(self, images.shape, self.conv_root.kernel.shape[2])
         x = ops.relu(self.gn_root(self.conv_root(images)))
         x = ops.max_pool(x, pool_size=3, strides=2, padding="same")
         for unit in self.units:

@@ -352,10 +352,13 @@ def main(dataset, argv=None, callbacks=()):
 
     setup = FINETUNE_SETUPS[dataset]
     process_index, process_count = distribute.process_shard() if args.distribute != "none" else (0, 1)
-    train, test = data.load(
-        dataset, args.image_size, step_batch, split=(setup.train_split, setup.test_split),
-        data_dir=args.data_dir, seed=args.seed, shuffle_buffer=args.shuffle_buffer,
-        skip_batches=done, process_index=process_index, process_count=process_count)
+    try:
+        train, test = data.load(
+            dataset, args.image_size, step_batch, split=(setup.train_split, setup.test_split),
+            data_dir=args.data_dir, seed=args.seed, shuffle_buffer=args.shuffle_buffer,
+            skip_batches=done, process_index=process_index, process_count=process_count)
+    except OSError as e:  # the data could not be downloaded: the message says what to do
+        raise SystemExit(f"error: {e}") from None
 
     history_path = os.path.join(out, BACKUP, HISTORY)
     history = {}

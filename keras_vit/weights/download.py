@@ -6,17 +6,24 @@ import shutil
 import tempfile
 import zipfile
 
-import keras
-
 from keras_vit.weights.registry import BUCKET_URL as DEFAULT_BASE_URL
+
 # A mirror of the official bucket (same folder layout), e.g. an internal server.
 BASE_URL_ENV = "KERAS_VIT_BASE_URL"
 
 
+def keras_home():
+    """Keras' own rule, read at call time: `$KERAS_HOME` when set, else `~/.keras`, or `/tmp/.keras`
+    when the home folder is not writable (Keras exports no accessor for it)."""
+    if "KERAS_HOME" in os.environ:
+        return os.path.expanduser(os.environ["KERAS_HOME"])
+    base = os.path.expanduser("~")
+    return os.path.join(base if os.access(base, os.W_OK) else "/tmp", ".keras")
+
+
 def cache_dir():
-    """`$KERAS_HOME/models/keras_vit` (read at call time), by default `~/.keras/models/keras_vit`."""
-    home = os.environ.get("KERAS_HOME") or keras.config.keras_home()
-    return os.path.join(os.path.expanduser(home), "models", "keras_vit")
+    """`<keras home>/models/keras_vit`, by default `~/.keras/models/keras_vit`."""
+    return os.path.join(keras_home(), "models", "keras_vit")
 
 
 def resolve_url(url):
@@ -52,9 +59,14 @@ def fetch(url, filename, directory=None):
     tmp = tempfile.mkdtemp(prefix=".download-", dir=directory)
     try:
         try:
+            import keras
+
             part = keras.utils.get_file(fname=filename, origin=url, cache_dir=tmp, cache_subdir="")
         except Exception as err:
-            raise OSError(f"could not download {url}: {err}") from None
+            raise OSError(
+                f"could not download {url}: {err}\nTo use a mirror of the official bucket (same folder layout), "
+                f"set {BASE_URL_ENV}=<its URL>; or download the file yourself and pass its path as weights=."
+            ) from None
         if not is_complete_zip(part):
             raise ValueError(
                 f"download of {url} is not a complete .npz archive ({os.path.getsize(part)} bytes; "

@@ -8,7 +8,6 @@ import zipfile
 import numpy as np
 
 from keras_vit.fileio import atomic_write
-from keras_vit.layers import resize_position_embeddings
 from keras_vit.structure import find_vit
 
 logger = logging.getLogger("keras_vit")
@@ -133,6 +132,8 @@ def plan_npz(model, arrays):
         if key == POSEMB_KEY and value.shape != shape and value.ndim == 3 and value.shape[-1] == shape[-1]:
             layer = posembed
             try:
+                from keras_vit.layers import resize_position_embeddings  # imports Keras: only when needed
+
                 value = resize_position_embeddings(value, layer.grid_size, num_prefix_tokens=layer.num_prefix_tokens)
             except ValueError as err:
                 mismatched.append(f"{key}: cannot resize {value.shape} to {shape}: {err}")
