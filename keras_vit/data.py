@@ -301,10 +301,10 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
     process_count = _positive_int("process_count", process_count)
     if isinstance(process_index, bool) or not isinstance(process_index, int) or not 0 <= process_index < process_count:
         raise ValueError(f"`process_index` must be an integer in [0, {process_count}); got {process_index!r}.")
-    for what, size in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
-        if size % process_count:
+    for what, count in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+        if count % process_count:
             raise ValueError(
-                f"`{what}` ({size}) must be divisible by `process_count` ({process_count}): each host "
+                f"`{what}` ({count}) must be divisible by `process_count` ({process_count}): each host "
                 f"reads an equal part of every batch; expected a multiple of {process_count}.")
     if process_count > 1 and not (repeat or drop_remainder):
         raise ValueError("Several processes need equal batches on every host: pass repeat=True or "
