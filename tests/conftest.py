@@ -15,6 +15,31 @@ CASES = json.loads((OFFICIAL / "cases.json").read_text())["cases"]
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2, classes=10)
 
 
+def _in_ci():
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _missing_dependency_fails_in_ci(report):
+    """With CI=true, a skip for a module that cannot be imported (pytest.importorskip) is a failure:
+    CI installs every extra, so a missing one is a broken install, not an optional feature."""
+    if _in_ci() and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if "could not import" in reason:
+            report.outcome = "failed"
+            report.longrepr = f"CI=true and an optional dependency is missing (a skip elsewhere): {reason}"
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    return _missing_dependency_fails_in_ci((yield))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    return _missing_dependency_fails_in_ci((yield))
+
+
 def case_config(name, resized=False):
     """Builder kwargs of an official test case (the keys of cases.json)."""
     config = {k: v for k, v in CASES[name].items() if k not in ("resized_image_size", "note")}

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 import scipy.ndimage
+from reference import block_reference, group_norm, max_pool_same, resnet_stem, std_conv
 
 from keras_vit import layers as L
 
@@ -107,31 +108,6 @@ def test_add_position_embs_rejects_other_token_count():
         L.AddPositionEmbs((3, 3))(np.zeros((1, 17, 4), "float32"))
 
 
-def _layer_norm(x, gamma, beta, eps=1e-6):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * gamma + beta
-
-
-def _gelu_tanh(x):
-    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
-
-
-def block_reference(x, p, heads):
-    """The official encoder block in plain numpy, from the official parameter layout."""
-    a = "MultiHeadDotProductAttention_1/"
-    y = _layer_norm(x, p["LayerNorm_0/scale"], p["LayerNorm_0/bias"])
-    q, k, v = (np.einsum("btd,dnh->btnh", y, p[a + f"{n}/kernel"]) + p[a + f"{n}/bias"] for n in ("query", "key", "value"))
-    logits = np.einsum("bqnh,bknh->bnqk", q / np.sqrt(q.shape[-1]), k)
-    w = np.exp(logits - logits.max(-1, keepdims=True))
-    w /= w.sum(-1, keepdims=True)
-    y = np.einsum("bnqk,bknh->bqnh", w, v)
-    x = x + np.einsum("btnh,nhd->btd", y, p[a + "out/kernel"]) + p[a + "out/bias"]
-    y = _layer_norm(x, p["LayerNorm_2/scale"], p["LayerNorm_2/bias"])
-    y = _gelu_tanh(y @ p["MlpBlock_3/Dense_0/kernel"] + p["MlpBlock_3/Dense_0/bias"])
-    return x + y @ p["MlpBlock_3/Dense_1/kernel"] + p["MlpBlock_3/Dense_1/bias"], w
-
-
 def test_transformer_block_matches_numpy_reference_on_both_attention_paths(rng):
     block = L.TransformerBlock(num_heads=3, mlp_dim=20)
     x = rng.normal(size=(2, 7, 12)).astype("float32")
@@ -164,6 +140,57 @@ def test_std_conv_standardises_each_output_channel(rng):
     w = keras.ops.convert_to_numpy(L.standardize_kernel(kernel))
     ref = (kernel - kernel.mean((0, 1, 2))) / (kernel.std((0, 1, 2)) + 1e-5)
     np.testing.assert_allclose(w, ref, atol=1e-5)
+
+
+def _randomise(variables, rng):
+    """Random values for every variable (GroupNorm scales away from 1, gn3's zero init included)."""
+    values = {}
+    for key, var in variables.items():
+        value = rng.normal(size=tuple(var.shape)).astype("float32")
+        if "/scale" in key or key.endswith("gamma"):
+            value = 1.0 + 0.3 * value
+        var.assign(value)
+        values[key] = value
+    return values
+
+
+@pytest.mark.parametrize("kernel,strides,size", [(3, 2, (9, 12)), (7, 2, (16, 15)), (1, 2, (7, 8)), (3, 1, (6, 5))])
+def test_std_conv_equals_numpy_weight_standardised_same_convolution(rng, kernel, strides, size):
+    layer = L.StdConv2D(8, kernel, strides)
+    x = rng.normal(size=(2, *size, 3)).astype("float32")
+    layer.build(x.shape)
+    w = _randomise({"kernel": layer.kernel}, rng)["kernel"] * 3 + 1  # off-centre: standardisation matters
+    layer.kernel.assign(w)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(x)), std_conv(x.astype("float64"), w, strides), rtol=1e-5, atol=1e-5)
+
+
+def test_group_norm_of_the_stem_equals_numpy(rng):
+    stem = L.ResNetStem((1,), width_factor=1)
+    stem.build((None, 16, 16, 3))
+    gn = stem.gn_root
+    x = rng.normal(loc=2.0, scale=3.0, size=(2, 5, 6, 64)).astype("float32")
+    p = _randomise({"scale": gn.gamma, "bias": gn.beta}, rng)
+    y = keras.ops.convert_to_numpy(gn(x))
+    np.testing.assert_allclose(y, group_norm(x.astype("float64"), p["scale"], p["bias"]), atol=1e-5)
+    assert gn.groups == 32 and gn.epsilon == 1e-6
+
+
+def test_max_pool_reference_pads_with_minus_infinity():
+    x = -np.arange(1.0, 26.0).reshape(1, 5, 5, 1)  # all negative: a zero pad would win every edge window
+    # 5 -> 3 windows of 3 at stride 2: one padded row/column on each side, windows start at -1, 1, 3
+    np.testing.assert_array_equal(max_pool_same(x)[0, :, :, 0], [[-1, -2, -4], [-6, -7, -9], [-16, -17, -19]])
+
+
+@pytest.mark.parametrize("num_layers,size", [((1, 2), (32, 32)), ((2,), (30, 34))])
+def test_resnet_stem_equals_numpy_reference(rng, num_layers, size):
+    stem = L.ResNetStem(num_layers, width_factor=1)
+    x = rng.uniform(-1, 1, size=(2, *size, 3)).astype("float32")
+    stem.build(x.shape)
+    p = _randomise(stem.official_weights(), rng)
+    y = keras.ops.convert_to_numpy(stem(x))
+    ref = resnet_stem(x.astype("float64"), p, num_layers)
+    assert y.shape == ref.shape == (2, -(-size[0] // stem.stride), -(-size[1] // stem.stride), stem.output_channels)
+    np.testing.assert_allclose(y, ref, atol=1e-4 * np.abs(ref).max())
 
 
 def test_resnet_stem_stride_and_channels():

@@ -36,9 +36,7 @@ def test_official_key_layout_of_full_size_variants_matches_released_files():
         released = {k: tuple(int(d) for d in s.strip("()").split(",") if d.strip()) for k, s in lines}
         model = getattr(keras_vit, variant)(image_size=384)
         ours = {k: tuple(v.shape) for k, v in official_variables(model).items()}
-        assert set(ours) == set(released), variant
-        for key, shape in ours.items():
-            assert np.prod(shape) == np.prod(released[key]), key  # (1,1,1,C) GroupNorm params squeeze
+        assert ours == released, variant  # shapes exactly: a transposed kernel has the right size too
 
 
 def test_another_variant_raises_naming_keys_and_leaves_weights_unchanged():
@@ -56,14 +54,72 @@ def test_deeper_model_reports_missing_and_shallower_reports_unexpected_keys():
         keras_vit.load_weights(deeper, str(TOKEN))
     _assert_unchanged(deeper, before)
     shallower = keras_vit.VisionTransformer(**{**case_config("vit_tiny_token"), "num_layers": 2})
+    before = _weights(shallower)
     with pytest.raises(ValueError, match="in the file but not in the model:[\\s\\S]*encoderblock_2"):
         keras_vit.load_weights(shallower, str(TOKEN))
+    _assert_unchanged(shallower, before)
 
 
-def test_gap_model_cannot_take_a_token_checkpoint():
-    model = keras_vit.VisionTransformer(**{**case_config("vit_tiny_token"), "classifier": "gap"})
-    with pytest.raises(ValueError, match="cls"):
-        keras_vit.load_weights(model, str(TOKEN))
+def _edited_token_file(tmp_path, **changes):
+    """The token checkpoint with some arrays replaced (a value) or removed (None)."""
+    arrays = read_npz(TOKEN)
+    for key, value in changes.items():
+        key = key.replace("__", "/")
+        if value is None:
+            del arrays[key]
+        else:
+            arrays[key] = value(arrays[key])
+    path = tmp_path / "edited.npz"
+    np.savez(path, **arrays)
+    return path
+
+
+def test_token_and_gap_checkpoints_do_not_cross(tmp_path):
+    gap = keras_vit.VisionTransformer(**{**case_config("vit_tiny_token"), "classifier": "gap"})
+    before = _weights(gap)
+    with pytest.raises(ValueError, match=r"in the file but not in the model:\s*cls|pos_embedding: cannot resize"):
+        keras_vit.load_weights(gap, str(TOKEN))
+    _assert_unchanged(gap, before)
+    gap_file = _edited_token_file(tmp_path, cls=None, Transformer__posembed_input__pos_embedding=lambda a: a[:, 1:])
+    token = keras_vit.VisionTransformer(**case_config("vit_tiny_token"))
+    before = _weights(token)
+    with pytest.raises(ValueError, match=r"missing from the file:\s*cls"):
+        keras_vit.load_weights(token, str(gap_file))
+    _assert_unchanged(token, before)
+
+
+@pytest.mark.parametrize("edit,match", [
+    ({"Transformer__posembed_input__pos_embedding": lambda a: a[:, :16]},
+     r"pos_embedding: cannot resize \(1, 16, 48\) to \(1, 17, 48\)"),
+    ({"Transformer__encoderblock_1__LayerNorm_0__bias": lambda a: a.astype("int32")},
+     r"encoderblock_1/LayerNorm_0/bias: dtype int32, expected floating point"),
+    ({"Transformer__encoderblock_0__MlpBlock_3__Dense_0__kernel": lambda a: a.T.copy()},
+     r"encoderblock_0/MlpBlock_3/Dense_0/kernel: file \(96, 48\), model \(48, 96\)"),
+    ({"extra__kernel": lambda a: a}, None),
+])
+def test_every_loader_error_names_the_key_and_leaves_weights_unchanged(tmp_path, edit, match):
+    if match is None:  # an extra key, not a replaced one
+        arrays = read_npz(TOKEN)
+        np.savez(tmp_path / "edited.npz", **arrays, **{"extra/kernel": np.zeros((2, 2), "float32")})
+        path, match = tmp_path / "edited.npz", r"1 in the file but not in the model:\s*extra/kernel"
+    else:
+        path = _edited_token_file(tmp_path, **edit)
+    model = keras_vit.VisionTransformer(**case_config("vit_tiny_token"))
+    before = _weights(model)
+    with pytest.raises(ValueError, match=match):
+        keras_vit.load_weights(model, str(path))
+    _assert_unchanged(model, before)
+
+
+def test_a_lone_npy_array_is_not_a_checkpoint(tmp_path):
+    path = tmp_path / "lone.npz"
+    with open(path, "wb") as f:
+        np.save(f, np.zeros((3, 3), "float32"))
+    model = keras_vit.VisionTransformer(**case_config("vit_tiny_token"))
+    before = _weights(model)
+    with pytest.raises(ValueError, match="holds a single .npy array, not an .npz archive"):
+        keras_vit.load_weights(model, str(path))
+    _assert_unchanged(model, before)
 
 
 def test_new_classes_give_zero_head_and_one_log_line(caplog):
@@ -145,17 +201,27 @@ def test_save_npz_round_trip_through_a_full_size_variant_at_another_resolution(t
     assert not os.listdir(tmp_path) == []  and sorted(os.listdir(tmp_path)) == ["ti16.npz"]
 
 
-def test_keras_weights_file_round_trip_and_mismatch_keeps_weights(tmp_path):
+@pytest.mark.parametrize("suffix", [".weights.h5", ".keras"])
+def test_keras_weights_file_round_trip_and_mismatch_names_keys_and_keeps_weights(tmp_path, suffix):
     model = keras_vit.VisionTransformer(**TINY)
-    model.save_weights(tmp_path / "m.weights.h5")
-    clone = keras_vit.VisionTransformer(**TINY, weights=str(tmp_path / "m.weights.h5"))
+    path = str(tmp_path / f"m{suffix}")
+    model.save_weights(path) if suffix == ".weights.h5" else model.save(path)
+    clone = keras_vit.VisionTransformer(**TINY, weights=path)
     for a, b in zip(model.get_weights(), clone.get_weights()):
         np.testing.assert_array_equal(a, b)
-    other = keras_vit.VisionTransformer(**{**TINY, "hidden_size": 16})
-    before = _weights(other)
-    with pytest.raises(ValueError, match="weights left unchanged"):
-        keras_vit.load_weights(other, str(tmp_path / "m.weights.h5"))
-    _assert_unchanged(other, before)
+    for change, match in (
+        ({"hidden_size": 16}, r"weights left unchanged\):\s*37 shape mismatch:\s*"
+                              r"layers/add_position_embs/vars/0: file \(1, 17, 32\), model \(1, 17, 16\)"),
+        ({"classes": 5}, r"2 shape mismatch:\s*layers/dense/vars/0: file \(32, 10\), model \(32, 5\)"),
+        ({"num_layers": 3}, r"16 missing from the file:\s*layers/transformer_block_2/attention/key/vars/0 \(32, 2, 16\)"),
+        # Keras itself only warns here and loads the first block: a half-loaded model
+        ({"num_layers": 1}, r"16 in the file but not in the model:\s*layers/transformer_block_1/attention/key/vars/0"),
+    ):
+        other = keras_vit.VisionTransformer(**{**TINY, **change})
+        before = _weights(other)
+        with pytest.raises(ValueError, match=match):
+            keras_vit.load_weights(other, path)
+        _assert_unchanged(other, before)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import os
 from keras_vit.configs import find_variant
 from keras_vit.structure import find_vit
 from keras_vit.weights.download import fetch
+from keras_vit.weights.keras_files import file_array_count, weight_file_mismatch
 from keras_vit.weights.npz import load_npz, official_variables, peek_npz, read_npz, save_npz
 from keras_vit.weights.registry import get_weights
 from keras_vit.weights.registry import list_weights as _list_weights
@@ -97,9 +98,12 @@ def load_weights(model, weights):
         before = _snapshot(model)
         try:
             model.load_weights(weights)
+            if file_array_count(weights) != len(model.weights):  # Keras only warns about arrays it did not use
+                raise ValueError("the file holds arrays the model has no variables for")
         except Exception as err:
             _restore(model, before)
-            raise ValueError(f"could not load {weights} into model {model.name!r} (weights left unchanged): {err}") from None
+            diff = "\n".join(weight_file_mismatch(model, weights)) or f"  {str(err)[:500]}"
+            raise ValueError(f"could not load {weights} into model {model.name!r} (weights left unchanged):\n{diff}") from None
         return []
     return load_npz(model, weights)
 

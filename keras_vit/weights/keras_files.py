@@ -1,0 +1,53 @@
+"""What differs between a Keras `.weights.h5`/`.keras` file and a model, key by key, for load errors."""
+
+import io
+import os
+import tempfile
+import zipfile
+
+
+def _h5_shapes(source):
+    import h5py
+
+    shapes = {}
+    with h5py.File(source, "r") as f:
+        f.visititems(lambda name, obj: shapes.__setitem__(name, tuple(obj.shape)) if isinstance(obj, h5py.Dataset) else None)
+    return shapes
+
+
+def _file_shapes(path):
+    if str(path).endswith(".keras"):
+        with zipfile.ZipFile(path) as archive:
+            return _h5_shapes(io.BytesIO(archive.read("model.weights.h5")))
+    return _h5_shapes(path)
+
+
+def file_array_count(path):
+    return len(_file_shapes(path))
+
+
+def _model_shapes(model):
+    """The model's arrays under the keys Keras writes them with (its own `.weights.h5`, in a temp folder)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.weights.h5")
+        model.save_weights(path)
+        return _h5_shapes(path)
+
+
+def weight_file_mismatch(model, path, limit=12):
+    """Lines naming every key whose shape differs, is missing from the file, or is only in the file."""
+    try:
+        theirs, ours = _file_shapes(path), _model_shapes(model)
+    except Exception as err:  # an unreadable file: the caller's message says what Keras said
+        return [f"  (could not list the file's arrays: {err})"]
+    groups = (
+        ("shape mismatch", [f"{k}: file {theirs[k]}, model {ours[k]}" for k in sorted(ours) if k in theirs and theirs[k] != ours[k]]),
+        ("missing from the file", [f"{k} {ours[k]}" for k in sorted(ours) if k not in theirs]),
+        ("in the file but not in the model", [f"{k} {theirs[k]}" for k in sorted(theirs) if k not in ours]),
+    )
+    lines = []
+    for title, items in groups:
+        if items:
+            shown = "\n    ".join(items[:limit]) + (f"\n    ... and {len(items) - limit} more" if len(items) > limit else "")
+            lines.append(f"  {len(items)} {title}:\n    {shown}")
+    return lines
