@@ -118,8 +118,8 @@ def test_transformer_block_matches_numpy_reference_on_both_attention_paths(rng):
     ref, ref_w = block_reference(x.astype("float64"), params, 3)
     fused = keras.ops.convert_to_numpy(block(x))
     explicit, weights = block(x, return_attention=True)
-    np.testing.assert_allclose(fused, ref, atol=1e-4)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(explicit), ref, atol=1e-4)
+    np.testing.assert_allclose(fused, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(explicit), ref, rtol=1e-5, atol=1e-5)
     weights = keras.ops.convert_to_numpy(weights)
     assert weights.shape == (2, 3, 7, 7)
     np.testing.assert_allclose(weights, ref_w, atol=1e-5)
@@ -190,7 +190,7 @@ def test_resnet_stem_equals_numpy_reference(rng, num_layers, size):
     y = keras.ops.convert_to_numpy(stem(x))
     ref = resnet_stem(x.astype("float64"), p, num_layers)
     assert y.shape == ref.shape == (2, -(-size[0] // stem.stride), -(-size[1] // stem.stride), stem.output_channels)
-    np.testing.assert_allclose(y, ref, atol=1e-4 * np.abs(ref).max())
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
 def test_resnet_stem_stride_and_channels():

@@ -136,7 +136,7 @@ def test_prelogits_kept_when_asked_and_dropped_with_a_note_otherwise():
     expected = np.load(OFFICIAL / "vit_tiny_prelogits.expected.npz")
     config = case_config("vit_tiny_prelogits")
     with_pre = keras_vit.VisionTransformer(**config, weights=PRELOGITS, classifier_activation=None)
-    assert np.abs(with_pre.predict(expected["x"], verbose=0) - expected["logits"]).max() <= 1e-4
+    assert np.abs(with_pre.predict(expected["x"], verbose=0) - expected["logits"]).max() <= 1e-5
     without = keras_vit.VisionTransformer(**{**config, "representation_size": None})
     notes = keras_vit.load_weights(without, str(PRELOGITS))
     assert any("pre-logits" in n for n in notes) and any("not used: pre_logits" in n for n in notes)
@@ -153,7 +153,7 @@ def test_include_top_false_returns_the_pooled_representation():
     features = backbone.predict(x, verbose=0)
     assert features.shape == (2, 48)
     head = full.get_layer("head")
-    np.testing.assert_allclose(features @ head.kernel.numpy() + head.bias.numpy(), full.predict(x, verbose=0), atol=1e-4)
+    np.testing.assert_allclose(features @ head.kernel.numpy() + head.bias.numpy(), full.predict(x, verbose=0), atol=1e-5)
 
 
 @pytest.mark.parametrize("content,match", [
