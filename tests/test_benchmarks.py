@@ -25,12 +25,14 @@ def test_model_flops_matches_xla_cost_analysis():
         assert 1.0 <= row["ratio"] < 1.03, row
 
 
+@pytest.mark.backend_independent
 def test_model_flops_grows_with_the_tokens_and_their_square():
     small, large = flops.model_flops(image_size=224), flops.model_flops(image_size=448)
     assert large["mlp"] * 197 == small["mlp"] * 785  # linear in the tokens (785 vs 197)
     assert large["attention"] * 197**2 == small["attention"] * 785**2  # quadratic
 
 
+@pytest.mark.backend_independent
 def test_gemm_shapes_and_flops():
     rows = {name: (a, b, form) for name, a, b, form in gemm.shapes("ViT_S16", 32, 224)}
     a, b, form = rows["MLP in  x W"]
@@ -62,6 +64,7 @@ def test_benchmark_tiny_run_measures_every_mode(tmp_path):
     assert report["matmul_peak"]["gflops"] > 0 and report["versions"]["keras"] == keras.__version__
 
 
+@pytest.mark.backend_independent
 def test_gemm_script_measures_every_library(tmp_path):
     report = _run(["benchmarks/gemm.py", "--variant", "tiny", "--batch", "2", "--repeats", "2"], tmp_path)
     assert len(report["rows"]) == 8
@@ -91,6 +94,7 @@ def test_max_batch_fits_the_memory_line_and_remat_lowers_it():
     (["--image-size", "100"], "--image-size must be a multiple of ViT_S16's patch size 16, got 100"),
     (["--variant", "R50_ViT_B16"], "invalid choice"),
 ])
+@pytest.mark.backend_independent
 def test_gemm_script_refuses_bad_arguments(args, message, capsys):
     with pytest.raises(SystemExit):
         gemm.main(args)

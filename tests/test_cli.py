@@ -66,6 +66,7 @@ def test_predict_bad_input(capsys, argv, match):
     assert match in capsys.readouterr().err
 
 
+@pytest.mark.backend_independent
 def test_load_image_rejects_non_images(tmp_path):
     bad = tmp_path / "not.jpg"
     bad.write_text("hello")

@@ -17,6 +17,7 @@ def clusters(n_per_class, num_classes, dim, spread, seed):
     return feats, labels
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("n, d", [(12, 40), (60, 8)])  # dual (n < d) and primal form
 def test_least_squares_equals_sklearn_ridge(n, d):
     rng = np.random.default_rng(n)
@@ -30,6 +31,7 @@ def test_least_squares_equals_sklearn_ridge(n, d):
         np.testing.assert_allclose(b, ridge.intercept_, rtol=1e-7, atol=1e-9)
 
 
+@pytest.mark.backend_independent
 def test_fewshot_accuracy_equals_a_sklearn_pipeline():
     x_train, y_train = clusters(30, 5, 16, spread=12.0, seed=1)
     x_test, y_test = clusters(20, 5, 16, spread=12.0, seed=1)
@@ -43,6 +45,7 @@ def test_fewshot_accuracy_equals_a_sklearn_pipeline():
     assert set(got) == {1, 5, 10}
 
 
+@pytest.mark.backend_independent
 def test_separated_clusters_are_classified_perfectly():
     x_train, y_train = clusters(30, 6, 32, spread=0.5, seed=2)
     x_test, y_test = clusters(25, 6, 32, spread=0.5, seed=2)
@@ -50,6 +53,7 @@ def test_separated_clusters_are_classified_perfectly():
     assert got == {1: 1.0, 5: 1.0, 10: 1.0, 25: 1.0}
 
 
+@pytest.mark.backend_independent
 def test_random_labels_score_near_chance():
     rng = np.random.default_rng(3)
     x_train, x_test = rng.normal(size=(500, 20)), rng.normal(size=(2000, 20))
@@ -59,6 +63,7 @@ def test_random_labels_score_near_chance():
         assert abs(accuracy - 0.2) < 0.05
 
 
+@pytest.mark.backend_independent
 def test_more_shots_help_on_noisy_clusters():
     x_train, y_train = clusters(60, 5, 32, spread=15.0, seed=4)
     x_test, y_test = clusters(60, 5, 32, spread=15.0, seed=4)
@@ -66,6 +71,7 @@ def test_more_shots_help_on_noisy_clusters():
     assert got[25] > got[1] + 0.1
 
 
+@pytest.mark.backend_independent
 def test_sampling_is_per_class_nested_and_seeded():
     labels = np.repeat(np.arange(3), 10)
     one = fewshot.sample_shots(labels, 1, seed=5)
@@ -79,6 +85,7 @@ def test_sampling_is_per_class_nested_and_seeded():
         fewshot.sample_shots(labels, 25)
 
 
+@pytest.mark.backend_independent
 def test_trials_average_independent_draws():
     x_train, y_train = clusters(30, 4, 8, spread=10.0, seed=6)
     x_test, y_test = clusters(30, 4, 8, spread=10.0, seed=6)
@@ -98,6 +105,7 @@ def test_trials_average_independent_draws():
     (dict(shots=(5,)), "Class 0 has 4"),
     (dict(l2_reg=0.0), "l2_reg"),
 ])
+@pytest.mark.backend_independent
 def test_bad_input(change, match):
     args = dict(train_features=np.random.default_rng(0).normal(size=(8, 5)),
                 train_labels=np.array([0, 1] * 4),

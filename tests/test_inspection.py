@@ -50,6 +50,7 @@ def rollout_reference(attentions, prefix):
 # ----------------------------------------------------------------------------- rollout
 
 
+@pytest.mark.backend_independent
 def test_rollout_forced_onto_one_patch_has_closed_form_value():
     # 2x3 grid + class token; every query of every head attends to the patch at row 1, col 0.
     grid, target = (2, 3), 1 + 1 * 3 + 0
@@ -62,6 +63,7 @@ def test_rollout_forced_onto_one_patch_has_closed_form_value():
     np.testing.assert_allclose(maps[0], expected, atol=1e-12)
 
 
+@pytest.mark.backend_independent
 def test_rollout_averages_heads_and_multiplies_first_layer_rightmost():
     t = 1 + 4  # 2x2 grid
     a, b = 1, 4  # patch tokens (0,0) and (1,1)
@@ -74,6 +76,7 @@ def test_rollout_averages_heads_and_multiplies_first_layer_rightmost():
     np.testing.assert_allclose(m, [[0.5, 0.0], [0.0, 0.25]], atol=1e-12)
 
 
+@pytest.mark.backend_independent
 def test_rollout_gap_uses_mean_of_all_rows():
     t, a = 9, 5
     att = one_hot_attention(t, [[a] * t])
@@ -84,6 +87,7 @@ def test_rollout_gap_uses_mean_of_all_rows():
     assert m.sum() == pytest.approx(1.0)
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("prefix", [0, 1])
 def test_rollout_matches_loop_reference_on_random_attention(rng, prefix):
     t = prefix + 6
@@ -95,6 +99,7 @@ def test_rollout_matches_loop_reference_on_random_attention(rng, prefix):
     np.testing.assert_allclose(single, maps[1], atol=1e-12)
 
 
+@pytest.mark.backend_independent
 def test_rollout_bad_inputs():
     good = np.full((1, 2, 10, 10), 0.1)
     with pytest.raises(ValueError, match="10 tokens.*prefix"):
@@ -116,6 +121,7 @@ def test_rollout_bad_inputs():
 # ----------------------------------------------------------------------------- upsampling
 
 
+@pytest.mark.backend_independent
 def test_upsample_nearest_is_block_repeat_and_bilinear_matches_skimage(rng):
     from skimage.transform import resize
 
@@ -156,6 +162,7 @@ def shifted_targets(grid, dr, dc, prefix):
     return targets
 
 
+@pytest.mark.backend_independent
 def test_attention_distance_known_shifts_prefix_excluded():
     grid, p, t = (4, 4), 16, 17
     right1 = one_hot_attention(t, [shifted_targets(grid, 0, 1, 1), shifted_targets(grid, 0, 2, 1)], heads=2)
@@ -167,6 +174,7 @@ def test_attention_distance_known_shifts_prefix_excluded():
     np.testing.assert_allclose(d, [[16.0, 32.0], [0.0, 0.0]], atol=1e-9)
 
 
+@pytest.mark.backend_independent
 def test_attention_distance_diagonal_rectangular_patches_and_image_average():
     grid = (3, 5)
     diag = one_hot_attention(15, [shifted_targets(grid, 1, 1, 0)])
@@ -178,6 +186,7 @@ def test_attention_distance_diagonal_rectangular_patches_and_image_average():
     np.testing.assert_allclose(I.mean_attention_distance([two], grid, 10, 0), [[20.0]])
 
 
+@pytest.mark.backend_independent
 def test_attention_distance_uniform_and_prefix_only_rows():
     uniform = np.full((1, 1, 5, 5), 0.2)
     expected = (0 + 10 + 10 + 10 * math.sqrt(2)) / 4
@@ -193,6 +202,7 @@ def test_attention_distance_uniform_and_prefix_only_rows():
 # ----------------------------------------------------------------------------- position embeddings
 
 
+@pytest.mark.backend_independent
 def test_position_embedding_similarity_row_column_indicators(rng):
     gh, gw = 3, 4
     emb = np.zeros((1, 1 + gh * gw, gh + gw))
@@ -213,6 +223,7 @@ def test_position_embedding_similarity_row_column_indicators(rng):
 # ----------------------------------------------------------------------------- embedding filters
 
 
+@pytest.mark.backend_independent
 def test_embedding_filters_pca_recovers_constructed_directions(rng):
     p, c, d = 4, 3, 16
     u = np.linalg.qr(rng.normal(size=(p * p * c, 2)))[0]  # two orthonormal patch-space directions

@@ -84,6 +84,7 @@ def test_class_token_prepends_learned_vector(rng):
     np.testing.assert_array_equal(y[:, 1:], x)
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("old,new,prefix", [((4, 4), (6, 6), 1), ((4, 4), (3, 7), 1), ((5, 3), (2, 9), 0), ((3, 3), (1, 1), 1)])
 def test_resize_position_embeddings_equals_scipy_zoom(rng, old, new, prefix):
     posemb = rng.normal(size=(1, prefix + old[0] * old[1], 5)).astype("float32")
@@ -96,6 +97,7 @@ def test_resize_position_embeddings_equals_scipy_zoom(rng, old, new, prefix):
     np.testing.assert_allclose(out[:, prefix:], ref, atol=1e-6)
 
 
+@pytest.mark.backend_independent
 def test_resize_position_embeddings_errors():
     with pytest.raises(ValueError, match="not a square"):
         L.resize_position_embeddings(np.zeros((1, 1 + 6, 4)), (3, 3))
@@ -175,6 +177,7 @@ def test_group_norm_of_the_stem_equals_numpy(rng):
     assert gn.groups == 32 and gn.epsilon == 1e-6
 
 
+@pytest.mark.backend_independent
 def test_max_pool_reference_pads_with_minus_infinity():
     x = -np.arange(1.0, 26.0).reshape(1, 5, 5, 1)  # all negative: a zero pad would win every edge window
     # 5 -> 3 windows of 3 at stride 2: one padded row/column on each side, windows start at -1, 1, 3

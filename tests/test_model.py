@@ -19,10 +19,12 @@ PARAM_COUNTS = {
 }
 
 
+@pytest.mark.backend_independent
 def test_every_registered_variant_has_an_expected_count():
     assert set(VARIANTS) == set(PARAM_COUNTS)
 
 
+@pytest.mark.backend_independent
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(PARAM_COUNTS))
 def test_parameter_count_equals_official(variant):
@@ -63,11 +65,13 @@ def test_gap_model_has_no_class_token_and_non_square_grid():
     ({"image_size": (32,)}, "image_size must be"),
     ({"resnet": {"layers": 3}}, "resnet must be None or"),
 ])
+@pytest.mark.backend_independent
 def test_bad_configurations_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         keras_vit.VisionTransformer(**{**TINY, **kwargs})
 
 
+@pytest.mark.backend_independent
 def test_unknown_variant_raises():
     with pytest.raises(ValueError, match="unknown variant 'ViT_X16'"):
         get_variant("ViT_X16")

@@ -84,6 +84,7 @@ def test_non_numeric_input_raises():
 
 # ---------------------------------------------------------------- class names
 
+@pytest.mark.backend_independent
 def test_imagenet1k_names_at_known_indices():
     names = class_names(1000)
     assert len(names) == 1000
@@ -96,6 +97,7 @@ def test_imagenet1k_names_at_known_indices():
     assert synsets == sorted(synsets) and len(set(synsets)) == 1000  # the standard order is sorted
 
 
+@pytest.mark.backend_independent
 def test_imagenet21k_names_in_google_order():
     names = class_names(21843)
     assert len(names) == 21843
@@ -109,6 +111,7 @@ def test_imagenet21k_names_in_google_order():
     assert set(s for s, _ in class_names(1000)) - set(synsets) == {"n04399382"}
 
 
+@pytest.mark.backend_independent
 def test_names_are_loaded_once_and_cached():
     preprocessing._class_list.cache_clear()
     first = class_names(1000)
@@ -116,6 +119,7 @@ def test_names_are_loaded_once_and_cached():
     assert preprocessing._class_list.cache_info().misses == 1
 
 
+@pytest.mark.backend_independent
 def test_shipped_files_have_the_expected_lines():
     data = importlib.resources.files("keras_vit") / "data"
     lines_1k = data.joinpath("imagenet1k.txt").read_text("utf-8").splitlines()
@@ -127,6 +131,7 @@ def test_shipped_files_have_the_expected_lines():
             assert len(synset) == 9 and synset[0] == "n" and synset[1:].isdigit() and name
 
 
+@pytest.mark.backend_independent
 def test_unsupported_class_count_for_names():
     with pytest.raises(ValueError, match="1000 .* or 21843"):
         class_names(10)
@@ -195,6 +200,7 @@ def test_decode_rejects_bad_top(top):
         decode_predictions(np.zeros((1, 1000)), top=top)
 
 
+@pytest.mark.backend_independent
 def test_public_api_reexports():
     import keras_vit
 

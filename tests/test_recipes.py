@@ -338,6 +338,7 @@ def test_pretraining_weight_decay_is_decoupled():
 
 
 # --------------------------------------------------------------- Table 4
+@pytest.mark.backend_independent
 def test_finetune_setups_follow_table_4():
     s = recipes.FINETUNE_SETUPS
     assert set(s) == {"cifar10", "cifar100", "oxford_iiit_pet", "oxford_flowers102",

@@ -8,6 +8,8 @@ import pytest
 from keras_vit.weights import registry
 from keras_vit.weights.registry import WeightsRecord, format_table, get_weights, list_weights
 
+pytestmark = pytest.mark.backend_independent  # tables and names only
+
 ALL_VARIANTS = (
     "ViT_Ti16", "ViT_S16", "ViT_S32", "ViT_B8", "ViT_B16", "ViT_B32", "ViT_L16", "ViT_L32",
     "ViT_H14", "R26_ViT_S32", "R26_ViT_B32", "R50_ViT_B16", "R50_ViT_L32",

@@ -30,6 +30,7 @@ def test_every_key_of_each_official_file_is_used():
         assert set(official_variables(model)) == set(read_npz(path)), name
 
 
+@pytest.mark.backend_independent
 def test_official_key_layout_of_full_size_variants_matches_released_files():
     for variant, keys_file in (("ViT_B16", "keys_ViT-B_16.txt"), ("R50_ViT_B16", "keys_R50+ViT-B_16.txt")):
         lines = [l.split("\t") for l in (OFFICIAL / keys_file).read_text().splitlines() if "\t" in l]
@@ -170,6 +171,7 @@ def test_corrupt_files_raise_clearly(tmp_path, content, match):
     _assert_unchanged(model, before)
 
 
+@pytest.mark.backend_independent
 def test_pickled_arrays_are_refused(tmp_path):
     path = tmp_path / "pickled.npz"
     np.savez(path, **{"embedding/kernel": np.array([{"evil": 1}], dtype=object)})
@@ -184,6 +186,7 @@ def test_missing_file_and_non_string_weights():
         keras_vit.load_weights(keras_vit.VisionTransformer(**TINY), 3)
 
 
+@pytest.mark.backend_independent
 def test_unknown_registry_tag_names_the_valid_ones():
     with pytest.raises(ValueError, match="imagenet21k"):
         keras_vit.ViT_B32(weights="imagenet42k")
@@ -246,6 +249,7 @@ def test_download_is_cached_once_and_loads(server, tmp_path):
     assert model.get_layer("cls").cls.numpy().any()
 
 
+@pytest.mark.backend_independent
 def test_truncated_download_leaves_nothing_in_the_cache(server, tmp_path):
     cache = tmp_path / "cache"
     with pytest.raises(ValueError, match="not a complete .npz archive"):
@@ -256,6 +260,7 @@ def test_truncated_download_leaves_nothing_in_the_cache(server, tmp_path):
     assert os.listdir(cache) == []
 
 
+@pytest.mark.backend_independent
 def test_corrupt_cached_file_is_never_trusted(server, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -265,6 +270,7 @@ def test_corrupt_cached_file_is_never_trusted(server, tmp_path):
     assert any("good.npz" in r for r in server.requests)
 
 
+@pytest.mark.backend_independent
 def test_registry_tag_downloads_from_a_mirror(server, tmp_path, monkeypatch, user_home):
     """A registry name resolves to its record's URL; KERAS_VIT_BASE_URL points it at a mirror."""
     from keras_vit.weights import registry
