@@ -2,6 +2,8 @@
 
 from keras_vit import layers, recipes  # recipes registers its schedules/losses for model reloading
 from keras_vit.configs import VARIANTS, VariantConfig, get_variant
+from keras_vit.features import feature_extractor
+from keras_vit.patch_resize import resize_patch_embedding
 from keras_vit.preprocessing import decode_predictions, preprocess_input
 from keras_vit.runtime import distribute, exact_float32, jit_compile_default
 from keras_vit.variants import (
