@@ -49,7 +49,9 @@ def _input_size(image_size, input_shape, input_tensor, weights, num_prefix_token
         image_size = pair(image_size, "image_size")
         clash = [(a, b) for a, b in zip(hw, image_size) if a is not None and a != b]
         if clash:
-            raise ValueError(f"input_shape {tuple(input_shape)} disagrees with image_size {image_size}; "
+            what = (f"input_tensor's spatial shape {tuple(hw)}" if input_tensor is not None
+                    else f"input_shape {tuple(input_shape)}")
+            raise ValueError(f"{what} disagrees with image_size {image_size}; "
                              "pass one of them, or None for height and width to take any size")
     elif None not in hw:
         image_size = hw
