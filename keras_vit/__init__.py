@@ -22,6 +22,8 @@ _NAMES = {
     **{name: "keras_vit.variants" for name in (
         "ViT_Ti16", "ViT_S16", "ViT_S32", "ViT_B8", "ViT_B16", "ViT_B32", "ViT_L16", "ViT_L32", "ViT_H14",
         "R26_ViT_S32", "R26_ViT_B32", "R50_ViT_B16", "R50_ViT_L32")},
+    "feature_extractor": "keras_vit.features",
+    "resize_patch_embedding": "keras_vit.patch_resize",
     "list_weights": "keras_vit.weights",
     "load_weights": "keras_vit.weights",
 }

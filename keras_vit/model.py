@@ -6,6 +6,7 @@ from keras_vit import layers as L
 from keras_vit.configs import pair, resnet_stride
 
 CLASSIFIERS = ("token", "gap")
+POOLINGS = ("representation", None, "token", "avg")
 
 
 def grid_size(image_size, patch_size, resnet=None):
@@ -19,6 +20,59 @@ def grid_size(image_size, patch_size, resnet=None):
             f"use a multiple of {stride}, e.g. {(max(1, round(h / stride)) * stride, max(1, round(w / stride)) * stride)}"
         )
     return h // stride, w // stride
+
+
+def _input_size(image_size, input_shape, input_tensor, weights, num_prefix_tokens, stride):
+    """(image_size the position embeddings are laid out for, (H, W) of the input, channels).
+
+    H or W None means the model takes any size along that axis. `image_size=None` takes the grid of
+    an official `.npz` in `weights` (its resolution at this patch size), else 224.
+    """
+    if input_tensor is not None:
+        if len(input_tensor.shape) != 4:
+            raise ValueError(f"input_tensor must be NHWC (4D), got shape {tuple(input_tensor.shape)}")
+        shape = tuple(input_tensor.shape[1:])
+        if input_shape is not None and tuple(input_shape) != shape:
+            raise ValueError(f"input_shape {tuple(input_shape)} disagrees with input_tensor's shape {shape}")
+        input_shape = shape
+    if input_shape is not None:
+        input_shape = tuple(input_shape)
+        if len(input_shape) != 3 or not all(v is None or (isinstance(v, int) and v > 0) for v in input_shape) \
+                or input_shape[2] is None:
+            raise ValueError(
+                f"input_shape must be (height, width, channels) with positive ints (None for any height or "
+                f"width), got {input_shape!r}")
+        hw, channels = input_shape[:2], input_shape[2]
+    else:
+        hw, channels = ((None, None) if image_size is None else pair(image_size, "image_size")), 3
+    if image_size is not None:
+        image_size = pair(image_size, "image_size")
+        clash = [(a, b) for a, b in zip(hw, image_size) if a is not None and a != b]
+        if clash:
+            what = (f"input_tensor's spatial shape {tuple(hw)}" if input_tensor is not None
+                    else f"input_shape {tuple(input_shape)}")
+            raise ValueError(f"{what} disagrees with image_size {image_size}; "
+                             "pass one of them, or None for height and width to take any size")
+    elif None not in hw:
+        image_size = hw
+    else:
+        image_size = 224
+        if isinstance(weights, str) and weights.endswith(".npz"):
+            import math
+            import os
+
+            from keras_vit.weights.npz import peek_npz
+
+            if os.path.exists(weights):
+                tokens = peek_npz(weights)[2]
+                side = math.isqrt(tokens - num_prefix_tokens) if tokens else 0
+                if tokens and side * side == tokens - num_prefix_tokens:
+                    image_size = side * stride
+    for axis, size in zip(("height", "width"), hw if None in hw else ()):  # else grid_size() says it
+        if size is not None and size % stride:
+            raise ValueError(f"input {axis} {size} is not divisible by {stride} pixels per token (patch size x "
+                             f"ResNet stride); use a multiple of {stride}")
+    return image_size, hw, channels
 
 
 def build_vit(
@@ -39,6 +93,9 @@ def build_vit(
     classifier_activation="softmax",
     name="vit",
     remat=False,
+    input_shape=None,
+    pooling="representation",
+    weights=None,
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -55,15 +112,25 @@ def build_vit(
         representation_size: None, or the width of the pre-logits Dense + tanh layer.
         resnet: None, or a dict `{"num_layers": (3, 4, 9), "width_factor": 1}` for a hybrid.
         dropout_rate, attention_dropout_rate: as the paper's Appendix B.1.
-        include_top: with the head; without it the model returns the pooled representation
-            y = LN(z_L^0) (or its mean for "gap"), passed through pre-logits when those are set.
-        input_tensor: optional Keras tensor to build the model on.
+        include_top: with the head; without it the model returns what `pooling` says.
+        input_tensor: optional Keras tensor to build the model on (None height/width: any size).
         classifier_activation: activation of the head; None gives logits.
         name: the model's name.
         remat: rematerialise each encoder block in training (gradient checkpointing): the backward
             pass recomputes a block's activations instead of keeping them, so a training step holds
             the residual stream plus one block's activations, for about a third more compute.
             The measured memory and time per backend are in benchmarks/README.md.
+        input_shape: (H, W, C) as keras.applications; must agree with `image_size`. None for H
+            and/or W (or `image_size=None`) builds a model that takes any size divisible by the
+            patch (times the ResNet stride) and resizes the position embeddings, laid out for
+            `image_size` (None: the grid of an `.npz` in `weights`, else 224), at call time by the
+            official rule.
+        pooling: with `include_top=False`: "representation" (the default, what the head reads:
+            y = LN(z_L^0), or the token mean for "gap", through pre-logits when set), None (the
+            patch tokens after the final LayerNorm as a (B, gh, gw, D) feature map), "token" (the
+            class token after the final LayerNorm) or "avg" (the mean of the patch tokens after it).
+        weights: only read here for the grid of `image_size=None` (the weights are loaded by
+            `keras_vit.VisionTransformer`).
     """
     if classifier not in CLASSIFIERS:
         raise ValueError(f"unknown classifier {classifier!r}; expected one of {CLASSIFIERS}")
@@ -77,32 +144,53 @@ def build_vit(
         unknown = set(resnet) - {"num_layers", "width_factor"}
         if unknown or "num_layers" not in resnet:
             raise ValueError(f"resnet must be None or {{'num_layers': (...), 'width_factor': int}}, got {resnet!r}")
-    image_size = pair(image_size, "image_size")
+    if pooling not in POOLINGS:
+        raise ValueError(f"unknown pooling {pooling!r}; expected one of {POOLINGS}")
+    if include_top and pooling != "representation":
+        raise ValueError(f"pooling={pooling!r} is for include_top=False (the head reads the representation)")
+    if pooling == "token" and classifier != "token":
+        raise ValueError('pooling="token" needs a class token; this model has classifier="gap" (use "avg")')
+    if pooling != "representation" and representation_size is not None:
+        raise ValueError(f"representation_size (pre-logits) goes with pooling='representation', got pooling={pooling!r}")
+    prefix = int(classifier == "token")
+    if input_tensor is not None and not keras.utils.is_keras_tensor(input_tensor):
+        input_tensor = keras.Input(tensor=input_tensor)
+    stride = patch_size * resnet_stride(resnet and resnet["num_layers"])
+    image_size, hw, channels = _input_size(image_size, input_shape, input_tensor, weights, prefix, stride)
     grid = grid_size(image_size, patch_size, resnet)
+    runtime = None in hw
 
     if input_tensor is None:
-        inputs = keras.Input((*image_size, 3), name="images")
+        inputs = keras.Input((*hw, channels), name="images")
         x = inputs
     else:
-        if not keras.utils.is_keras_tensor(input_tensor):
-            input_tensor = keras.Input(tensor=input_tensor)
-        if tuple(input_tensor.shape[1:3]) != image_size:
-            raise ValueError(f"input_tensor has spatial shape {tuple(input_tensor.shape[1:3])}, expected {image_size}")
         inputs, x = input_tensor, input_tensor
+    images = x
 
     if resnet is not None:
         x = L.ResNetStem(tuple(resnet["num_layers"]), resnet.get("width_factor", 1), name="resnet")(x)
     x = L.PatchEncoder(patch_size, hidden_size, name="embedding")(x)
     if classifier == "token":
         x = L.ClassToken(name="cls")(x)
-    x = L.AddPositionEmbs(grid, num_prefix_tokens=int(classifier == "token"), name="posembed_input")(x)
+    if runtime:
+        x = L.AddPositionEmbs(grid, num_prefix_tokens=prefix, stride=stride, name="posembed_input")(x, images)
+    else:
+        x = L.AddPositionEmbs(grid, num_prefix_tokens=prefix, name="posembed_input")(x)
     x = keras.layers.Dropout(dropout_rate, name="dropout")(x)
     for i in range(num_layers):
         x = L.TransformerBlock(
             num_heads, mlp_dim, dropout_rate, attention_dropout_rate, remat=remat, name=f"encoderblock_{i}"
         )(x)
     x = keras.layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")(x)
-    x = L.SequencePooling(classifier, name="pool")(x)
+    if pooling is None:
+        if runtime:
+            x = L.TokensToMap(num_prefix_tokens=prefix, stride=stride, name="feature_map")(x, images)
+        else:
+            x = L.TokensToMap(grid, num_prefix_tokens=prefix, name="feature_map")(x)
+    elif pooling == "representation":
+        x = L.SequencePooling(classifier, name="pool")(x)
+    else:
+        x = L.SequencePooling("token" if pooling == "token" else "gap", num_prefix_tokens=prefix, name="pool")(x)
     if representation_size is not None:
         x = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(x)
     if include_top:

@@ -6,7 +6,7 @@ import os
 
 from keras_vit.configs import VARIANTS, get_variant
 from keras_vit.model import build_vit
-from keras_vit.weights import KERAS_SUFFIXES, get_weights, is_path, list_weights, load_weights, peek_npz
+from keras_vit.weights import KERAS_SUFFIXES, fetch, get_weights, is_path, list_weights, load_weights, peek_npz
 
 
 def VisionTransformer(*args, weights=None, **kwargs):
@@ -16,13 +16,21 @@ def VisionTransformer(*args, weights=None, **kwargs):
     `weights`: None, a path (official `.npz`, or a Keras `.weights.h5` / `.keras`) or a registry tag
     of the variant this configuration equals (see `keras_vit.list_weights()`).
     """
-    model = build_vit(*args, **kwargs)
+    model = build_vit(*args, weights=weights, **kwargs)
     if weights is not None:
         load_weights(model, weights)
     return model
 
 
 VisionTransformer.__doc__ += "\n" + build_vit.__doc__.split("\n", 2)[2]
+
+
+def weights_file(variant, weights, image_size=None):
+    """`weights` as a path: a registry tag of `variant` is downloaded (once) and its file named."""
+    if weights is None or is_path(os.fspath(weights)):
+        return weights
+    record = get_weights(variant, weights, image_size)
+    return fetch(record.url, record.filename)
 
 
 def _file_facts(variant, weights, image_size):
@@ -63,8 +71,8 @@ def resolve_build_args(variant, weights, image_size, classes, include_top, repre
 _DOC = """Builds {checkpoint} ({arch}), the `{name}` variant of the paper.
 
     Args:
-        include_top: with the classification head; without it the model returns the pooled
-            representation (B, {dim}).
+        include_top: with the classification head; without it the model returns what `pooling`
+            says, by default the pooled representation (B, {dim}).
         weights: None (random init), {tags}, or a path to an official `.npz` or Keras
             `.weights.h5` file. Position embeddings are resized to `image_size` when the file's
             grid differs; a `classes` other than the file's gives a new zero-initialised head.
@@ -80,6 +88,15 @@ _DOC = """Builds {checkpoint} ({arch}), the `{name}` variant of the paper.
         remat: recompute each encoder block in the backward pass instead of keeping its
             activations (gradient checkpointing): several times more images per step in the
             same memory for more time (measured in benchmarks/README.md).
+        input_shape: (H, W, 3) as keras.applications, agreeing with `image_size`; None for H and
+            W builds a model that takes any size divisible by the patch (times the ResNet stride),
+            resizing the position embeddings of `image_size` (the weights' grid) at call time.
+        pooling: with include_top=False: "representation" (default: what the head reads), None
+            (the (B, H/P, W/P, {dim}) feature map after the final LayerNorm), "token" (the class
+            token) or "avg" (the mean of the patch tokens).
+        patch_size: None for {patch}; another size loads the weights through FlexiViT's
+            pseudo-inverse resize of the patch embedding (`keras_vit.resize_patch_embedding`),
+            position embeddings resized to the new grid.
     Returns:
         A `keras.Model`.
     """
@@ -96,18 +113,25 @@ def _factory(variant):
 
     def build(include_top=True, weights=None, input_tensor=None, classes=None,
               classifier_activation="softmax", name=None, image_size=None, classifier="token",
-              dropout_rate=0.0, attention_dropout_rate=0.0, representation_size="auto", remat=False):
+              dropout_rate=0.0, attention_dropout_rate=0.0, representation_size="auto", remat=False,
+              input_shape=None, pooling="representation", patch_size=None):
+        if image_size is None and input_shape is not None and len(input_shape) == 3 and None not in input_shape[:2]:
+            image_size = tuple(input_shape[:2])
         args = resolve_build_args(variant, weights, image_size, classes, include_top, representation_size)
+        arch = config.build_args()
+        if patch_size is not None and patch_size != arch["patch_size"]:
+            arch["patch_size"] = patch_size  # the builder checks it; a registry tag names the file to resize
+            weights = weights_file(variant, weights, image_size)
         return VisionTransformer(
-            **config.build_args(), **args, classifier=classifier, dropout_rate=dropout_rate,
+            **arch, **args, classifier=classifier, dropout_rate=dropout_rate,
             attention_dropout_rate=attention_dropout_rate, include_top=include_top, weights=weights,
             input_tensor=input_tensor, classifier_activation=classifier_activation, name=name or variant,
-            remat=remat,
+            remat=remat, input_shape=input_shape, pooling=pooling,
         )
 
     build.__name__ = build.__qualname__ = variant
     build.__doc__ = _DOC.format(checkpoint=config.checkpoint, arch=config.describe(), name=variant,
-                                dim=config.hidden_size, tags=_tags(variant))
+                                dim=config.hidden_size, tags=_tags(variant), patch=config.patch_size)
     return build
 
 

@@ -60,7 +60,7 @@ def _as_image_batch(images, expected_hw, where):
             f"images must have shape (B, H, W, 3) or (H, W, 3) (NHWC, RGB scaled to [-1, 1]), "
             f"got {shape}"
         )
-    if tuple(shape[1:3]) != tuple(expected_hw):
+    if expected_hw is not None and tuple(shape[1:3]) != tuple(expected_hw):
         raise ValueError(
             f"images are {shape[1]}x{shape[2]} pixels but the ViT at {where!r} expects "
             f"{expected_hw[0]}x{expected_hw[1]}: resize them first (e.g. "
@@ -78,13 +78,14 @@ def _run_vit(parts, images, layer_indices):
     attentions = {}
     with _no_grad():
         x = keras.ops.convert_to_tensor(images, dtype="float32")
-        x = _as_image_batch(x, parts.image_size, parts.path)
+        runtime = getattr(parts.posembed, "stride", None) is not None  # takes any size that tiles
+        x = pixels = _as_image_batch(x, None if runtime else parts.image_size, parts.path)
         if parts.resnet is not None:
             x = parts.resnet(x)
         x = parts.embedding(x)
         if parts.cls is not None:
             x = parts.cls(x)
-        x = parts.posembed(x)
+        x = parts.posembed(x, pixels) if runtime else parts.posembed(x)
         for i, block in enumerate(parts.blocks[: last + 1]):
             x, attn = block(x, training=False, return_attention=True)
             if i in needed:

@@ -2,6 +2,7 @@
 
 from keras_vit.layers.attention import MultiHeadDotProductAttention
 from keras_vit.layers.class_token import ClassToken
+from keras_vit.layers.feature_map import TokensToMap
 from keras_vit.layers.patch_encoder import PatchEncoder
 from keras_vit.layers.pooling import SequencePooling
 from keras_vit.layers.position_embedding import AddPositionEmbs, resize_position_embeddings
@@ -17,6 +18,7 @@ __all__ = [
     "ResNetStem",
     "SequencePooling",
     "StdConv2D",
+    "TokensToMap",
     "TransformerBlock",
     "resize_position_embeddings",
     "standardize_kernel",

@@ -53,8 +53,13 @@ class PatchEncoder(keras.layers.Layer):
     def call(self, images):
         p, d = self.patch_size, self.hidden_size
         check_channels(self, images.shape, self.kernel.shape[2])
-        _, h, w, c = images.shape
-        gh, gw = h // p, w // p
+        c = images.shape[-1]
+        shape = ops.shape(images)
+        for axis, size in (("height", images.shape[1]), ("width", images.shape[2])):
+            if size is not None and size % p:
+                raise ValueError(f"PatchEncoder: input {axis} {size} is not divisible by patch_size {p} "
+                                 f"(input shape {tuple(images.shape)}).")
+        gh, gw = shape[1] // p, shape[2] // p
         if p == 1:
             patches = ops.reshape(images, (-1, gh * gw, c))
         else:
@@ -66,7 +71,8 @@ class PatchEncoder(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         b, h, w, _ = input_shape
-        return (b, (h // self.patch_size) * (w // self.patch_size), self.hidden_size)
+        tokens = None if h is None or w is None else (h // self.patch_size) * (w // self.patch_size)
+        return (b, tokens, self.hidden_size)
 
     def official_weights(self):
         return {"kernel": self.kernel, "bias": self.bias}

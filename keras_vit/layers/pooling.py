@@ -1,4 +1,4 @@
-"""Sequence pooling: the [class] token (`classifier="token"`) or the mean of all tokens ("gap")."""
+"""Sequence pooling: the [class] token (`classifier="token"`) or the mean of the tokens ("gap")."""
 
 import keras
 from keras import ops
@@ -12,20 +12,23 @@ class SequencePooling(keras.layers.Layer):
 
     Args:
         method: "token" or "gap".
+        num_prefix_tokens: tokens "gap" leaves out of the mean (1 to average only the patch tokens
+            of a class-token model).
     """
 
-    def __init__(self, method="token", **kwargs):
+    def __init__(self, method="token", num_prefix_tokens=0, **kwargs):
         super().__init__(**kwargs)
         if method not in POOLING_METHODS:
             raise ValueError(f"unknown pooling/classifier {method!r}; expected one of {POOLING_METHODS}")
         self.method = method
+        self.num_prefix_tokens = int(num_prefix_tokens)
         self.input_spec = keras.InputSpec(ndim=3)
 
     def call(self, tokens):
-        return tokens[:, 0] if self.method == "token" else ops.mean(tokens, axis=1)
+        return tokens[:, 0] if self.method == "token" else ops.mean(tokens[:, self.num_prefix_tokens:], axis=1)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[2])
 
     def get_config(self):
-        return {**super().get_config(), "method": self.method}
+        return {**super().get_config(), "method": self.method, "num_prefix_tokens": self.num_prefix_tokens}

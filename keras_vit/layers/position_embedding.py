@@ -47,20 +47,54 @@ def resize_position_embeddings(posemb, new_grid, old_grid=None, num_prefix_token
     return np.concatenate([prefix, out], axis=1)
 
 
+def _linear_resize_matrix_ops(old, new):
+    """`linear_resize_matrix(old, new)` (corners aligned) with keras.ops, for sizes known only at call
+    time (float32)."""
+    step = ops.cast(old - 1, "float32") / ops.cast(ops.maximum(new - 1, 1), "float32")
+    pos = ops.cast(ops.arange(new), "float32") * step
+    lo = ops.clip(ops.cast(ops.floor(pos), "int32"), 0, old - 1)
+    hi = ops.minimum(lo + 1, old - 1)
+    frac = ops.expand_dims(pos - ops.cast(lo, "float32"), 1)
+    return ops.one_hot(lo, old) * (1.0 - frac) + ops.one_hot(hi, old) * frac
+
+
+def runtime_grid(images, stride):
+    """(gh, gw) of `images` (B, H, W, C) cut into `stride`-pixel tokens: ints where the size is known
+    when traced, scalar tensors where it is not; a clear error when a known side does not tile."""
+    shape = ops.shape(images)
+    for axis, size in (("height", images.shape[1]), ("width", images.shape[2])):
+        if size is not None and size % stride:
+            raise ValueError(
+                f"image {axis} {size} is not divisible by {stride} pixels per token (patch size x ResNet "
+                f"stride); got images of shape {tuple(images.shape)}, use a multiple of {stride}"
+            )
+    return tuple(d // stride if isinstance(d, int) else s // stride for d, s in zip(images.shape[1:3], shape[1:3]))
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class AddPositionEmbs(keras.layers.Layer):
     """Adds learnable position embeddings (official `Transformer/posembed_input/pos_embedding`).
 
+    With `stride` set, the layer serves any resolution: called as `layer(tokens, images)`, it
+    resizes the stored (gh, gw) grid at call time to the images' (H / stride, W / stride) grid by
+    the official rule of `resize_position_embeddings` (prefix entries kept, bilinear with corners
+    aligned, each axis by its own factor), as two interpolation matrices applied with keras.ops.
+
     Args:
-        grid_size: (gh, gw), the patch grid the embeddings are laid out on.
+        grid_size: (gh, gw), the patch grid the embeddings are laid out on (the trained grid).
         num_prefix_tokens: tokens before the grid (1 for the [class] token, 0 for "gap" models).
+        stride: None (fixed resolution), or the pixels per token along each axis of the images
+            passed as the second argument (patch size times the ResNet stride).
     """
 
-    def __init__(self, grid_size, num_prefix_tokens=1, **kwargs):
+    def __init__(self, grid_size, num_prefix_tokens=1, stride=None, **kwargs):
         super().__init__(**kwargs)
         self.grid_size = tuple(int(v) for v in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
-        self.input_spec = keras.InputSpec(ndim=3)
+        self.stride = None if stride is None else int(stride)
+        if self.stride is not None and self.stride < 1:
+            raise ValueError(f"stride must be None or a positive int, got {stride!r}")
+        self.input_spec = None if self.stride else keras.InputSpec(ndim=3)
 
     @property
     def num_tokens(self):
@@ -75,17 +109,40 @@ class AddPositionEmbs(keras.layers.Layer):
                 "size; weights= resizes the position embeddings)."
             )
 
-    def build(self, input_shape):
-        self._check(input_shape)
+    def build(self, tokens_shape, images_shape=None):
+        if self.stride is None:
+            self._check(tokens_shape)
+        elif images_shape is None:
+            raise ValueError("AddPositionEmbs with a stride is called as layer(tokens, images)")
         self.pos_embedding = self.add_weight(
             name="pos_embedding",
-            shape=(1, self.num_tokens, input_shape[-1]),
+            shape=(1, self.num_tokens, tokens_shape[-1]),
             initializer=keras.initializers.RandomNormal(stddev=0.02),
         )
 
-    def call(self, tokens):
-        self._check(tokens.shape)
-        return tokens + ops.cast(self.pos_embedding, tokens.dtype)
+    def call(self, tokens, images=None):
+        if self.stride is None:
+            self._check(tokens.shape)
+            return tokens + ops.cast(self.pos_embedding, tokens.dtype)
+        if images is None:
+            raise ValueError("AddPositionEmbs with a stride is called as layer(tokens, images)")
+        return tokens + ops.cast(self.resized(runtime_grid(images, self.stride)), tokens.dtype)
+
+    def resized(self, grid):
+        """The embeddings for a (new_h, new_w) grid (ints or scalar tensors), computed with ops."""
+        (gh, gw), prefix = self.grid_size, self.num_prefix_tokens
+        if all(isinstance(v, int) for v in grid) and tuple(grid) == (gh, gw):
+            return self.pos_embedding
+        posemb = ops.cast(self.pos_embedding, "float32")
+        table = ops.reshape(posemb[0, prefix:], (gh, gw, -1))
+        table = ops.einsum(
+            "ih,hwd,jw->ijd", _linear_resize_matrix_ops(gh, grid[0]), table, _linear_resize_matrix_ops(gw, grid[1])
+        )
+        table = ops.reshape(table, (1, -1, ops.shape(posemb)[-1]))
+        return ops.concatenate([posemb[:, :prefix], table], axis=1)
+
+    def compute_output_shape(self, tokens_shape, images_shape=None):
+        return tokens_shape
 
     def official_weights(self):
         return {"pos_embedding": self.pos_embedding}
@@ -95,4 +152,5 @@ class AddPositionEmbs(keras.layers.Layer):
             **super().get_config(),
             "grid_size": self.grid_size,
             "num_prefix_tokens": self.num_prefix_tokens,
+            "stride": self.stride,
         }

@@ -8,6 +8,7 @@ import zipfile
 import numpy as np
 
 from keras_vit.fileio import atomic_write
+from keras_vit.patch_resize import resize_patch_embedding
 from keras_vit.structure import find_vit
 
 logger = logging.getLogger("keras_vit")
@@ -23,6 +24,7 @@ _PREFIXES = {
     "head": "head",
 }
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
+PATCH_KEY = "embedding/kernel"
 
 
 def _layer_params(layer):
@@ -140,6 +142,11 @@ def plan_npz(model, arrays):
                 continue
             old = math.isqrt(arrays[key].shape[1] - layer.num_prefix_tokens)
             notes.append(f"position embeddings resized from a {old}x{old} to a {layer.grid_size[0]}x{layer.grid_size[1]} grid")
+        elif key == PATCH_KEY and value.ndim == 4 and len(shape) == 4 and value.shape[0] == value.shape[1] \
+                and shape[0] == shape[1] and value.shape[2:] == shape[2:] and value.shape[0] != shape[0]:
+            value = resize_patch_embedding(value, shape[0])  # FlexiViT's pseudo-inverse resize
+            notes.append(f"patch embedding resized from {arrays[key].shape[0]}x{arrays[key].shape[0]} to "
+                         f"{shape[0]}x{shape[1]} patches (FlexiViT pseudo-inverse)")
         elif value.shape != shape and value.size == math.prod(shape) and value.squeeze().shape == tuple(
             d for d in shape if d != 1
         ):
