@@ -6,6 +6,9 @@ from keras_vit import layers as L
 from keras_vit.configs import pair, resnet_stride
 
 CLASSIFIERS = ("token", "gap")
+# paper appendix D.4 / Table 8: what encodes position, and where it is added
+POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "relative", "none")
+POSITION_PLACEMENTS = ("once", "every_layer", "every_layer_shared")
 
 
 def grid_size(image_size, patch_size, resnet=None):
@@ -39,6 +42,8 @@ def build_vit(
     classifier_activation="softmax",
     name="vit",
     remat=False,
+    position_embedding="learned_1d",
+    position_placement="once",
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -64,7 +69,23 @@ def build_vit(
             pass recomputes a block's activations instead of keeping them, so a training step holds
             the residual stream plus one block's activations, for about a third more compute.
             The measured memory and time per backend are in benchmarks/README.md.
+        position_embedding: the paper's ablation of appendix D.4 (Table 8): "learned_1d" (the
+            official model), "learned_2d" (row and column tables of D/2 each, concatenated),
+            "relative" (1-D relative attention bias in every block, nothing added to the tokens)
+            or "none" (a bag of patches).
+        position_placement: for the learned embeddings, where they are added: "once" after the
+            stem (official), "every_layer" (its own table before each block) or
+            "every_layer_shared" (one table added before each block).
     """
+    if position_embedding not in POSITION_EMBEDDINGS:
+        raise ValueError(f"unknown position_embedding {position_embedding!r}; expected one of {POSITION_EMBEDDINGS}")
+    if position_placement not in POSITION_PLACEMENTS:
+        raise ValueError(f"unknown position_placement {position_placement!r}; expected one of {POSITION_PLACEMENTS}")
+    if position_placement != "once" and not position_embedding.startswith("learned"):
+        raise ValueError(
+            f"position_placement={position_placement!r} needs a learned position embedding, got "
+            f"position_embedding={position_embedding!r} (Table 8 has no such variant)"
+        )
     if classifier not in CLASSIFIERS:
         raise ValueError(f"unknown classifier {classifier!r}; expected one of {CLASSIFIERS}")
     for key, value in (("patch_size", patch_size), ("hidden_size", hidden_size), ("mlp_dim", mlp_dim),
@@ -95,12 +116,18 @@ def build_vit(
     x = L.PatchEncoder(patch_size, hidden_size, name="embedding")(x)
     if classifier == "token":
         x = L.ClassToken(name="cls")(x)
-    x = L.AddPositionEmbs(grid, num_prefix_tokens=int(classifier == "token"), name="posembed_input")(x)
+    posemb = {"learned_1d": L.AddPositionEmbs, "learned_2d": L.AddPositionEmbs2D}.get(position_embedding, L.NoPositionEmbs)
+    posemb_args = dict(grid_size=grid, num_prefix_tokens=int(classifier == "token"))
+    posembed = posemb(**posemb_args, name="posembed_input")
+    x = posembed(x)
     x = keras.layers.Dropout(dropout_rate, name="dropout")(x)
+    block = L.RelativeTransformerBlock if position_embedding == "relative" else L.TransformerBlock
     for i in range(num_layers):
-        x = L.TransformerBlock(
-            num_heads, mlp_dim, dropout_rate, attention_dropout_rate, remat=remat, name=f"encoderblock_{i}"
-        )(x)
+        if i and position_placement == "every_layer_shared":
+            x = posembed(x)
+        elif i and position_placement == "every_layer":
+            x = posemb(**posemb_args, name=f"posembed_{i}")(x)
+        x = block(num_heads, mlp_dim, dropout_rate, attention_dropout_rate, remat=remat, name=f"encoderblock_{i}")(x)
     x = keras.layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")(x)
     x = L.SequencePooling(classifier, name="pool")(x)
     if representation_size is not None:

@@ -84,8 +84,9 @@ def _run_vit(parts, images, layer_indices):
         x = parts.embedding(x)
         if parts.cls is not None:
             x = parts.cls(x)
-        x = parts.posembed(x)
         for i, block in enumerate(parts.blocks[: last + 1]):
+            if parts.block_posembeds[i] is not None:
+                x = parts.block_posembeds[i](x)
             x, attn = block(x, training=False, return_attention=True)
             if i in needed:
                 attentions[i] = keras.ops.convert_to_numpy(keras.ops.cast(attn, "float32"))
