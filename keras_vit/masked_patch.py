@@ -182,16 +182,18 @@ def compile_for_masked_patch_prediction(model, total_steps, base_lr=2e-4, warmup
     returns after 100k). `weight_decay` > 0 switches to AdamW; the rest as
     `keras_vit.recipes.compile_for_pretraining`. The loss is the model's own."""
     from keras_vit import recipes
+    from keras_vit.recipes.compile import _clipnorm
+    from keras_vit.runtime import jit_compile_default
 
     if not isinstance(model, MaskedPatchPredictor):
         raise TypeError(f"expected a MaskedPatchPredictor, got {type(model).__name__}")
     accumulation = recipes.gradient_accumulation_steps(batch_size, device_batch_size)
     schedule = recipes.pretrain_schedule(base_lr, total_steps, warmup_steps, decay, accumulation)
-    kwargs = dict(learning_rate=schedule, global_clipnorm=recipes._clipnorm(global_clipnorm),
+    kwargs = dict(learning_rate=schedule, global_clipnorm=_clipnorm(global_clipnorm),
                   gradient_accumulation_steps=accumulation if accumulation > 1 else None)
     optimizer = (keras.optimizers.AdamW(weight_decay=weight_decay, **kwargs) if weight_decay
                  else keras.optimizers.Adam(**kwargs))
     if jit_compile == "auto":
-        jit_compile = recipes.jit_compile_default(training=True)
+        jit_compile = jit_compile_default(training=True)
     model.compile(optimizer=optimizer, jit_compile=jit_compile, **compile_kwargs)
     return model
