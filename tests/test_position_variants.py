@@ -29,8 +29,8 @@ def _position_params(kind, placement, prefix):
     return one * (L if placement == "every_layer" else 1)
 
 
-@pytest.mark.parametrize("classifier", ["token", "gap"])
-@pytest.mark.parametrize("kind,placement", VARIANTS)
+@pytest.mark.parametrize("kind,placement,classifier", [(*v, "token") for v in VARIANTS] + [
+    ("learned_1d", "every_layer", "gap"), ("learned_2d", "once", "gap"), ("relative", "once", "gap")])
 def test_shapes_parameter_counts_and_reload(kind, placement, classifier, tmp_path, rng):
     args = dict(TINY, classifier=classifier)
     model = VisionTransformer(**args, position_embedding=kind, position_placement=placement)
