@@ -96,12 +96,14 @@ class MaskedPatchPredictor(keras.Model):
         self.head = keras.layers.Dense(width, name="prediction_head", dtype="float32")
         self.dropout = encoder.get_layer("dropout")
         self.encoder_norm = encoder.get_layer("encoder_norm")
+        self.build()
 
     def build(self, input_shape=None):
         dim = self.parts.embedding.hidden_size
         n = self.parts.grid_size[0] * self.parts.grid_size[1]
-        self.corruption.build((None, n, dim))
-        self.head.build((None, n, dim))
+        for layer in (self.corruption, self.head):
+            if not layer.built:
+                layer.build((None, n, dim))
         self.built = True
 
     def call(self, images, training=None):

@@ -110,7 +110,7 @@ def test_tiny_self_supervised_run_lowers_its_loss(target, rng):
     model = MaskedPatchPredictor(VisionTransformer(**ENCODER, include_top=False), target=target, seed=0)
     compile_for_masked_patch_prediction(model, total_steps=40, base_lr=1e-3, warmup_steps=4, batch_size=16)
     loss = model.fit(images, batch_size=16, epochs=10, verbose=0).history["loss"]
-    assert loss[-1] < 0.8 * loss[0], loss
+    assert loss[-1] < 0.9 * loss[0], loss
 
 
 def test_bad_arguments():

@@ -154,4 +154,4 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="needs a learned position embedding"):
         VisionTransformer(**TINY, position_embedding="relative", position_placement="every_layer")
     with pytest.raises(ValueError, match="even hidden size"):
-        VisionTransformer(**dict(TINY, hidden_size=30, num_heads=3), position_embedding="learned_2d")
+        VisionTransformer(**dict(TINY, hidden_size=33, num_heads=3), position_embedding="learned_2d")
