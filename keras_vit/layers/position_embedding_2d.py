@@ -4,7 +4,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit.layers.position_embedding import AddPositionEmbs, _linear_resize_matrix
+from keras_vit.interpolation import linear_resize_matrix
+from keras_vit.layers.position_embedding import AddPositionEmbs
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -64,5 +65,5 @@ class AddPositionEmbs2D(AddPositionEmbs):
         axis = {"row_embedding": 0, "col_embedding": 1}.get(name)
         if axis is None or value.ndim != 2:
             raise ValueError(f"{name}: no resize rule for an array of shape {value.shape}")
-        matrix = _linear_resize_matrix(value.shape[0], self.grid_size[axis])
+        matrix = linear_resize_matrix(value.shape[0], self.grid_size[axis])
         return (matrix @ value.astype(np.float64)).astype(value.dtype)
