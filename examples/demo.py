@@ -59,6 +59,7 @@ run; every file inside is itself written to a temporary name and renamed.
 import argparse
 import os
 import shutil
+import sys
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -67,7 +68,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from keras_vit.fileio import atomic_write, write_json  # noqa: E402
-from keras_vit.interpolation import resize_2d  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _digits import make_batches, split_digits, to_rgb  # noqa: E402,F401  (the digits helpers shared with ablations.py)
 
 PRETRAIN_CLASSES = (0, 1, 2, 3, 4)
 FINETUNE_CLASSES = (5, 6, 7, 8, 9)
@@ -164,58 +167,10 @@ def publish(staging, out):
 # --------------------------------------------------------------------------
 # data
 # --------------------------------------------------------------------------
-def to_rgb(images, size):
-    """(N, 8, 8) grey levels 0..16 -> (N, size, size, 3) float32 in [-1, 1] (bilinear, channels repeated)."""
-    images = np.asarray(images, np.float64) / 16.0 * 2.0 - 1.0
-    resized = np.moveaxis(resize_2d(np.moveaxis(images, 0, -1), (size, size), align_corners=False), -1, 0)
-    resized = np.clip(resized, -1.0, 1.0).astype(np.float32)
-    return np.repeat(resized[..., None], 3, axis=-1)
-
-
 def load_digit_splits(seed, test_fraction=0.25):
     """Digits 0-4 and 5-9, each split into stratified train/test parts; labels renumbered 0..4."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()  # ships with scikit-learn: no download
-    splits = {}
-    for name, classes in (("pretrain", PRETRAIN_CLASSES), ("finetune", FINETUNE_CLASSES)):
-        keep = np.isin(digits.target, classes)
-        images = digits.images[keep]
-        labels = np.searchsorted(classes, digits.target[keep]).astype("int32")
-        x_train, x_test, y_train, y_test = train_test_split(
-            images, labels, test_size=test_fraction, stratify=labels, random_state=seed)
-        splits[name] = dict(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
-    return splits
-
-
-def make_batches(images, labels, batch_size, seed):
-    """A reshuffled-every-epoch ``keras.utils.PyDataset`` of full batches only.
-
-    Dropping the ragged last batch keeps one input shape, so the train step is
-    compiled once (JAX and XLA recompile for every new batch shape).
-    """
-    import keras
-
-    class ShuffledBatches(keras.utils.PyDataset):
-        def __init__(self):
-            super().__init__()
-            self.rng = np.random.default_rng(seed)
-            self.order = self.rng.permutation(len(images))
-
-        def __len__(self):
-            return len(images) // batch_size
-
-        def __getitem__(self, index):
-            idx = self.order[index * batch_size:(index + 1) * batch_size]
-            return images[idx], labels[idx]
-
-        def on_epoch_end(self):
-            self.order = self.rng.permutation(len(images))
-
-    if len(images) < batch_size:
-        raise ValueError(f"need at least one batch of {batch_size} images, got {len(images)}")
-    return ShuffledBatches()
+    return {name: split_digits(classes, seed, test_fraction)
+            for name, classes in (("pretrain", PRETRAIN_CLASSES), ("finetune", FINETUNE_CLASSES))}
 
 
 # --------------------------------------------------------------------------

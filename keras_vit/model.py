@@ -7,6 +7,9 @@ from keras_vit.configs import pair, resnet_stride
 
 CLASSIFIERS = ("token", "gap")
 POOLINGS = ("representation", None, "token", "avg")
+# paper appendix D.4 / Table 8: what encodes position, and where it is added
+POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "relative", "none")
+POSITION_PLACEMENTS = ("once", "every_layer", "every_layer_shared")
 
 
 def grid_size(image_size, patch_size, resnet=None):
@@ -96,6 +99,8 @@ def build_vit(
     input_shape=None,
     pooling="representation",
     weights=None,
+    position_embedding="learned_1d",
+    position_placement="once",
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -131,7 +136,23 @@ def build_vit(
             class token after the final LayerNorm) or "avg" (the mean of the patch tokens after it).
         weights: only read here for the grid of `image_size=None` (the weights are loaded by
             `keras_vit.VisionTransformer`).
+        position_embedding: the paper's ablation of appendix D.4 (Table 8): "learned_1d" (the
+            official model), "learned_2d" (row and column tables of D/2 each, concatenated),
+            "relative" (1-D relative attention bias in every block, nothing added to the tokens)
+            or "none" (a bag of patches).
+        position_placement: for the learned embeddings, where they are added: "once" after the
+            stem (official), "every_layer" (its own table before each block) or
+            "every_layer_shared" (one table added before each block).
     """
+    if position_embedding not in POSITION_EMBEDDINGS:
+        raise ValueError(f"unknown position_embedding {position_embedding!r}; expected one of {POSITION_EMBEDDINGS}")
+    if position_placement not in POSITION_PLACEMENTS:
+        raise ValueError(f"unknown position_placement {position_placement!r}; expected one of {POSITION_PLACEMENTS}")
+    if position_placement != "once" and not position_embedding.startswith("learned"):
+        raise ValueError(
+            f"position_placement={position_placement!r} needs a learned position embedding, got "
+            f"position_embedding={position_embedding!r} (Table 8 has no such variant)"
+        )
     if classifier not in CLASSIFIERS:
         raise ValueError(f"unknown classifier {classifier!r}; expected one of {CLASSIFIERS}")
     for key, value in (("patch_size", patch_size), ("hidden_size", hidden_size), ("mlp_dim", mlp_dim),
@@ -159,6 +180,11 @@ def build_vit(
     image_size, hw, channels = _input_size(image_size, input_shape, input_tensor, weights, prefix, stride)
     grid = grid_size(image_size, patch_size, resnet)
     runtime = None in hw
+    if runtime and (position_embedding != "learned_1d" or position_placement != "once"):
+        raise ValueError(
+            "a model of runtime resolution (image_size=None or a None height/width) takes "
+            "position_embedding='learned_1d' added once; got "
+            f"position_embedding={position_embedding!r}, position_placement={position_placement!r}")
 
     if input_tensor is None:
         inputs = keras.Input((*hw, channels), name="images")
@@ -172,15 +198,22 @@ def build_vit(
     x = L.PatchEncoder(patch_size, hidden_size, name="embedding")(x)
     if classifier == "token":
         x = L.ClassToken(name="cls")(x)
-    if runtime:
-        x = L.AddPositionEmbs(grid, num_prefix_tokens=prefix, stride=stride, name="posembed_input")(x, images)
+    posemb = {"learned_1d": L.AddPositionEmbs, "learned_2d": L.AddPositionEmbs2D}.get(position_embedding, L.NoPositionEmbs)
+    posemb_args = dict(grid_size=grid, num_prefix_tokens=prefix)
+    if runtime and position_embedding == "learned_1d":
+        posembed = L.AddPositionEmbs(**posemb_args, stride=stride, name="posembed_input")
+        x = posembed(x, images)
     else:
-        x = L.AddPositionEmbs(grid, num_prefix_tokens=prefix, name="posembed_input")(x)
+        posembed = posemb(**posemb_args, name="posembed_input")
+        x = posembed(x)
     x = keras.layers.Dropout(dropout_rate, name="dropout")(x)
+    block = L.RelativeTransformerBlock if position_embedding == "relative" else L.TransformerBlock
     for i in range(num_layers):
-        x = L.TransformerBlock(
-            num_heads, mlp_dim, dropout_rate, attention_dropout_rate, remat=remat, name=f"encoderblock_{i}"
-        )(x)
+        if i and position_placement == "every_layer_shared":
+            x = posembed(x)
+        elif i and position_placement == "every_layer":
+            x = posemb(**posemb_args, name=f"posembed_{i}")(x)
+        x = block(num_heads, mlp_dim, dropout_rate, attention_dropout_rate, remat=remat, name=f"encoderblock_{i}")(x)
     x = keras.layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")(x)
     if pooling is None:
         if runtime:

@@ -23,9 +23,12 @@ class ViTParts:
         num_prefix_tokens: 1 with a class token, 0 without.
         stride: pixels per token along each axis (patch size times ResNet stride).
         image_size: ``(H, W)`` the ViT expects, ``grid_size * stride``.
+        block_posembeds: per block, the position embedding added right before it (None for none);
+            block 0's is ``posembed`` itself, the others exist for ``position_placement``
+            "every_layer" (``posembed_i``) or "every_layer_shared" (``posembed`` again).
     """
 
-    def __init__(self, container, path, resnet, embedding, cls, posembed, blocks):
+    def __init__(self, container, path, resnet, embedding, cls, posembed, blocks, block_posembeds=None):
         self.container = container
         self.path = path
         self.resnet = resnet
@@ -33,6 +36,7 @@ class ViTParts:
         self.cls = cls
         self.posembed = posembed
         self.blocks = blocks
+        self.block_posembeds = list(block_posembeds or [posembed] + [None] * (len(blocks) - 1))
         self.grid_size = tuple(int(v) for v in posembed.grid_size)
         self.num_prefix_tokens = int(posembed.num_prefix_tokens)
         self.stride = int(embedding.patch_size) * _stem_stride(resnet)
@@ -111,7 +115,11 @@ def _parts_of(container, path):
         )
     if int(posembed.num_prefix_tokens) == 0:
         cls = None
-    return ViTParts(container, path, by_name.get("resnet"), embedding, cls, posembed, blocks)
+    # a position embedding shared by every block is one layer called once per block in the graph
+    nodes = [n for depth in getattr(container, "_nodes_by_depth", {}).values() for n in depth]
+    shared = sum(node.operation is posembed for node in nodes) > 1
+    block_posembeds = [posembed] + [posembed if shared else by_name.get(f"posembed_{i}") for i in indices[1:]]
+    return ViTParts(container, path, by_name.get("resnet"), embedding, cls, posembed, blocks, block_posembeds)
 
 
 def find_vit(model):

@@ -85,8 +85,10 @@ def _run_vit(parts, images, layer_indices):
         x = parts.embedding(x)
         if parts.cls is not None:
             x = parts.cls(x)
-        x = parts.posembed(x, pixels) if runtime else parts.posembed(x)
         for i, block in enumerate(parts.blocks[: last + 1]):
+            posembed = parts.block_posembeds[i]
+            if posembed is not None:
+                x = posembed(x, pixels) if runtime and posembed is parts.posembed else posembed(x)
             x, attn = block(x, training=False, return_attention=True)
             if i in needed:
                 attentions[i] = keras.ops.convert_to_numpy(keras.ops.cast(attn, "float32"))

@@ -119,10 +119,13 @@ def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max
         title=f"{tag}: mean attention distance ({len(images)} image{'s' * (len(images) > 1)})",
     )
 
-    similarity = position_embedding_similarity(_to_numpy(parts.posembed.pos_embedding), grid, prefix)
-    plots.plot_position_similarity(
-        similarity, paths["position_embedding"], title=f"{tag}: position embedding similarity"
-    )
+    if parts.posembed.pos_embedding is None:  # position_embedding "none" or "relative"
+        paths["position_embedding"] = None
+    else:
+        similarity = position_embedding_similarity(_to_numpy(parts.posembed.pos_embedding), grid, prefix)
+        plots.plot_position_similarity(
+            similarity, paths["position_embedding"], title=f"{tag}: position embedding similarity"
+        )
 
     if parts.is_hybrid:
         warnings.warn(

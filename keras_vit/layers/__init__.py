@@ -3,18 +3,25 @@
 from keras_vit.layers.attention import MultiHeadDotProductAttention
 from keras_vit.layers.class_token import ClassToken
 from keras_vit.layers.feature_map import TokensToMap
+from keras_vit.layers.no_position_embedding import NoPositionEmbs
 from keras_vit.layers.patch_encoder import PatchEncoder
 from keras_vit.layers.pooling import SequencePooling
 from keras_vit.layers.position_embedding import AddPositionEmbs, resize_position_embeddings
+from keras_vit.layers.position_embedding_2d import AddPositionEmbs2D
+from keras_vit.layers.relative_attention import RelativeMultiHeadDotProductAttention, RelativeTransformerBlock
 from keras_vit.layers.resnet import BottleneckUnit, ResNetStem, StdConv2D, standardize_kernel
 from keras_vit.layers.transformer_block import TransformerBlock
 
 __all__ = [
     "AddPositionEmbs",
+    "AddPositionEmbs2D",
     "BottleneckUnit",
     "ClassToken",
     "MultiHeadDotProductAttention",
+    "NoPositionEmbs",
     "PatchEncoder",
+    "RelativeMultiHeadDotProductAttention",
+    "RelativeTransformerBlock",
     "ResNetStem",
     "SequencePooling",
     "StdConv2D",

@@ -142,12 +142,20 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         kernel = ops.reshape(self.out.kernel, (dim, self.out.kernel.shape[-1]))
         return dense(y, ops.cast(kernel, y.dtype), ops.cast(self.out.bias, y.dtype))
 
+    def logit_bias(self, q, scale):
+        """A term added to the attention logits (B or 1, heads, T, T), or None (the default: the
+        fused path runs). A hook for subclasses, e.g. relative position attention."""
+        return None
+
     def call(self, x, training=None, return_attention=False):
         q, k, v = self._qkv(x)
         scale = 1.0 / math.sqrt(self.head_dim)
-        if not return_attention and not (training and self.dropout_rate > 0):
+        bias = self.logit_bias(q, scale)
+        if bias is None and not return_attention and not (training and self.dropout_rate > 0):
             return self._out(_fused_attention(q, k, v, scale, training=bool(training)))
         logits = ops.einsum("bqnh,bknh->bnqk", q * ops.cast(scale, q.dtype), k)
+        if bias is not None:
+            logits = logits + ops.cast(bias, logits.dtype)
         weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
         dropped = ops.cast(self.attention_dropout(weights, training=training), v.dtype)
         y = self._out(ops.einsum("bnqk,bknh->bqnh", dropped, v))

@@ -147,6 +147,10 @@ class AddPositionEmbs(keras.layers.Layer):
     def official_weights(self):
         return {"pos_embedding": self.pos_embedding}
 
+    def resize_official(self, name, value):
+        """`value` of the official array `name` from another grid, resized to this layer's grid."""
+        return resize_position_embeddings(value, self.grid_size, num_prefix_tokens=self.num_prefix_tokens)
+
     def get_config(self):
         return {
             **super().get_config(),

@@ -135,9 +135,7 @@ class TransformerBlock(keras.layers.Layer):
         dim = input_shape[-1]
         policy = self.dtype_policy
         self.norm_0 = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="LayerNorm_0", dtype=policy)
-        self.attention = MultiHeadDotProductAttention(
-            self.num_heads, self.attention_dropout_rate, name="MultiHeadDotProductAttention_1", dtype=policy
-        )
+        self.attention = self.make_attention(input_shape)
         self.norm_2 = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="LayerNorm_2", dtype=policy)
         init = dict(kernel_initializer="glorot_uniform", bias_initializer=keras.initializers.RandomNormal(stddev=1e-6))
         self.mlp_0 = keras.layers.Dense(self.mlp_dim, name="Dense_0", dtype=policy, **init)
@@ -146,6 +144,12 @@ class TransformerBlock(keras.layers.Layer):
         for layer in (self.norm_0, self.attention, self.norm_2, self.mlp_0):
             layer.build(input_shape)
         self.mlp_1.build((*input_shape[:-1], self.mlp_dim))
+
+    def make_attention(self, input_shape):
+        """The block's self-attention layer (a hook for subclasses)."""
+        return MultiHeadDotProductAttention(
+            self.num_heads, self.attention_dropout_rate, name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy
+        )
 
     def call(self, x, training=None, return_attention=False):
         x = _cotangent_barrier(x)

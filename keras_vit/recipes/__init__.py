@@ -14,6 +14,16 @@ momentum 0.9, batch 512, no weight decay, global-norm clipping at 1, cosine
 decay, step counts and learning-rate grids, dev splits), and the official code's
 500-step fine-tuning warm-up.
 
+Classifier and learning rate (appendix D.3, Figure 9): the [class] token and global
+average pooling (``classifier="gap"``) work equally well, but not at the same learning
+rate: in Figure 9 GAP trained at the class token's rate (8e-4) falls far behind, and at
+3e-4 matches it; the paper's first, "very poor" GAP attempt is fully explained by the
+rate. Sweep the learning rate again when changing the classifier
+(``examples/ablations.py`` measures it at small scale).
+
+Self-supervised pre-training (masked patch prediction, appendix B.1.2) has its own
+recipe: :func:`keras_vit.masked_patch.compile_for_masked_patch_prediction`.
+
 Step counting: a schedule built with ``accumulation_steps=k`` counts optimizer
 *updates*, i.e. ``total_steps`` updates of ``batch_size`` images each take
 ``total_steps * k`` calls of ``train_step`` (batches of ``device_batch_size``).

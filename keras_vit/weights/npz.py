@@ -35,19 +35,31 @@ def _layer_params(layer):
     return {"kernel": layer.kernel, "bias": layer.bias}  # Dense
 
 
+def _official_layers(model):
+    """(official key prefix, layer) for every layer of the ViT in `model` that holds parameters."""
+    for layer in find_vit(model).container.layers:
+        if layer.name.startswith(("encoderblock_", "posembed_")):  # posembed_i: position_placement="every_layer"
+            yield f"Transformer/{layer.name}", layer
+        elif layer.name in _PREFIXES:
+            yield _PREFIXES[layer.name], layer
+
+
 def official_variables(model):
     """{official key: keras Variable} for every parameter of the ViT in `model`."""
     params = {}
-    for layer in find_vit(model).container.layers:
-        if layer.name.startswith("encoderblock_"):
-            prefix = f"Transformer/{layer.name}"
-        elif layer.name in _PREFIXES:
-            prefix = _PREFIXES[layer.name]
-        else:
-            continue
+    for prefix, layer in _official_layers(model):
         for key, var in _layer_params(layer).items():
             params["/".join(p for p in (prefix, key) if p)] = var
     return params
+
+
+def _resizers(model):
+    """{official key: (layer, array name)} of the arrays whose layer resizes them to its grid."""
+    return {
+        f"{prefix}/{key}": (layer, key)
+        for prefix, layer in _official_layers(model) if hasattr(layer, "resize_official")
+        for key in layer.official_weights()
+    }
 
 
 class _NpzReader:
@@ -105,6 +117,7 @@ def plan_npz(model, arrays):
     """
     targets = official_variables(model)
     posembed = find_vit(model).posembed
+    resizers = _resizers(model)
     assignments, notes = {}, []
     missing, mismatched = [], []
 
@@ -147,12 +160,22 @@ def plan_npz(model, arrays):
             value = resize_patch_embedding(value, shape[0])  # FlexiViT's pseudo-inverse resize
             notes.append(f"patch embedding resized from {arrays[key].shape[0]}x{arrays[key].shape[0]} to "
                          f"{shape[0]}x{shape[1]} patches (FlexiViT pseudo-inverse)")
+        elif value.shape != shape and key in resizers:
+            layer, name = resizers[key]
+            try:
+                value = layer.resize_official(name, value)
+            except ValueError as err:
+                mismatched.append(f"{key}: cannot resize {value.shape} to {shape}: {err}")
+                continue
+            notes.append(f"{key} resized from {tuple(arrays[key].shape)} to {shape}")
         elif value.shape != shape and value.size == math.prod(shape) and value.squeeze().shape == tuple(
             d for d in shape if d != 1
         ):
             value = value.reshape(shape)  # e.g. GroupNorm scale stored as (1, 1, 1, C)
         if value.shape != shape:
-            mismatched.append(f"{key}: file {tuple(value.shape)}, model {shape}")
+            why = (" (1-D relative offsets in raster order mean other positions on another grid: train at "
+                   "this resolution)") if key.endswith("/rel_embedding") else ""
+            mismatched.append(f"{key}: file {tuple(value.shape)}, model {shape}{why}")
             continue
         if not np.issubdtype(value.dtype, np.floating):
             mismatched.append(f"{key}: dtype {value.dtype}, expected floating point")
