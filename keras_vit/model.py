@@ -39,6 +39,8 @@ def build_vit(
     classifier_activation="softmax",
     name="vit",
     remat=False,
+    approximate_gelu=True,
+    layer_norm_epsilon=1e-6,
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -64,6 +66,9 @@ def build_vit(
             pass recomputes a block's activations instead of keeping them, so a training step holds
             the residual stream plus one block's activations, for about a third more compute.
             The measured memory and time per backend are in benchmarks/README.md.
+        approximate_gelu: the MLP's GELU: the tanh approximation (official checkpoints) or, with
+            False, the exact erf form (timm and Hugging Face checkpoints).
+        layer_norm_epsilon: epsilon of every LayerNorm: 1e-6 (official, timm) or 1e-12 (Hugging Face).
     """
     if classifier not in CLASSIFIERS:
         raise ValueError(f"unknown classifier {classifier!r}; expected one of {CLASSIFIERS}")
@@ -99,9 +104,10 @@ def build_vit(
     x = keras.layers.Dropout(dropout_rate, name="dropout")(x)
     for i in range(num_layers):
         x = L.TransformerBlock(
-            num_heads, mlp_dim, dropout_rate, attention_dropout_rate, remat=remat, name=f"encoderblock_{i}"
+            num_heads, mlp_dim, dropout_rate, attention_dropout_rate, remat=remat, approximate_gelu=approximate_gelu,
+            layer_norm_epsilon=layer_norm_epsilon, name=f"encoderblock_{i}"
         )(x)
-    x = keras.layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")(x)
+    x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")(x)
     x = L.SequencePooling(classifier, name="pool")(x)
     if representation_size is not None:
         x = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(x)

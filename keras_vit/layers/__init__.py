@@ -6,6 +6,7 @@ from keras_vit.layers.patch_encoder import PatchEncoder
 from keras_vit.layers.pooling import SequencePooling
 from keras_vit.layers.position_embedding import AddPositionEmbs, resize_position_embeddings
 from keras_vit.layers.resnet import BottleneckUnit, ResNetStem, StdConv2D, standardize_kernel
+from keras_vit.layers.top_k import TopK
 from keras_vit.layers.transformer_block import TransformerBlock
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "ResNetStem",
     "SequencePooling",
     "StdConv2D",
+    "TopK",
     "TransformerBlock",
     "resize_position_embeddings",
     "standardize_kernel",
