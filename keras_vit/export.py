@@ -13,6 +13,15 @@ from keras_vit.layers import TopK
 FORMATS = ("tf_saved_model", "onnx", "litert")
 # the artefact inside the output folder (a SavedModel is the folder itself)
 FILES = {"onnx": "model.onnx", "litert": "model.tflite"}
+# (backend, format) pairs Keras cannot export here, and why (README's table)
+UNSUPPORTED = {
+    ("jax", "onnx"): "Keras exports ONNX from JAX through the jax2onnx package (which pulls in flax, orbax, "
+                     "tensorstore); export a tf_saved_model from JAX, or ONNX from TensorFlow or torch",
+    ("jax", "litert"): "Keras exports LiteRT from TensorFlow and torch only",
+    ("torch", "tf_saved_model"): "Keras exports a SavedModel from torch through torch_xla, which has no CPU "
+                                 "build for this torch",
+    ("torch", "litert"): "Keras exports LiteRT from torch through the litert-torch package, not installed here",
+}
 
 
 def serving_model(model, top_k=None):
@@ -45,6 +54,12 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None):
     """
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
+    backend = keras.backend.backend()
+    if (backend, format) in UNSUPPORTED:
+        raise ValueError(f"cannot export {format} from the {backend} backend: {UNSUPPORTED[backend, format]}")
+    if backend == "torch" and format == "onnx" and batch_size is None:
+        raise ValueError("ONNX from the torch backend needs a fixed batch_size (Keras' dynamic-batch path, "
+                         "the TorchScript exporter, fails on LayerNorm); export from TensorFlow for any batch size")
     out = os.path.abspath(os.fspath(out))
     if os.path.exists(out):
         raise FileExistsError(f"{out} already exists; export writes a new folder (remove it or pick another)")

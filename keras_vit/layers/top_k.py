@@ -19,6 +19,11 @@ class TopK(keras.layers.Layer):
         self.k = k
 
     def call(self, probabilities):
+        if keras.backend.backend() == "jax":
+            # JAX lowers top_k to a StableHLO composite that TensorFlow cannot read back from a
+            # SavedModel exported from JAX (jax2tf); a sort exports
+            classes = ops.argsort(-probabilities, axis=-1)[:, : self.k]
+            return ops.take_along_axis(probabilities, classes, axis=-1), ops.cast(classes, "int32")
         scores, classes = ops.top_k(probabilities, self.k)
         return scores, ops.cast(classes, "int32")
 
