@@ -70,8 +70,23 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None):
     try:
         spec = keras.InputSpec(shape=(batch_size, *model.input_shape[1:]), dtype="uint8", name="images")
         serving.export(artefact(tmp, format), format=format, input_signature=[spec], verbose=False)
+        if backend == "torch" and format == "onnx":
+            _name_onnx_outputs(artefact(tmp, format), sorted(serving.output) if top_k else ["probabilities"])
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return artefact(out, format)
+
+
+def _name_onnx_outputs(path, names):
+    """Renames the graph outputs of an ONNX file (torch's exporter numbers them) to `names`, in order."""
+    import onnx
+
+    model = onnx.load(path)
+    for output, name in zip(model.graph.output, names):
+        old, output.name = output.name, name
+        for node in model.graph.node:
+            node.output[:] = [name if o == old else o for o in node.output]
+            node.input[:] = [name if i == old else i for i in node.input]
+    onnx.save(model, path)
