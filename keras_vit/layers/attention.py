@@ -11,7 +11,7 @@ from keras_vit.runtime import on_cpu
 def _plain(layer):
     """True when `layer`'s weights are plain float kernels (not quantized, no LoRA): the fused paths
     below read them directly; otherwise the layer's own call runs."""
-    return layer.dtype_policy.quantization_mode is None and not getattr(layer, "lora_enabled", False)
+    return layer.quantization_mode is None and not getattr(layer, "lora_enabled", False)
 
 
 def dense(x, kernel, bias, gelu=False, approximate=True):

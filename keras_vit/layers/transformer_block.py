@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, dense
+from keras_vit.layers.quantized import with_sublayer_policies
 from keras_vit.runtime import on_cpu
 
 LAYER_NORM_EPSILON = 1e-6
@@ -207,7 +208,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def get_config(self):
         return {
-            **super().get_config(),
+            **with_sublayer_policies(self, super().get_config()),
             "num_heads": self.num_heads,
             "mlp_dim": self.mlp_dim,
             "dropout_rate": self.dropout_rate,
