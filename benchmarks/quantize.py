@@ -31,11 +31,12 @@ def main(argv=None):
     import numpy as np
 
     import demo
+    import keras_vit  # noqa: F401  (registers the layers)
 
     data = demo.load_digit_splits(args.seed)["finetune"]
-    model = keras.saving.load_model(args.model)
+    model = keras.saving.load_model(args.model, compile=False)  # weights only, no optimizer state
     x = demo.to_rgb(data["x_test"], model.input_shape[1])
-    quantized = keras.saving.load_model(args.model)
+    quantized = keras.saving.load_model(args.model, compile=False)
     quantized.quantize("int8")
     folder = tempfile.mkdtemp()
     sizes = {}
