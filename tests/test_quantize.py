@@ -30,8 +30,6 @@ def test_int8_quantized_model_is_close_and_reloads_exactly(case, tmp_path):
     model = _randomised(keras_vit.VisionTransformer(**CASES[case], classifier_activation=None))
     x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
     reference = keras.ops.convert_to_numpy(model(x))
-    float_file = tmp_path / "float.keras"
-    model.save(float_file)
     model.quantize("int8")
     projections = [layer for layer in model._flatten_layers() if isinstance(layer, (keras.layers.Dense,
                                                                                     keras.layers.EinsumDense))]
