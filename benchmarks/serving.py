@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """CPU serving: keras-vit's exported ONNX model under onnxruntime against timm eager, same run.
 
-    KERAS_BACKEND=tensorflow python benchmarks/serving.py --batches 1 8 --repeats 10
+    KERAS_BACKEND=torch python benchmarks/serving.py --batches 1 8 --repeats 10
 
-Exports ViT-B/16 (random weights: speed does not depend on them) at 224 px from TensorFlow (the
-backend that exports ONNX at any batch size) with the uint8 serving signature, then times
+Exports ViT-B/16 (random weights: speed does not depend on them) at 224 px with the uint8 serving
+signature, one ONNX file per batch size from torch (tf2onnx, TensorFlow's route, needed about 18 GB
+of memory for ViT-B/16 and was killed on a 23 GB machine), then times
 onnxruntime and timm's `vit_base_patch16_224` under `torch.inference_mode()`, alternating one call
 of each so both see the same machine load; prints the median seconds per batch and images/s.
 """
@@ -30,7 +31,7 @@ def main(argv=None):
     parser.add_argument("--model", default="ViT_B16")
     parser.add_argument("--timm-name", default="vit_base_patch16_224")
     args = parser.parse_args(argv)
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("KERAS_BACKEND", "torch")
     import onnxruntime as ort
     import torch
 
@@ -38,13 +39,17 @@ def main(argv=None):
     from benchmark import _import_timm
     from keras_vit.export import export
 
+    import keras
+
     model = getattr(keras_vit, args.model)(image_size=args.image_size)
-    path = export(model, os.path.join(tempfile.mkdtemp(), "onnx"), "onnx")
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
+    fixed = keras.backend.backend() == "torch"
+    folder = tempfile.mkdtemp()
     reference = _import_timm().create_model(args.timm_name, pretrained=False, img_size=args.image_size).eval()
     rows = []
     for batch in args.batches:
+        path = export(model, os.path.join(folder, f"onnx{batch}"), "onnx", batch_size=batch if fixed else None)
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
         images = np.random.default_rng(0).integers(0, 256, (batch, args.image_size, args.image_size, 3), np.uint8)
         tensor = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1
 
