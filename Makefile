@@ -12,6 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[all]"
+	$(PY) -m pip install --quiet --no-deps "timm>=1.0"  # not torchvision (pyproject's convert extra says why)
 	touch $@
 
 venv: $(VENV)/.installed

@@ -1,4 +1,4 @@
-"""The `keras-vit` command: `predict`, `list`, `inspect`.
+"""The `keras-vit` command: `predict`, `list`, `inspect`, `convert`, `export`.
 
 `--help`, `list` and argument errors import no backend; the commands that run a model keep the
 backend's start-up logs off the terminal unless `--verbose`.
@@ -109,6 +109,28 @@ def _inspect(args):
             print(f"{key}: {path}")
 
 
+def _convert(args):
+    from keras_vit.convert import convert
+
+    size = args.image_size and (args.image_size[0] if len(args.image_size) == 1 else tuple(args.image_size))
+    out = convert(args.source, args.out, args.model, args.num_heads, size)
+    print(f"wrote {out}")
+
+
+def _export(args):
+    from keras_vit.export import FORMATS, export
+
+    if args.format not in FORMATS:  # before building a model
+        raise ValueError(f"unknown export format {args.format!r}; expected one of {', '.join(FORMATS)}")
+    if args.weights and args.weights.endswith(".keras"):
+        import keras
+
+        model = keras.saving.load_model(args.weights)
+    else:
+        model = _build(args)
+    print(f"wrote {export(model, args.out, args.format, args.top_k, args.batch_size)}")
+
+
 def parser():
     """The argument parser of `keras-vit` (every sub-command)."""
     top = argparse.ArgumentParser(prog="keras-vit", description="Vision Transformer model zoo for Keras 3.")
@@ -149,6 +171,25 @@ def parser():
     p.add_argument("--num-components", type=int, default=28,
                    help="embedding-filter principal components to draw (default 28)")
     p.set_defaults(func=_inspect)
+
+    p = sub.add_parser("convert", help="a timm .safetensors/.pth/.bin file or a Hugging Face ViT folder -> .keras")
+    p.add_argument("source", help="timm state dict file, or a Hugging Face folder (config.json + model.safetensors)")
+    p.add_argument("out", help="output .keras file")
+    p.add_argument("--model", default=None, help="variant factory name (timm files do not record the head count)")
+    p.add_argument("--num-heads", type=int, default=None, help="head count of a timm file of no listed variant")
+    p.add_argument("--image-size", type=int, nargs="+", default=None, help="input size (h [w]); default: the file's")
+    p.set_defaults(func=_convert)
+
+    p = sub.add_parser("export", help="export a model for serving (uint8 images in, probabilities out)")
+    p.add_argument("--model", default="ViT_B16", help="variant factory name (default ViT_B16)")
+    p.add_argument("--weights", default="imagenet21k+imagenet2012",
+                   help="registry tag, a path (.npz, .weights.h5, timm file, Hugging Face folder) or a .keras model")
+    p.add_argument("--image-size", type=int, default=None, help="input size; default: the weights' resolution")
+    p.add_argument("--format", required=True, help="tf_saved_model, onnx or litert")
+    p.add_argument("--out", required=True, help="output folder (must not exist)")
+    p.add_argument("--top-k", type=int, default=None, help="also output the k best classes and their scores")
+    p.add_argument("--batch-size", type=int, default=None, help="fix the batch size (default: any)")
+    p.set_defaults(func=_export)
     return top
 
 

@@ -101,6 +101,8 @@ def build_vit(
     weights=None,
     position_embedding="learned_1d",
     position_placement="once",
+    approximate_gelu=True,
+    layer_norm_epsilon=1e-6,
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -143,6 +145,9 @@ def build_vit(
         position_placement: for the learned embeddings, where they are added: "once" after the
             stem (official), "every_layer" (its own table before each block) or
             "every_layer_shared" (one table added before each block).
+        approximate_gelu: the MLP's GELU: the tanh approximation (official checkpoints) or, with
+            False, the exact erf form (timm and Hugging Face checkpoints).
+        layer_norm_epsilon: epsilon of every LayerNorm: 1e-6 (official, timm) or 1e-12 (Hugging Face).
     """
     if position_embedding not in POSITION_EMBEDDINGS:
         raise ValueError(f"unknown position_embedding {position_embedding!r}; expected one of {POSITION_EMBEDDINGS}")
@@ -213,8 +218,9 @@ def build_vit(
             x = posembed(x)
         elif i and position_placement == "every_layer":
             x = posemb(**posemb_args, name=f"posembed_{i}")(x)
-        x = block(num_heads, mlp_dim, dropout_rate, attention_dropout_rate, remat=remat, name=f"encoderblock_{i}")(x)
-    x = keras.layers.LayerNormalization(epsilon=1e-6, name="encoder_norm")(x)
+        x = block(num_heads, mlp_dim, dropout_rate, attention_dropout_rate, remat=remat, approximate_gelu=approximate_gelu,
+                  layer_norm_epsilon=layer_norm_epsilon, name=f"encoderblock_{i}")(x)
+    x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")(x)
     if pooling is None:
         if runtime:
             x = L.TokensToMap(num_prefix_tokens=prefix, stride=stride, name="feature_map")(x, images)

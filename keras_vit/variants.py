@@ -7,6 +7,7 @@ import os
 from keras_vit.configs import VARIANTS, get_variant
 from keras_vit.model import build_vit
 from keras_vit.weights import KERAS_SUFFIXES, fetch, get_weights, is_path, list_weights, load_weights, peek_npz
+from keras_vit.weights.foreign import describe, is_foreign
 
 
 def VisionTransformer(*args, weights=None, **kwargs):
@@ -33,13 +34,35 @@ def weights_file(variant, weights, image_size=None):
     return fetch(record.url, record.filename)
 
 
+OFFICIAL_NUMERICS = dict(approximate_gelu=True, layer_norm_epsilon=1e-6)
+
+
+def _foreign_facts(variant, path):
+    """(image_size, classes, has_pre_logits, classifier, numerics) of a timm file / HF folder."""
+    arch = describe(path)
+    size = arch.get("image_size")
+    if size is None and arch.get("tokens"):
+        grid = arch["tokens"] - int(arch["classifier"] == "token")
+        side = math.isqrt(grid)
+        size = side * variant.stride if side * side == grid else None
+    numerics = {k: arch[k] for k in OFFICIAL_NUMERICS}
+    return size, arch["classes"], arch["pre_logits"], arch["classifier"], numerics
+
+
 def _file_facts(variant, weights, image_size):
-    """(image_size, classes, has_pre_logits) of the weights (None where they do not say)."""
+    """(image_size, classes, has_pre_logits, classifier, numerics) of the weights (None where they do not say)."""
     if weights is None:
-        return None, None, False
+        return None, None, False, None, OFFICIAL_NUMERICS
     if not isinstance(weights, (str, os.PathLike)):
         raise TypeError(f"weights must be None, a registry tag or a path, got {type(weights).__name__}")
     weights = os.fspath(weights)
+    if is_foreign(weights) and os.path.exists(weights):
+        return _foreign_facts(variant, weights)
+    return (*_official_facts(variant, weights, image_size), None, OFFICIAL_NUMERICS)
+
+
+def _official_facts(variant, weights, image_size):
+    """(image_size, classes, has_pre_logits) of an official file or registry tag (None where they do not say)."""
     if not is_path(weights):
         record = get_weights(variant.name, weights, image_size)
         return record.image_size, record.classes, record.pre_logits
@@ -53,19 +76,22 @@ def _file_facts(variant, weights, image_size):
     return size, classes, pre_logits
 
 
-def resolve_build_args(variant, weights, image_size, classes, include_top, representation_size="auto"):
-    """Fills `image_size`, `classes` and `representation_size` from the weights when not given."""
+def resolve_build_args(variant, weights, image_size, classes, include_top, representation_size="auto",
+                       classifier=None):
+    """Fills `image_size`, `classes`, `representation_size` and `classifier` from the weights when
+    not given, and the numerics (`approximate_gelu`, `layer_norm_epsilon`) of timm / Hugging Face files."""
     config = get_variant(variant)
     if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 1):
         raise ValueError(f"classes must be a positive int (or None for the weights' classes), got {classes!r}")
-    file_size, file_classes, file_pre = _file_facts(config, weights, image_size)
+    file_size, file_classes, file_pre, file_classifier, numerics = _file_facts(config, weights, image_size)
     # None means "take the weights' value"; any other value (0 included) goes to the builder's checks.
     image_size = image_size if image_size is not None else file_size or 224
     classes = classes if classes is not None else file_classes or 1000
     if representation_size == "auto":
         keep = include_top and file_pre and classes == file_classes
         representation_size = config.hidden_size if keep else None
-    return dict(image_size=image_size, classes=classes, representation_size=representation_size)
+    return dict(image_size=image_size, classes=classes, representation_size=representation_size,
+                classifier=classifier or file_classifier or "token", **numerics)
 
 
 _DOC = """Builds {checkpoint} ({arch}), the `{name}` variant of the paper.
@@ -73,15 +99,17 @@ _DOC = """Builds {checkpoint} ({arch}), the `{name}` variant of the paper.
     Args:
         include_top: with the classification head; without it the model returns what `pooling`
             says, by default the pooled representation (B, {dim}).
-        weights: None (random init), {tags}, or a path to an official `.npz` or Keras
-            `.weights.h5` file. Position embeddings are resized to `image_size` when the file's
+        weights: None (random init), {tags}, or a path to an official `.npz`, a Keras
+            `.weights.h5`, a timm `.safetensors` / `.pth` / `.bin` file or a Hugging Face ViT
+            folder (config.json + model.safetensors; the GELU and LayerNorm epsilon follow the
+            file). Position embeddings are resized to `image_size` when the file's
             grid differs; a `classes` other than the file's gives a new zero-initialised head.
         input_tensor: optional Keras tensor (NHWC, in [-1, 1]) to build on.
         classes: head width; None takes the weights' classes (1000 without weights).
         classifier_activation: "softmax" by default; None gives logits.
         name: model name; defaults to "{name}".
         image_size: int or (h, w); None takes the weights' resolution (224 without weights).
-        classifier: "token" or "gap".
+        classifier: "token" or "gap"; None takes the weights' ("token" without weights).
         dropout_rate, attention_dropout_rate: dropout for fine-tuning or pre-training.
         representation_size: pre-logits width; "auto" keeps the file's pre-logits when the model
             keeps its head and classes, None drops them.
@@ -112,18 +140,18 @@ def _factory(variant):
     config = VARIANTS[variant]
 
     def build(include_top=True, weights=None, input_tensor=None, classes=None,
-              classifier_activation="softmax", name=None, image_size=None, classifier="token",
+              classifier_activation="softmax", name=None, image_size=None, classifier=None,
               dropout_rate=0.0, attention_dropout_rate=0.0, representation_size="auto", remat=False,
               input_shape=None, pooling="representation", patch_size=None):
         if image_size is None and input_shape is not None and len(input_shape) == 3 and None not in input_shape[:2]:
             image_size = tuple(input_shape[:2])
-        args = resolve_build_args(variant, weights, image_size, classes, include_top, representation_size)
+        args = resolve_build_args(variant, weights, image_size, classes, include_top, representation_size, classifier)
         arch = config.build_args()
         if patch_size is not None and patch_size != arch["patch_size"]:
             arch["patch_size"] = patch_size  # the builder checks it; a registry tag names the file to resize
             weights = weights_file(variant, weights, image_size)
         return VisionTransformer(
-            **arch, **args, classifier=classifier, dropout_rate=dropout_rate,
+            **arch, **args, dropout_rate=dropout_rate,
             attention_dropout_rate=attention_dropout_rate, include_top=include_top, weights=weights,
             input_tensor=input_tensor, classifier_activation=classifier_activation, name=name or variant,
             remat=remat, input_shape=input_shape, pooling=pooling,

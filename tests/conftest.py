@@ -62,6 +62,8 @@ def _clean_keras_session():
 
     keras.utils.clear_session()
     yield
+    if keras.backend.backend() == "jax":  # a test that ran data/model parallel leaves no distribution set
+        keras.distribution.set_distribution(None)
 
 
 @pytest.fixture

@@ -223,3 +223,15 @@ def test_distribution_flags_are_refused_before_anything_runs(tmp_path, capsys):
         assert message in capsys.readouterr().err
     assert _finetune.parse_args("cifar10", flags(tmp_path / "x") + ["--distribute"]).distribute == "data"
     assert not (tmp_path / "x").exists()
+
+
+def test_a_data_parallel_run_trains_as_the_plain_run(tmp_path):
+    """`--distribute data` end to end on this machine's one device: the same steps as without it."""
+    import keras
+
+    if keras.backend.backend() == "torch":
+        pytest.skip("data parallel on torch is torchrun's job: the example refuses it (tested above)")
+    plain = run(tmp_path / "plain")
+    parallel = run(tmp_path / "parallel", "--distribute", "data")
+    assert parallel["steps"] == plain["steps"] == 6
+    assert parallel["test_loss"] == pytest.approx(plain["test_loss"], rel=1e-4)

@@ -10,6 +10,7 @@ from keras_vit.layers.position_embedding import AddPositionEmbs, resize_position
 from keras_vit.layers.position_embedding_2d import AddPositionEmbs2D
 from keras_vit.layers.relative_attention import RelativeMultiHeadDotProductAttention, RelativeTransformerBlock
 from keras_vit.layers.resnet import BottleneckUnit, ResNetStem, StdConv2D, standardize_kernel
+from keras_vit.layers.top_k import TopK
 from keras_vit.layers.transformer_block import TransformerBlock
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "SequencePooling",
     "StdConv2D",
     "TokensToMap",
+    "TopK",
     "TransformerBlock",
     "resize_position_embeddings",
     "standardize_kernel",

@@ -11,11 +11,12 @@ from keras_vit.runtime import on_cpu
 def _plain(layer):
     """True when `layer`'s weights are plain float kernels (not quantized, no LoRA): the fused paths
     below read them directly; otherwise the layer's own call runs."""
-    return layer.dtype_policy.quantization_mode is None and not getattr(layer, "lora_enabled", False)
+    return layer.quantization_mode is None and not getattr(layer, "lora_enabled", False)
 
 
-def dense(x, kernel, bias, gelu=False):
-    """`x @ kernel + bias` over the last axis of `x` (then the tanh-approximate GELU if `gelu`),
+def dense(x, kernel, bias, gelu=False, approximate=True):
+    """`x @ kernel + bias` over the last axis of `x` (then GELU if `gelu`: the tanh approximation,
+    or the exact erf form with `approximate=False`),
     `kernel` 2-D (K, N), as one fused library call where the backend has one.
 
     torch: `linear` (one `addmm` with the bias, instead of `mm` then `add`); tensorflow: a 2-D
@@ -28,7 +29,7 @@ def dense(x, kernel, bias, gelu=False):
         import torch
 
         y = torch.nn.functional.linear(x, kernel.T, bias)
-        return torch.nn.functional.gelu(y, approximate="tanh") if gelu else y
+        return torch.nn.functional.gelu(y, approximate="tanh" if approximate else "none") if gelu else y
     if backend == "tensorflow":
         import tensorflow as tf
 
@@ -36,10 +37,10 @@ def dense(x, kernel, bias, gelu=False):
         lead = tf.shape(x)[:-1]
         y = tf.nn.bias_add(tf.matmul(tf.reshape(x, (-1, k)), kernel), bias)
         if gelu:
-            y = tf.nn.gelu(y, approximate=True)
+            y = tf.nn.gelu(y, approximate=approximate)
         return tf.reshape(y, tf.concat([lead, [n]], axis=0))
     y = ops.matmul(x, kernel) + bias
-    return ops.gelu(y, approximate=True) if gelu else y
+    return ops.gelu(y, approximate=approximate) if gelu else y
 
 
 # q/k/v as one (D, 3D) matmul where it measured faster (torch: one addmm; tensorflow without XLA);

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, dense
+from keras_vit.layers.quantized import with_sublayer_policies
 from keras_vit.runtime import on_cpu
 
 LAYER_NORM_EPSILON = 1e-6
@@ -98,15 +99,18 @@ def _norm_params(layer):
 class TransformerBlock(keras.layers.Layer):
     """`x + Dropout(MSA(LN(x)))`, then `x + MLP(LN(x))`; as the official `encoderblock_i`.
 
-    Numerics follow the official model: LayerNorm epsilon 1e-6, tanh-approximate GELU, biases on
-    every projection, dropout after every dense layer except q/k/v, dropout on the attention
-    weights.
+    Numerics follow the official model by default: LayerNorm epsilon 1e-6, tanh-approximate GELU,
+    biases on every projection, dropout after every dense layer except q/k/v, dropout on the
+    attention weights. timm and Hugging Face checkpoints take `approximate_gelu=False` (and
+    Hugging Face `layer_norm_epsilon=1e-12`).
 
     Args:
         num_heads: attention heads.
         mlp_dim: hidden width of the MLP.
         dropout_rate: dropout after the attention output and each MLP dense layer.
         attention_dropout_rate: dropout on the attention weights.
+        approximate_gelu: the MLP's GELU as the tanh approximation (official) or the exact erf form.
+        layer_norm_epsilon: epsilon of both LayerNorms.
         remat: in training, recompute the block's activations in the backward pass instead of
             keeping them (gradient checkpointing: `keras.remat`; with JAX on a CPU, where that
             saves nothing, a custom gradient that does). The dropout masks are drawn
@@ -117,8 +121,11 @@ class TransformerBlock(keras.layers.Layer):
         return_attention: also return the softmax attention weights (B, heads, T, T).
     """
 
-    def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, remat=False, **kwargs):
+    def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, remat=False,
+                 approximate_gelu=True, layer_norm_epsilon=LAYER_NORM_EPSILON, **kwargs):
         super().__init__(**kwargs)
+        self.approximate_gelu = bool(approximate_gelu)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
@@ -134,9 +141,9 @@ class TransformerBlock(keras.layers.Layer):
     def build(self, input_shape):
         dim = input_shape[-1]
         policy = self.dtype_policy
-        self.norm_0 = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="LayerNorm_0", dtype=policy)
+        self.norm_0 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="LayerNorm_0", dtype=policy)
         self.attention = self.make_attention(input_shape)
-        self.norm_2 = keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="LayerNorm_2", dtype=policy)
+        self.norm_2 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
         init = dict(kernel_initializer="glorot_uniform", bias_initializer=keras.initializers.RandomNormal(stddev=1e-6))
         self.mlp_0 = keras.layers.Dense(self.mlp_dim, name="Dense_0", dtype=policy, **init)
         self.mlp_1 = keras.layers.Dense(dim, name="Dense_1", dtype=policy, **init)
@@ -175,12 +182,12 @@ class TransformerBlock(keras.layers.Layer):
             return self.dropout(y, training=training)
         return ops.where(keep[i], y / ops.cast(1.0 - self.dropout_rate, y.dtype), ops.zeros_like(y))
 
-    @staticmethod
-    def _dense(layer, x, gelu=False):
+    def _dense(self, layer, x, gelu=False):
         if not _plain(layer):
             y = layer(x)
-            return ops.gelu(y, approximate=True) if gelu else y
-        return dense(x, ops.cast(layer.kernel, x.dtype), ops.cast(layer.bias, x.dtype), gelu=gelu)
+            return ops.gelu(y, approximate=self.approximate_gelu) if gelu else y
+        return dense(x, ops.cast(layer.kernel, x.dtype), ops.cast(layer.bias, x.dtype), gelu=gelu,
+                     approximate=self.approximate_gelu)
 
     def _forward(self, x, training, return_attention=False, keep=()):
         y = self.attention(self.norm_0(x), training=training, return_attention=return_attention)
@@ -205,10 +212,12 @@ class TransformerBlock(keras.layers.Layer):
 
     def get_config(self):
         return {
-            **super().get_config(),
+            **with_sublayer_policies(self, super().get_config()),
             "num_heads": self.num_heads,
             "mlp_dim": self.mlp_dim,
             "dropout_rate": self.dropout_rate,
             "attention_dropout_rate": self.attention_dropout_rate,
             "remat": self.remat,
+            "approximate_gelu": self.approximate_gelu,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
         }

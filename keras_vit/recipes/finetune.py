@@ -325,7 +325,7 @@ def main(dataset, argv=None, callbacks=()):
 
     import keras
 
-    from keras_vit import data, recipes
+    from keras_vit import data, distribute, recipes
 
     info = data.dataset_info(dataset, data_dir=args.data_dir)
     keras.utils.set_random_seed(args.seed)

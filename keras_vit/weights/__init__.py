@@ -8,6 +8,7 @@ from keras_vit.structure import find_vit
 from keras_vit.weights.download import fetch
 from keras_vit.weights.keras_files import file_array_count, weight_file_mismatch
 from keras_vit.weights.npz import load_npz, official_variables, peek_npz, read_npz, save_npz
+from keras_vit.weights.tensors import TORCH_SUFFIXES
 from keras_vit.weights.registry import get_weights
 from keras_vit.weights.registry import list_weights as _list_weights
 
@@ -18,7 +19,7 @@ KERAS_SUFFIXES = (".weights.h5", ".keras")
 
 def is_path(weights):
     """True when `weights` (a str) names a file rather than a registry tag."""
-    return os.path.exists(weights) or weights.endswith((".npz", *KERAS_SUFFIXES)) or os.sep in weights
+    return os.path.exists(weights) or weights.endswith((".npz", *KERAS_SUFFIXES, *TORCH_SUFFIXES)) or os.sep in weights
 
 
 def list_weights(variant=None):
@@ -91,6 +92,12 @@ def load_weights(model, weights):
                 os.remove(path)  # never trust it again
                 raise ValueError(f"{err}\nThe cached file was removed; call again to download it anew.") from None
             raise
+    from keras_vit.weights.foreign import is_foreign, load_foreign
+
+    if is_foreign(weights):
+        if not os.path.exists(weights):
+            raise FileNotFoundError(f"weights file not found: {weights}")
+        return load_foreign(model, weights)
     if weights.endswith(KERAS_SUFFIXES):
         if not os.path.exists(weights):
             raise FileNotFoundError(f"weights file not found: {weights}")

@@ -204,7 +204,13 @@ def plan_npz(model, arrays):
 
 def load_npz(model, path):
     """Loads an official `.npz` into `model`: all or nothing, with one log line of what changed."""
-    assignments, notes = plan_npz(model, read_npz(path))
+    return load_arrays(model, read_npz(path), path)
+
+
+def load_arrays(model, arrays, path, notes=()):
+    """Loads {official key: array} into `model`: checked whole by `plan_npz`, then written."""
+    assignments, planned = plan_npz(model, arrays)
+    notes = [*notes, *planned]
     for var, value in assignments.values():
         var.assign(value.astype(var.dtype if isinstance(var.dtype, str) else "float32"))
     message = f"keras_vit: loaded {len(assignments)} arrays from {path}" + ("; " + "; ".join(notes) if notes else "")

@@ -1,0 +1,147 @@
+"""timm `VisionTransformer` state dicts -> official ViT keys: the key map as data, the array
+transforms as small functions. timm keeps q, k, v as one fused `qkv` Linear; it is split into the
+official per-head kernels here. timm models use the exact erf GELU and LayerNorm epsilon 1e-6."""
+
+import re
+
+import numpy as np
+
+# Keys of architectures that are not the paper's ViT -> what they are.
+UNSUPPORTED = (
+    (r"^dist_token$|^head_dist\.", "a DeiT with a distillation token (dist_token / head_dist)"),
+    (r"^reg_token$", "a ViT with register tokens (reg_token)"),
+    (r"^norm_pre\.", "a CLIP-style ViT (a LayerNorm before the encoder: norm_pre)"),
+    (r"^fc_norm\.", "a ViT whose final LayerNorm follows the pooling (fc_norm)"),
+    (r"\.ls[12]\.gamma$|\.gamma_[12]$", "a ViT with layer scale (ls1/ls2)"),
+    (r"\.attn\.[qk]_norm\.", "a ViT with q/k normalisation (q_norm/k_norm)"),
+    (r"\.attn\.[qv]_bias$", "a BEiT-style ViT (separate q/v biases)"),
+    (r"^attn_pool\.", "a ViT with an attention-pooling (MAP) head"),
+    (r"^(visual|vision_model)\.", "a CLIP vision tower"),
+)
+
+# timm key (regex) -> official key (template) and how the array is transformed.
+_RULES = (
+    (r"patch_embed\.proj\.weight", "embedding/kernel", "conv"),
+    (r"patch_embed\.proj\.bias", "embedding/bias", "same"),
+    (r"cls_token", "cls", "same"),
+    (r"pos_embed", "Transformer/posembed_input/pos_embedding", "same"),
+    (r"blocks\.(\d+)\.norm1\.weight", "Transformer/encoderblock_{0}/LayerNorm_0/scale", "same"),
+    (r"blocks\.(\d+)\.norm1\.bias", "Transformer/encoderblock_{0}/LayerNorm_0/bias", "same"),
+    (r"blocks\.(\d+)\.attn\.qkv\.weight", "Transformer/encoderblock_{0}/MultiHeadDotProductAttention_1/{{}}/kernel",
+     "qkv_kernel"),
+    (r"blocks\.(\d+)\.attn\.qkv\.bias", "Transformer/encoderblock_{0}/MultiHeadDotProductAttention_1/{{}}/bias",
+     "qkv_bias"),
+    (r"blocks\.(\d+)\.attn\.proj\.weight", "Transformer/encoderblock_{0}/MultiHeadDotProductAttention_1/out/kernel",
+     "out_kernel"),
+    (r"blocks\.(\d+)\.attn\.proj\.bias", "Transformer/encoderblock_{0}/MultiHeadDotProductAttention_1/out/bias", "same"),
+    (r"blocks\.(\d+)\.norm2\.weight", "Transformer/encoderblock_{0}/LayerNorm_2/scale", "same"),
+    (r"blocks\.(\d+)\.norm2\.bias", "Transformer/encoderblock_{0}/LayerNorm_2/bias", "same"),
+    (r"blocks\.(\d+)\.mlp\.fc1\.weight", "Transformer/encoderblock_{0}/MlpBlock_3/Dense_0/kernel", "linear"),
+    (r"blocks\.(\d+)\.mlp\.fc1\.bias", "Transformer/encoderblock_{0}/MlpBlock_3/Dense_0/bias", "same"),
+    (r"blocks\.(\d+)\.mlp\.fc2\.weight", "Transformer/encoderblock_{0}/MlpBlock_3/Dense_1/kernel", "linear"),
+    (r"blocks\.(\d+)\.mlp\.fc2\.bias", "Transformer/encoderblock_{0}/MlpBlock_3/Dense_1/bias", "same"),
+    (r"norm\.weight", "Transformer/encoder_norm/scale", "same"),
+    (r"norm\.bias", "Transformer/encoder_norm/bias", "same"),
+    (r"head\.weight", "head/kernel", "linear"),
+    (r"head\.bias", "head/bias", "same"),
+    # the ResNetV2 stem of timm's hybrids (vit_*_r26_*, vit_*_r50_*)
+    (r"patch_embed\.backbone\.stem\.conv\.weight", "conv_root/kernel", "conv"),
+    (r"patch_embed\.backbone\.stem\.norm\.weight", "gn_root/scale", "same"),
+    (r"patch_embed\.backbone\.stem\.norm\.bias", "gn_root/bias", "same"),
+    (r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.conv(\d)\.weight", "block{0+}/unit{1+}/conv{2}/kernel",
+     "conv"),
+    (r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.norm(\d)\.weight", "block{0+}/unit{1+}/gn{2}/scale", "same"),
+    (r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.norm(\d)\.bias", "block{0+}/unit{1+}/gn{2}/bias", "same"),
+    (r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.downsample\.conv\.weight", "block{0+}/unit{1+}/conv_proj/kernel",
+     "conv"),
+    (r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.downsample\.norm\.weight", "block{0+}/unit{1+}/gn_proj/scale",
+     "same"),
+    (r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.downsample\.norm\.bias", "block{0+}/unit{1+}/gn_proj/bias",
+     "same"),
+)
+_COMPILED = tuple((re.compile(pattern + "$"), template, how) for pattern, template, how in _RULES)
+
+
+def _fill(template, groups):
+    """Formats `{i}` with group i and `{i+}` with group i plus one (timm counts from 0, the official files from 1)."""
+    out = re.sub(r"\{(\d)\+\}", lambda m: str(int(groups[int(m.group(1))]) + 1), template)
+    return re.sub(r"\{(\d)\}", lambda m: groups[int(m.group(1))], out).replace("{{}}", "{}")
+
+
+def _per_head(w, num_heads):
+    """(D_out, D_in) torch Linear weight -> official (D_in, heads, head_dim) kernel."""
+    return w.T.reshape(w.shape[1], num_heads, -1)
+
+
+def transform(how, value, num_heads):
+    """One timm array in the official layout (a dict {q/k/v name: array} for the fused q/k/v)."""
+    if how == "same":
+        return value
+    if how == "linear":
+        return value.T
+    if how == "conv":  # (out, in, kh, kw) -> (kh, kw, in, out)
+        return value.transpose(2, 3, 1, 0)
+    if how == "qkv_kernel":
+        return dict(zip(("query", "key", "value"), (_per_head(w, num_heads) for w in np.split(value, 3, axis=0))))
+    if how == "qkv_bias":
+        return dict(zip(("query", "key", "value"), (b.reshape(num_heads, -1) for b in np.split(value, 3))))
+    if how == "out_kernel":  # (D, D_in = heads * head_dim) -> (heads, head_dim, D)
+        return value.T.reshape(num_heads, -1, value.shape[0])
+    raise ValueError(f"unknown transform {how!r}")
+
+
+def unsupported(keys):
+    """The list of 'what it is (keys)' for keys of architectures the ViT builder does not make."""
+    found = []
+    for pattern, what in UNSUPPORTED:
+        hits = [k for k in keys if re.search(pattern, k)]
+        if hits:
+            found.append(f"{what}: {', '.join(hits[:3])}" + (" ..." if len(hits) > 3 else ""))
+    return found
+
+
+def is_timm(tensors):
+    return "patch_embed.proj.weight" in tensors
+
+
+def to_official(tensors, num_heads):
+    """(official arrays, timm keys no rule maps) of a timm state dict, q/k/v split into `num_heads`."""
+    arrays, unmapped = {}, []
+    for key, value in tensors.items():
+        for pattern, template, how in _COMPILED:
+            match = pattern.match(key)
+            if match:
+                official = _fill(template, match.groups())
+                out = transform(how, value, num_heads)
+                if isinstance(out, dict):
+                    arrays |= {official.format(name): v for name, v in out.items()}
+                else:
+                    arrays[official] = out
+                break
+        else:
+            unmapped.append(key)
+    return arrays, unmapped
+
+
+def architecture(tensors):
+    """Builder arguments readable from a timm state dict (the head count is not among them)."""
+    kernel = tensors["patch_embed.proj.weight"]
+    depth = sum(1 for k in tensors if re.fullmatch(r"blocks\.\d+\.norm1\.weight", k))
+    stages = {}
+    for key in tensors:
+        m = re.fullmatch(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.conv1\.weight", key)
+        if m:
+            stages[int(m.group(1))] = max(stages.get(int(m.group(1)), 0), int(m.group(2)) + 1)
+    resnet = None
+    if "patch_embed.backbone.stem.conv.weight" in tensors:
+        width = tensors["patch_embed.backbone.stem.conv.weight"].shape[0]
+        resnet = {"num_layers": tuple(stages[i] for i in sorted(stages)), "width_factor": int(width // 64)}
+    head = tensors.get("head.weight")
+    return dict(
+        patch_size=int(kernel.shape[-1]), hidden_size=int(kernel.shape[0]), num_layers=depth,
+        mlp_dim=int(tensors["blocks.0.mlp.fc1.weight"].shape[0]) if depth else None, resnet=resnet,
+        classifier="token" if "cls_token" in tensors else "gap",
+        classes=None if head is None else int(head.shape[0]),
+        tokens=int(tensors["pos_embed"].shape[1]) if "pos_embed" in tensors else None,
+        pre_logits=False, approximate_gelu=False, layer_norm_epsilon=1e-6,
+    )
