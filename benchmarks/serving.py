@@ -36,7 +36,7 @@ def main(argv=None):
     import torch
 
     import keras_vit
-    from benchmark import _import_timm
+    from workers import _import_timm
     from keras_vit.export import export
 
     import keras

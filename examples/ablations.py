@@ -22,7 +22,6 @@ Each file is written to a temporary name and renamed.
 
 import argparse
 import os
-import sys
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -30,7 +29,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _digits import make_batches, split_digits, to_rgb  # noqa: E402
 from keras_vit.fileio import atomic_write, write_json  # noqa: E402
 

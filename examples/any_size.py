@@ -12,12 +12,10 @@ the test accuracy of each (resolution, patch size) pair.
 
 import argparse
 import os
-import sys
 import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 RESOLUTIONS = (32, 48, 64)
 PATCH_SIZES = (4, 8)

@@ -59,7 +59,6 @@ run; every file inside is itself written to a temporary name and renamed.
 import argparse
 import os
 import shutil
-import sys
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -69,7 +68,6 @@ import numpy as np  # noqa: E402
 
 from keras_vit.fileio import atomic_write, write_json  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _digits import make_batches, split_digits, to_rgb  # noqa: E402,F401  (the digits helpers shared with ablations.py)
 
 PRETRAIN_CLASSES = (0, 1, 2, 3, 4)

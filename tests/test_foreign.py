@@ -20,7 +20,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 transformers = pytest.importorskip("transformers")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from benchmark import _import_timm  # noqa: E402
+from workers import _import_timm  # noqa: E402
 
 timm = _import_timm()
 from timm.models.vision_transformer import VisionTransformer as TimmViT  # noqa: E402

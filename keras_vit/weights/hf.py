@@ -6,6 +6,7 @@ import os
 import re
 
 from keras_vit.weights.tensors import read_tensors
+from keras_vit.weights.timm import module_rules
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # config.json hidden_act -> approximate_gelu
@@ -16,28 +17,19 @@ _B = "Transformer/encoderblock_{0}/"
 _A = _B + "MultiHeadDotProductAttention_1/"
 # HF key (regex, after an optional "vit." prefix) -> official key and transform (as timm.transform)
 _RULES = (
-    (r"embeddings\.patch_embeddings\.projection\.weight", "embedding/kernel", "conv"),
-    (r"embeddings\.patch_embeddings\.projection\.bias", "embedding/bias", "same"),
+    *module_rules(r"embeddings\.patch_embeddings\.projection", "embedding", "conv"),
     (r"embeddings\.cls_token", "cls", "same"),
     (r"embeddings\.position_embeddings", "Transformer/posembed_input/pos_embedding", "same"),
-    (_L + r"layernorm_before\.weight", _B + "LayerNorm_0/scale", "same"),
-    (_L + r"layernorm_before\.bias", _B + "LayerNorm_0/bias", "same"),
+    *module_rules(_L + "layernorm_before", _B + "LayerNorm_0", "norm"),
     (_L + r"attention\.attention\.(query|key|value)\.weight", _A + "{1}/kernel", "heads_kernel"),
     (_L + r"attention\.attention\.(query|key|value)\.bias", _A + "{1}/bias", "heads_bias"),
-    (_L + r"attention\.output\.dense\.weight", _A + "out/kernel", "out_kernel"),
-    (_L + r"attention\.output\.dense\.bias", _A + "out/bias", "same"),
-    (_L + r"layernorm_after\.weight", _B + "LayerNorm_2/scale", "same"),
-    (_L + r"layernorm_after\.bias", _B + "LayerNorm_2/bias", "same"),
-    (_L + r"intermediate\.dense\.weight", _B + "MlpBlock_3/Dense_0/kernel", "linear"),
-    (_L + r"intermediate\.dense\.bias", _B + "MlpBlock_3/Dense_0/bias", "same"),
-    (_L + r"output\.dense\.weight", _B + "MlpBlock_3/Dense_1/kernel", "linear"),
-    (_L + r"output\.dense\.bias", _B + "MlpBlock_3/Dense_1/bias", "same"),
-    (r"layernorm\.weight", "Transformer/encoder_norm/scale", "same"),
-    (r"layernorm\.bias", "Transformer/encoder_norm/bias", "same"),
-    (r"pooler\.dense\.weight", "pre_logits/kernel", "linear"),  # ViTModel's pooler: Dense + tanh on [class]
-    (r"pooler\.dense\.bias", "pre_logits/bias", "same"),
-    (r"classifier\.weight", "head/kernel", "linear"),
-    (r"classifier\.bias", "head/bias", "same"),
+    *module_rules(_L + r"attention\.output\.dense", _A + "out", "out_kernel"),
+    *module_rules(_L + "layernorm_after", _B + "LayerNorm_2", "norm"),
+    *module_rules(_L + r"intermediate\.dense", _B + "MlpBlock_3/Dense_0", "linear"),
+    *module_rules(_L + r"output\.dense", _B + "MlpBlock_3/Dense_1", "linear"),
+    *module_rules("layernorm", "Transformer/encoder_norm", "norm"),
+    *module_rules(r"pooler\.dense", "pre_logits", "linear"),  # ViTModel's pooler: Dense + tanh on [class]
+    *module_rules("classifier", "head", "linear"),
 )
 _COMPILED = tuple((re.compile(r"(?:vit\.)?" + p + "$"), t, h) for p, t, h in _RULES)
 # keys the ViT does not use and may be dropped (the masked-image-modelling token)

@@ -19,45 +19,39 @@ UNSUPPORTED = (
     (r"^(visual|vision_model)\.", "a CLIP vision tower"),
 )
 
+
+
+def module_rules(src, dst, how):
+    """The two rules of one torch module: its weight (a LayerNorm's, how="norm", is the scale;
+    otherwise the kernel, transformed as `how` says) and its bias (as it is)."""
+    weight = (src + r"\.weight", f"{dst}/scale", "same") if how == "norm" else (src + r"\.weight", f"{dst}/kernel", how)
+    return weight, (src + r"\.bias", f"{dst}/bias", "same")
+
+
+_BLOCK, _T = r"blocks\.(\d+)\.", "Transformer/encoderblock_{0}/"
+_ATTN = _T + "MultiHeadDotProductAttention_1/"
+_UNIT = r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\."
 # timm key (regex) -> official key (template) and how the array is transformed.
 _RULES = (
-    (r"patch_embed\.proj\.weight", "embedding/kernel", "conv"),
-    (r"patch_embed\.proj\.bias", "embedding/bias", "same"),
+    *module_rules(r"patch_embed\.proj", "embedding", "conv"),
     (r"cls_token", "cls", "same"),
     (r"pos_embed", "Transformer/posembed_input/pos_embedding", "same"),
-    (r"blocks\.(\d+)\.norm1\.weight", "Transformer/encoderblock_{0}/LayerNorm_0/scale", "same"),
-    (r"blocks\.(\d+)\.norm1\.bias", "Transformer/encoderblock_{0}/LayerNorm_0/bias", "same"),
-    (r"blocks\.(\d+)\.attn\.qkv\.weight", "Transformer/encoderblock_{0}/MultiHeadDotProductAttention_1/{{}}/kernel",
-     "qkv_kernel"),
-    (r"blocks\.(\d+)\.attn\.qkv\.bias", "Transformer/encoderblock_{0}/MultiHeadDotProductAttention_1/{{}}/bias",
-     "qkv_bias"),
-    (r"blocks\.(\d+)\.attn\.proj\.weight", "Transformer/encoderblock_{0}/MultiHeadDotProductAttention_1/out/kernel",
-     "out_kernel"),
-    (r"blocks\.(\d+)\.attn\.proj\.bias", "Transformer/encoderblock_{0}/MultiHeadDotProductAttention_1/out/bias", "same"),
-    (r"blocks\.(\d+)\.norm2\.weight", "Transformer/encoderblock_{0}/LayerNorm_2/scale", "same"),
-    (r"blocks\.(\d+)\.norm2\.bias", "Transformer/encoderblock_{0}/LayerNorm_2/bias", "same"),
-    (r"blocks\.(\d+)\.mlp\.fc1\.weight", "Transformer/encoderblock_{0}/MlpBlock_3/Dense_0/kernel", "linear"),
-    (r"blocks\.(\d+)\.mlp\.fc1\.bias", "Transformer/encoderblock_{0}/MlpBlock_3/Dense_0/bias", "same"),
-    (r"blocks\.(\d+)\.mlp\.fc2\.weight", "Transformer/encoderblock_{0}/MlpBlock_3/Dense_1/kernel", "linear"),
-    (r"blocks\.(\d+)\.mlp\.fc2\.bias", "Transformer/encoderblock_{0}/MlpBlock_3/Dense_1/bias", "same"),
-    (r"norm\.weight", "Transformer/encoder_norm/scale", "same"),
-    (r"norm\.bias", "Transformer/encoder_norm/bias", "same"),
-    (r"head\.weight", "head/kernel", "linear"),
-    (r"head\.bias", "head/bias", "same"),
+    *module_rules(_BLOCK + "norm1", _T + "LayerNorm_0", "norm"),
+    (_BLOCK + r"attn\.qkv\.weight", _ATTN + "{{}}/kernel", "qkv_kernel"),
+    (_BLOCK + r"attn\.qkv\.bias", _ATTN + "{{}}/bias", "qkv_bias"),
+    *module_rules(_BLOCK + r"attn\.proj", _ATTN + "out", "out_kernel"),
+    *module_rules(_BLOCK + "norm2", _T + "LayerNorm_2", "norm"),
+    *module_rules(_BLOCK + r"mlp\.fc1", _T + "MlpBlock_3/Dense_0", "linear"),
+    *module_rules(_BLOCK + r"mlp\.fc2", _T + "MlpBlock_3/Dense_1", "linear"),
+    *module_rules("norm", "Transformer/encoder_norm", "norm"),
+    *module_rules("head", "head", "linear"),
     # the ResNetV2 stem of timm's hybrids (vit_*_r26_*, vit_*_r50_*)
     (r"patch_embed\.backbone\.stem\.conv\.weight", "conv_root/kernel", "conv"),
-    (r"patch_embed\.backbone\.stem\.norm\.weight", "gn_root/scale", "same"),
-    (r"patch_embed\.backbone\.stem\.norm\.bias", "gn_root/bias", "same"),
-    (r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.conv(\d)\.weight", "block{0+}/unit{1+}/conv{2}/kernel",
-     "conv"),
-    (r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.norm(\d)\.weight", "block{0+}/unit{1+}/gn{2}/scale", "same"),
-    (r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.norm(\d)\.bias", "block{0+}/unit{1+}/gn{2}/bias", "same"),
-    (r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.downsample\.conv\.weight", "block{0+}/unit{1+}/conv_proj/kernel",
-     "conv"),
-    (r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.downsample\.norm\.weight", "block{0+}/unit{1+}/gn_proj/scale",
-     "same"),
-    (r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.downsample\.norm\.bias", "block{0+}/unit{1+}/gn_proj/bias",
-     "same"),
+    *module_rules(r"patch_embed\.backbone\.stem\.norm", "gn_root", "norm"),
+    (_UNIT + r"conv(\d)\.weight", "block{0+}/unit{1+}/conv{2}/kernel", "conv"),
+    *module_rules(_UNIT + r"norm(\d)", "block{0+}/unit{1+}/gn{2}", "norm"),
+    (_UNIT + r"downsample\.conv\.weight", "block{0+}/unit{1+}/conv_proj/kernel", "conv"),
+    *module_rules(_UNIT + r"downsample\.norm", "block{0+}/unit{1+}/gn_proj", "norm"),
 )
 _COMPILED = tuple((re.compile(pattern + "$"), template, how) for pattern, template, how in _RULES)
 
