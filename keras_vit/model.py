@@ -25,11 +25,11 @@ def grid_size(image_size, patch_size, resnet=None):
     return h // stride, w // stride
 
 
-def _input_size(image_size, input_shape, input_tensor, weights, num_prefix_tokens, stride):
+def _input_size(image_size, input_shape, input_tensor, stride):
     """(image_size the position embeddings are laid out for, (H, W) of the input, channels).
 
-    H or W None means the model takes any size along that axis. `image_size=None` takes the grid of
-    an official `.npz` in `weights` (its resolution at this patch size), else 224.
+    H or W None means the model takes any size along that axis; `image_size=None` lays the position
+    embeddings out for 224 px then (`keras_vit.VisionTransformer` passes the grid of its weights).
     """
     if input_tensor is not None:
         if len(input_tensor.shape) != 4:
@@ -60,17 +60,6 @@ def _input_size(image_size, input_shape, input_tensor, weights, num_prefix_token
         image_size = hw
     else:
         image_size = 224
-        if isinstance(weights, str) and weights.endswith(".npz"):
-            import math
-            import os
-
-            from keras_vit.weights.npz import peek_npz
-
-            if os.path.exists(weights):
-                tokens = peek_npz(weights)[2]
-                side = math.isqrt(tokens - num_prefix_tokens) if tokens else 0
-                if tokens and side * side == tokens - num_prefix_tokens:
-                    image_size = side * stride
     for axis, size in zip(("height", "width"), hw if None in hw else ()):  # else grid_size() says it
         if size is not None and size % stride:
             raise ValueError(f"input {axis} {size} is not divisible by {stride} pixels per token (patch size x "
@@ -98,7 +87,6 @@ def build_vit(
     remat=False,
     input_shape=None,
     pooling="representation",
-    weights=None,
     position_embedding="learned_1d",
     position_placement="once",
     approximate_gelu=True,
@@ -130,14 +118,12 @@ def build_vit(
         input_shape: (H, W, C) as keras.applications; must agree with `image_size`. None for H
             and/or W (or `image_size=None`) builds a model that takes any size divisible by the
             patch (times the ResNet stride) and resizes the position embeddings, laid out for
-            `image_size` (None: the grid of an `.npz` in `weights`, else 224), at call time by the
-            official rule.
+            `image_size` (None: 224 here; `keras_vit.VisionTransformer` takes the grid of an `.npz`
+            in `weights`), at call time by the official rule.
         pooling: with `include_top=False`: "representation" (the default, what the head reads:
             y = LN(z_L^0), or the token mean for "gap", through pre-logits when set), None (the
             patch tokens after the final LayerNorm as a (B, gh, gw, D) feature map), "token" (the
             class token after the final LayerNorm) or "avg" (the mean of the patch tokens after it).
-        weights: only read here for the grid of `image_size=None` (the weights are loaded by
-            `keras_vit.VisionTransformer`).
         position_embedding: the paper's ablation of appendix D.4 (Table 8): "learned_1d" (the
             official model), "learned_2d" (row and column tables of D/2 each, concatenated),
             "relative" (1-D relative attention bias in every block, nothing added to the tokens)
@@ -182,7 +168,7 @@ def build_vit(
     if input_tensor is not None and not keras.utils.is_keras_tensor(input_tensor):
         input_tensor = keras.Input(tensor=input_tensor)
     stride = patch_size * resnet_stride(resnet and resnet["num_layers"])
-    image_size, hw, channels = _input_size(image_size, input_shape, input_tensor, weights, prefix, stride)
+    image_size, hw, channels = _input_size(image_size, input_shape, input_tensor, stride)
     grid = grid_size(image_size, patch_size, resnet)
     runtime = None in hw
     if runtime and (position_embedding != "learned_1d" or position_placement != "once"):

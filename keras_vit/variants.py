@@ -1,10 +1,11 @@
 """The models users call: `VisionTransformer` (any configuration) and one thin factory per row of
 the variant table (keras_vit/configs.py), each loading weights through the weights package."""
 
+import inspect
 import math
 import os
 
-from keras_vit.configs import VARIANTS, get_variant
+from keras_vit.configs import VARIANTS, get_variant, resnet_stride
 from keras_vit.model import build_vit
 from keras_vit.weights import KERAS_SUFFIXES, fetch, get_weights, is_path, list_weights, load_weights, peek_npz
 from keras_vit.weights.foreign import describe, is_foreign
@@ -15,9 +16,19 @@ def VisionTransformer(*args, weights=None, **kwargs):
 
     Takes the arguments of `keras_vit.model.build_vit` (architecture, head, dropout, remat) plus
     `weights`: None, a path (official `.npz`, or a Keras `.weights.h5` / `.keras`) or a registry tag
-    of the variant this configuration equals (see `keras_vit.list_weights()`).
+    of the variant this configuration equals (see `keras_vit.list_weights()`). A model of runtime
+    resolution (`image_size=None`) keeps the position-embedding grid of an `.npz` in `weights`.
     """
-    model = build_vit(*args, weights=weights, **kwargs)
+    bound = inspect.signature(build_vit).bind(*args, **kwargs)
+    bound.apply_defaults()
+    build = bound.arguments
+    if build["image_size"] is None and build["input_tensor"] is None and isinstance(weights, (str, os.PathLike)) \
+            and os.fspath(weights).endswith(".npz") and os.path.exists(weights):
+        resnet = build["resnet"]
+        stride = build["patch_size"] * resnet_stride(resnet and resnet["num_layers"])
+        build["image_size"] = _npz_image_size(os.fspath(weights), stride) or 224
+        build["input_shape"] = build["input_shape"] or (None, None, 3)
+    model = build_vit(**build)
     if weights is not None:
         load_weights(model, weights)
     return model
@@ -68,12 +79,15 @@ def _official_facts(variant, weights, image_size):
         return record.image_size, record.classes, record.pre_logits
     if weights.endswith(KERAS_SUFFIXES) or not (weights.endswith(".npz") or os.path.exists(weights)):
         return None, None, False
-    classes, pre_logits, tokens, has_cls = peek_npz(weights)
-    size = None
-    if tokens is not None:
-        side = math.isqrt(tokens - int(has_cls))
-        size = side * variant.stride if side * side == tokens - int(has_cls) else None
-    return size, classes, pre_logits
+    classes, pre_logits, _, _ = peek_npz(weights)
+    return _npz_image_size(weights, variant.stride), classes, pre_logits
+
+
+def _npz_image_size(path, stride):
+    """The square resolution of an official `.npz`'s position-embedding grid (None if not square)."""
+    _, _, tokens, has_cls = peek_npz(path)
+    side = math.isqrt(tokens - int(has_cls)) if tokens else 0
+    return side * stride if side and side * side == tokens - int(has_cls) else None
 
 
 def resolve_build_args(variant, weights, image_size, classes, include_top, representation_size="auto",
