@@ -9,6 +9,8 @@ import tempfile
 
 import numpy as np
 
+from keras_vit.configs import pair
+
 
 @contextlib.contextmanager
 def atomic_write(path, suffix=None):
@@ -39,8 +41,6 @@ def atomic_write(path, suffix=None):
 def load_image(path, image_size):
     """Reads an image file as RGB resized (bicubic) to `image_size` (int or (h, w)): float32 in [0, 255]."""
     from PIL import Image, UnidentifiedImageError
-
-    from keras_vit.configs import pair
 
     h, w = pair(image_size, "image_size")
     if not os.path.isfile(path):

@@ -17,8 +17,11 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit import recipes
 from keras_vit.layers.patch_corruption import MaskedPatchCorruption
 from keras_vit.layers.patch_targets import TARGETS, MaskedPatchTargets
+from keras_vit.recipes.compile import _clipnorm
+from keras_vit.runtime import jit_compile_default
 from keras_vit.structure import find_vit
 
 __all__ = ["MaskedPatchPredictor", "compile_for_masked_patch_prediction", "patch_targets", "color_classes"]
@@ -183,10 +186,6 @@ def compile_for_masked_patch_prediction(model, total_steps, base_lr=2e-4, warmup
     2e-4, 10k warm-up steps, cosine decay (the paper: 1M steps at batch 4096 on JFT; diminishing
     returns after 100k). `weight_decay` > 0 switches to AdamW; the rest as
     `keras_vit.recipes.compile_for_pretraining`. The loss is the model's own."""
-    from keras_vit import recipes
-    from keras_vit.recipes.compile import _clipnorm
-    from keras_vit.runtime import jit_compile_default
-
     if not isinstance(model, MaskedPatchPredictor):
         raise TypeError(f"expected a MaskedPatchPredictor, got {type(model).__name__}")
     accumulation = recipes.gradient_accumulation_steps(batch_size, device_batch_size)

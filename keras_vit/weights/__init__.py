@@ -6,11 +6,18 @@ import os
 from keras_vit.configs import find_variant
 from keras_vit.structure import find_vit
 from keras_vit.weights.download import fetch
+from keras_vit.weights.foreign import is_foreign, load_foreign
 from keras_vit.weights.keras_files import file_array_count, weight_file_mismatch
-from keras_vit.weights.npz import load_npz, official_variables, peek_npz, read_npz, save_npz
-from keras_vit.weights.tensors import TORCH_SUFFIXES
+from keras_vit.weights.npz import (
+    load_npz,
+    official_variables,
+    peek_npz,
+    read_npz,
+    save_npz,
+)
 from keras_vit.weights.registry import get_weights
 from keras_vit.weights.registry import list_weights as _list_weights
+from keras_vit.weights.tensors import TORCH_SUFFIXES
 
 logger = logging.getLogger("keras_vit")
 
@@ -92,8 +99,6 @@ def load_weights(model, weights):
                 os.remove(path)  # never trust it again
                 raise ValueError(f"{err}\nThe cached file was removed; call again to download it anew.") from None
             raise
-    from keras_vit.weights.foreign import is_foreign, load_foreign
-
     if is_foreign(weights):
         if not os.path.exists(weights):
             raise FileNotFoundError(f"weights file not found: {weights}")

@@ -6,7 +6,7 @@ import os
 import re
 
 from keras_vit.weights.tensors import read_tensors
-from keras_vit.weights.timm import module_rules
+from keras_vit.weights.timm import module_rules, transform
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # config.json hidden_act -> approximate_gelu
@@ -94,8 +94,6 @@ def architecture(config, tensors):
 
 def to_official(tensors, num_heads):
     """(official arrays, HF keys no rule maps) of a Hugging Face ViT state dict."""
-    from keras_vit.weights.timm import transform
-
     arrays, unmapped = {}, []
     for key, value in tensors.items():
         if IGNORED.match(key):
