@@ -99,3 +99,18 @@ def test_export_cli_refuses_an_unknown_format_before_building(tmp_path, capsys):
     assert main(["export", "--weights", "none", "--format", "tflite", "--out", str(tmp_path / "x")]) == 2
     assert "unknown export format 'tflite'" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="a SavedModel of dynamic height and width: the TensorFlow export")
+def test_runtime_resolution_saved_model_takes_any_size(tmp_path):
+    """A model of `image_size=None` exports with dynamic height and width (issue: any input)."""
+    import tensorflow as tf
+
+    m = keras_vit.VisionTransformer(**dict(TINY, image_size=None))
+    for i, var in enumerate(m.weights):
+        var.assign(np.random.default_rng(i).normal(0, 0.3, var.shape).astype("float32"))
+    loaded = tf.saved_model.load(export(m, tmp_path / "any", "tf_saved_model"))
+    for hw in ((32, 32), (48, 24)):
+        photos = _photos(hw)
+        expected = keras.ops.convert_to_numpy(m(keras_vit.preprocess_input(photos.astype("float32"))))
+        np.testing.assert_allclose(loaded.serve(photos).numpy(), expected, atol=1e-4, rtol=0)
