@@ -17,6 +17,9 @@ UNSUPPORTED = (
     (r"\.attn\.[qv]_bias$", "a BEiT-style ViT (separate q/v biases)"),
     (r"^attn_pool\.", "a ViT with an attention-pooling (MAP) head"),
     (r"^(visual|vision_model)\.", "a CLIP vision tower"),
+    (r"^patch_embed\.backbone\.", "a hybrid with timm's ResNetV2 stem (patch_embed.backbone), whose weight "
+     "standardisation (w - mean) / sqrt(var + 1e-8) and GroupNorm epsilon 1e-5 are not the official stem's "
+     "(w - mean) / (std + 1e-5) and 1e-6: its outputs would not be timm's; load the official R50/R26 .npz instead"),
 )
 
 
@@ -30,7 +33,6 @@ def module_rules(src, dst, how):
 
 _BLOCK, _T = r"blocks\.(\d+)\.", "Transformer/encoderblock_{0}/"
 _ATTN = _T + "MultiHeadDotProductAttention_1/"
-_UNIT = r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\."
 # timm key (regex) -> official key (template) and how the array is transformed.
 _RULES = (
     *module_rules(r"patch_embed\.proj", "embedding", "conv"),
@@ -45,13 +47,6 @@ _RULES = (
     *module_rules(_BLOCK + r"mlp\.fc2", _T + "MlpBlock_3/Dense_1", "linear"),
     *module_rules("norm", "Transformer/encoder_norm", "norm"),
     *module_rules("head", "head", "linear"),
-    # the ResNetV2 stem of timm's hybrids (vit_*_r26_*, vit_*_r50_*)
-    (r"patch_embed\.backbone\.stem\.conv\.weight", "conv_root/kernel", "conv"),
-    *module_rules(r"patch_embed\.backbone\.stem\.norm", "gn_root", "norm"),
-    (_UNIT + r"conv(\d)\.weight", "block{0+}/unit{1+}/conv{2}/kernel", "conv"),
-    *module_rules(_UNIT + r"norm(\d)", "block{0+}/unit{1+}/gn{2}", "norm"),
-    (_UNIT + r"downsample\.conv\.weight", "block{0+}/unit{1+}/conv_proj/kernel", "conv"),
-    *module_rules(_UNIT + r"downsample\.norm", "block{0+}/unit{1+}/gn_proj", "norm"),
 )
 _COMPILED = tuple((re.compile(pattern + "$"), template, how) for pattern, template, how in _RULES)
 
@@ -121,19 +116,10 @@ def architecture(tensors):
     """Builder arguments readable from a timm state dict (the head count is not among them)."""
     kernel = tensors["patch_embed.proj.weight"]
     depth = sum(1 for k in tensors if re.fullmatch(r"blocks\.\d+\.norm1\.weight", k))
-    stages = {}
-    for key in tensors:
-        m = re.fullmatch(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.conv1\.weight", key)
-        if m:
-            stages[int(m.group(1))] = max(stages.get(int(m.group(1)), 0), int(m.group(2)) + 1)
-    resnet = None
-    if "patch_embed.backbone.stem.conv.weight" in tensors:
-        width = tensors["patch_embed.backbone.stem.conv.weight"].shape[0]
-        resnet = {"num_layers": tuple(stages[i] for i in sorted(stages)), "width_factor": int(width // 64)}
     head = tensors.get("head.weight")
     return dict(
         patch_size=int(kernel.shape[-1]), hidden_size=int(kernel.shape[0]), num_layers=depth,
-        mlp_dim=int(tensors["blocks.0.mlp.fc1.weight"].shape[0]) if depth else None, resnet=resnet,
+        mlp_dim=int(tensors["blocks.0.mlp.fc1.weight"].shape[0]) if depth else None, resnet=None,
         classifier="token" if "cls_token" in tensors else "gap",
         classes=None if head is None else int(head.shape[0]),
         tokens=int(tensors["pos_embed"].shape[1]) if "pos_embed" in tensors else None,
