@@ -22,7 +22,7 @@ test: venv
 	@set -e; for b in $(BACKENDS); do \
 	  echo "=== pytest on KERAS_BACKEND=$$b ==="; \
 	  if [ $$b = jax ]; then only=""; else only="not backend_independent"; fi; \
-	  KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider -m "$$only" tests || exit 1; \
+	  KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "$$only" tests || exit 1; \
 	done
 
 demo: venv

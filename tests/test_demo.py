@@ -23,6 +23,8 @@ def _run_demo(*args, timeout=600):
 
 
 def _load_demo_module():
+    if str(DEMO.parent) not in sys.path:  # as `python examples/demo.py` has it: its helpers beside it
+        sys.path.insert(0, str(DEMO.parent))
     spec = importlib.util.spec_from_file_location("keras_vit_demo", DEMO)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
