@@ -56,5 +56,35 @@ def __dir__():
     return sorted(set(globals()) | set(_NAMES))
 
 
+class _LoadAfterKeras:
+    """Finds nothing itself: when Keras is first imported, it loads the package right after, so that
+    `import keras_vit; import keras; keras.saving.load_model(...)` finds the registered layers."""
+
+    searching = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "keras" or self.searching:
+            return None
+        self.searching = True
+        try:
+            spec = importlib.util.find_spec("keras")
+        finally:
+            self.searching = False
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            _load()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 if "keras" in sys.modules:
     _load()
+else:
+    sys.meta_path.insert(0, _LoadAfterKeras())

@@ -64,3 +64,21 @@ def test_a_model_command_prints_no_framework_logs(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == str(image) and len(done.stdout.splitlines()) == 3
     assert done.stderr == ""
+
+
+def test_a_saved_model_reloads_when_keras_is_imported_after_keras_vit(tmp_path):
+    """The package loads its Keras parts lazily; importing Keras afterwards must still register the
+    layers, so `import keras_vit; import keras; keras.saving.load_model(...)` works."""
+    from conftest import TINY
+
+    import keras_vit
+
+    path = tmp_path / "tiny.keras"
+    keras_vit.VisionTransformer(**TINY).save(path)
+    script = ("import keras_vit\nimport keras\nimport sys\n"
+              "print(keras.saving.load_model(sys.argv[1], safe_mode=True).output_shape)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", script, str(path)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "(None, 10)"
