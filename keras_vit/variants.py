@@ -26,7 +26,7 @@ def VisionTransformer(*args, weights=None, **kwargs):
             and os.fspath(weights).endswith(".npz") and os.path.exists(weights):
         resnet = build["resnet"]
         stride = build["patch_size"] * resnet_stride(resnet and resnet["num_layers"])
-        build["image_size"] = _npz_image_size(os.fspath(weights), stride) or 224
+        build["image_size"] = _npz_image_size(peek_npz(os.fspath(weights)), stride) or 224
         build["input_shape"] = build["input_shape"] or (None, None, 3)
     model = build_vit(**build)
     if weights is not None:
@@ -79,13 +79,14 @@ def _official_facts(variant, weights, image_size):
         return record.image_size, record.classes, record.pre_logits
     if weights.endswith(KERAS_SUFFIXES) or not (weights.endswith(".npz") or os.path.exists(weights)):
         return None, None, False
-    classes, pre_logits, _, _ = peek_npz(weights)
-    return _npz_image_size(weights, variant.stride), classes, pre_logits
+    peek = peek_npz(weights)
+    return _npz_image_size(peek, variant.stride), peek[0], peek[1]
 
 
-def _npz_image_size(path, stride):
-    """The square resolution of an official `.npz`'s position-embedding grid (None if not square)."""
-    _, _, tokens, has_cls = peek_npz(path)
+def _npz_image_size(peek, stride):
+    """The square resolution of an official `.npz`'s position-embedding grid, from `peek_npz`'s answer
+    (None if not square)."""
+    _, _, tokens, has_cls = peek
     side = math.isqrt(tokens - int(has_cls)) if tokens else 0
     return side * stride if side and side * side == tokens - int(has_cls) else None
 
