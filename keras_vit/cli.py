@@ -1,7 +1,8 @@
 """The `keras-vit` command: `predict`, `list`, `inspect`, `convert`, `export`.
 
-`--help`, `list` and argument errors import no backend; the commands that run a model keep the
-backend's start-up logs off the terminal unless `--verbose`.
+`import keras_vit` imports Keras and its backend, so every command starts with it; the commands
+that run a model keep the backend's later log lines (XLA, CUDA, absl) off the terminal unless
+`--verbose`.
 """
 
 import argparse

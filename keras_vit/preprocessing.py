@@ -4,7 +4,7 @@ The official ViT models take RGB images scaled to [-1, 1] (``(x - 127.5) / 127.5
 channels last. ``decode_predictions`` maps the outputs of a 1,000-class
 (ImageNet-1k) or 21,843-class (Google's ImageNet-21k order) head to
 ``(synset, name, score)`` triples, using the class lists shipped in
-``keras_vit/data/`` (built by ``weights/tools/make_class_names.py``).
+``keras_vit/resources/`` (built by ``weights/tools/make_class_names.py``).
 """
 
 import functools
@@ -86,7 +86,7 @@ def preprocess_input(x):
 @functools.lru_cache(maxsize=None)
 def _class_list(classes):
     """((synset, name), ...) in label order for a 1000- or 21843-class head; read once."""
-    resource = importlib.resources.files("keras_vit") / "data" / _CLASS_FILES[classes]
+    resource = importlib.resources.files("keras_vit") / "resources" / _CLASS_FILES[classes]
     data = resource.read_bytes()
     if resource.name.endswith(".gz"):
         data = gzip.decompress(data)

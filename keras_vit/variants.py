@@ -183,4 +183,4 @@ for _name in VARIANTS:
     globals()[_name] = _factory(_name)
 del _name
 
-__all__ = ["VisionTransformer", "resolve_build_args", *VARIANTS]
+__all__ = ["VisionTransformer", *VARIANTS]

@@ -173,7 +173,7 @@ def test_tf_mirrored_two_devices_matches_one_device(tmp_path):
 
 @pytest.mark.backend_independent
 def test_strategy_choice_from_a_faked_machine():
-    from keras_vit.runtime.distribute import Machine, strategy_kind
+    from keras_vit.distribute import Machine, strategy_kind
 
     workers = {"cluster": {"worker": ["h0:2222", "h1:2222"]}, "task": {"type": "worker", "index": 0}}
     assert strategy_kind(Machine(tpu="local", gpus=0, tf_config=None)) == "tpu"

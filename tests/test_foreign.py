@@ -128,12 +128,14 @@ def test_hugging_face_pooler_is_the_pre_logits(tmp_path):
 
 
 def test_convert_cli_writes_a_keras_file_that_reloads_in_safe_mode(tmp_path):
+    """`keras-vit convert` as a user runs it: a fresh interpreter whose first import is the CLI's."""
     ref = _timm(image_size=32)
     path = _save(ref, tmp_path / "tiny.safetensors")
     out = tmp_path / "out" / "tiny.keras"
-    from keras_vit.cli import main
-
-    assert main(["convert", path, str(out), "--num-heads", "2"]) == 0
+    done = subprocess.run([sys.executable, "-m", "keras_vit.cli", "convert", path, str(out), "--num-heads", "2"],
+                          env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == f"wrote {out}"
     assert sorted(os.listdir(out.parent)) == ["tiny.keras"]  # no temp file left
     model = keras.saving.load_model(out, safe_mode=True)
     x = _images(32, 32)

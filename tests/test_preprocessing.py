@@ -121,7 +121,7 @@ def test_names_are_loaded_once_and_cached():
 
 @pytest.mark.backend_independent
 def test_shipped_files_have_the_expected_lines():
-    data = importlib.resources.files("keras_vit") / "data"
+    data = importlib.resources.files("keras_vit") / "resources"
     lines_1k = data.joinpath("imagenet1k.txt").read_text("utf-8").splitlines()
     lines_21k = gzip.decompress(data.joinpath("imagenet21k.txt.gz").read_bytes()).decode("utf-8").splitlines()
     for lines, count in ((lines_1k, 1000), (lines_21k, 21843)):

@@ -4,7 +4,9 @@ from keras_vit.layers.attention import MultiHeadDotProductAttention
 from keras_vit.layers.class_token import ClassToken
 from keras_vit.layers.feature_map import TokensToMap
 from keras_vit.layers.no_position_embedding import NoPositionEmbs
+from keras_vit.layers.patch_corruption import MaskedPatchCorruption
 from keras_vit.layers.patch_encoder import PatchEncoder
+from keras_vit.layers.patch_targets import MaskedPatchTargets
 from keras_vit.layers.pooling import SequencePooling
 from keras_vit.layers.position_embedding import AddPositionEmbs, resize_position_embeddings
 from keras_vit.layers.position_embedding_2d import AddPositionEmbs2D
@@ -18,6 +20,8 @@ __all__ = [
     "AddPositionEmbs2D",
     "BottleneckUnit",
     "ClassToken",
+    "MaskedPatchCorruption",
+    "MaskedPatchTargets",
     "MultiHeadDotProductAttention",
     "NoPositionEmbs",
     "PatchEncoder",

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Rebuilds the ImageNet class-name lists shipped in keras_vit/data/ from a timm wheel.
+"""Rebuilds the ImageNet class-name lists shipped in keras_vit/resources/ from a timm wheel.
 
 Usage:
     pip download --no-deps timm -d /tmp/timm
-    python weights/tools/make_class_names.py /tmp/timm/timm-*.whl [--out keras_vit/data]
+    python weights/tools/make_class_names.py /tmp/timm/timm-*.whl [--out keras_vit/resources]
 
 Reads three data files from the wheel (timm/data/_info/):
     imagenet_synsets.txt          1,000 ImageNet-1k synsets in the standard (sorted) order
@@ -31,7 +31,7 @@ from keras_vit.fileio import atomic_write
 INFO_DIR = "timm/data/_info/"
 SYNSET_RE = re.compile(r"^n\d{8}$")
 EXPECTED = {"imagenet1k.txt": 1000, "imagenet21k.txt.gz": 21843}
-DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "keras_vit", "data")
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "keras_vit", "resources")
 
 
 def _read(wheel, name):
@@ -100,7 +100,7 @@ def write(outputs, out_dir):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("wheel", help="path to a timm .whl file")
-    parser.add_argument("--out", default=os.path.normpath(DEFAULT_OUT), help="output folder (default: keras_vit/data)")
+    parser.add_argument("--out", default=os.path.normpath(DEFAULT_OUT), help="output folder (default: keras_vit/resources)")
     args = parser.parse_args(argv)
     if not os.path.isfile(args.wheel):
         raise SystemExit(f"{args.wheel}: no such file")

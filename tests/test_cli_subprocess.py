@@ -1,0 +1,126 @@
+"""`keras-vit` as a user runs it: each command in a fresh interpreter (its first import is the CLI's),
+on real files. `keras-vit convert` is in test_foreign.py, beside the timm files it converts."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import skimage.data
+from PIL import Image
+
+import keras_vit
+from conftest import TINY
+from keras_vit.inspection import FIGURE_NAMES
+from keras_vit.preprocessing import decode_predictions, load_image, preprocess_input
+from keras_vit.weights import save_npz
+
+ROOT = pathlib.Path(__file__).parents[1]
+SUBCOMMANDS = ("predict", "list", "inspect", "convert", "export")
+
+
+def keras_vit_cli(*argv, env=None):
+    """Runs `python -m keras_vit.cli ARGV` in a fresh interpreter on this checkout."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "keras_vit.cli", *map(str, argv)], env=env, capture_output=True,
+                          text=True, timeout=280)
+
+
+@pytest.fixture(scope="module")
+def ti16_npz(tmp_path_factory):
+    """A ViT-Ti/16 with a random non-zero head, in the official layout."""
+    model = keras_vit.ViT_Ti16()
+    head = model.get_layer("head")
+    head.kernel.assign(np.random.default_rng(0).normal(scale=0.5, size=head.kernel.shape))
+    return save_npz(model, tmp_path_factory.mktemp("w") / "ti16.npz")
+
+
+@pytest.fixture(scope="module")
+def photo(tmp_path_factory):
+    path = tmp_path_factory.mktemp("img") / "coffee.png"
+    Image.fromarray(skimage.data.coffee()).save(path)
+    return path
+
+
+@pytest.mark.backend_independent
+def test_help_of_every_subcommand_and_argument_errors():
+    script = ("import sys\nfrom keras_vit import cli\n"
+              "for argv in (['--help'], *([s, '--help'] for s in sys.argv[1:])):\n"
+              "    try:\n        cli.main(argv)\n    except SystemExit as e:\n"
+              "        assert e.code == 0, (argv, e.code)\n")
+    done = subprocess.run([sys.executable, "-c", script, *SUBCOMMANDS], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("usage: keras-vit") == 1 + len(SUBCOMMANDS)
+    assert all(f"usage: keras-vit {sub}" in done.stdout for sub in SUBCOMMANDS)
+    bad = keras_vit_cli("predict", "x.png", "--top", "many")
+    assert bad.returncode == 2 and "invalid int value: 'many'" in bad.stderr
+
+
+@pytest.mark.backend_independent
+def test_list():
+    done = keras_vit_cli("list", "--variant", "ViT_Ti16")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "augreg-imagenet21k" in done.stdout and all(name in done.stdout for name in keras_vit.VARIANTS)
+
+
+def test_predict_prints_the_models_top_classes_and_nothing_on_stderr(ti16_npz, photo):
+    done = keras_vit_cli("predict", photo, "--model", "ViT_Ti16", "--weights", ti16_npz, "--image-size", 64,
+                         "--top", 3)
+    assert done.returncode == 0, done.stderr[-3000:]
+    model = keras_vit.ViT_Ti16(weights=ti16_npz, image_size=64)
+    expected = decode_predictions(model.predict(preprocess_input(load_image(photo, 64)[None]), verbose=0), top=3)[0]
+    lines = done.stdout.splitlines()
+    assert lines[0] == str(photo) and len(lines) == 4
+    assert [re.search(r"\((\w+)\)$", line).group(1) for line in lines[1:]] == [synset for synset, _, _ in expected]
+    if keras_vit_backend() == "jax":  # TensorFlow prints its own lines when it is imported
+        assert done.stderr == ""
+
+
+def test_inspect_writes_the_four_figures(ti16_npz, photo, tmp_path):
+    out = tmp_path / "figures"
+    done = keras_vit_cli("inspect", "--model", "ViT_Ti16", "--weights", ti16_npz, "--image", photo,
+                         "--image-size", 64, "--out", out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(os.listdir(out)) == sorted(FIGURE_NAMES.values())
+    for name in FIGURE_NAMES.values():
+        with Image.open(out / name) as image:
+            assert image.format == "PNG" and min(image.size) > 100
+
+
+def test_export_writes_a_serving_artefact(tmp_path):
+    fmt = "onnx" if keras_vit_backend() == "torch" else "tf_saved_model"
+    model = tmp_path / "tiny.keras"
+    keras_vit.VisionTransformer(**TINY).save(model)
+    out = tmp_path / "served"
+    done = keras_vit_cli("export", "--weights", model, "--format", fmt, "--out", out, "--batch-size", 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert str(out) in done.stdout
+    artefact = "model.onnx" if fmt == "onnx" else "saved_model.pb"
+    assert any(artefact in files for _, _, files in os.walk(out))
+
+
+def test_a_saved_model_reloads_when_keras_is_imported_after_keras_vit(tmp_path):
+    """`import keras_vit; import keras; keras.saving.load_model(...)` finds the registered layers."""
+    path = tmp_path / "tiny.keras"
+    model = keras_vit.VisionTransformer(**TINY)
+    model.save(path)
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    script = ("import keras_vit\nimport keras\nimport numpy as np\nimport sys\n"
+              "m = keras.saving.load_model(sys.argv[1], safe_mode=True)\n"
+              "np.save(sys.argv[3], m.predict(np.load(sys.argv[2]), verbose=0))\nprint(type(m).__name__)\n")
+    done = subprocess.run([sys.executable, "-c", script, path, tmp_path / "x.npy", tmp_path / "y.npy"],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "ViTModel"
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), model.predict(x, verbose=0), atol=1e-6, rtol=0)
+
+
+def keras_vit_backend():
+    import keras
+
+    return keras.backend.backend()
