@@ -4,6 +4,7 @@ one `keras.Model` over the model's own layers."""
 import keras
 
 from keras_vit import layers as L
+from keras_vit.model import ViTModel
 from keras_vit.structure import _direct_sublayers, find_vit
 
 OUTPUTS = ("tokens", "maps")
@@ -45,7 +46,7 @@ def _lift(parent, child, sub):
     for node in reversed(getattr(child, "_inbound_nodes", [])):
         args = node.arguments
         try:
-            return keras.Model(parent.input, sub(*args.args, **args.kwargs), name=sub.name)
+            return ViTModel(parent.input, sub(*args.args, **args.kwargs), name=sub.name)
         except ValueError:
             continue
     raise ValueError(
@@ -82,7 +83,7 @@ def feature_extractor(model, blocks, output="tokens", name=None):
             outs = [L.TokensToMap(parts.grid_size, prefix)(t) for t in outs]
         else:
             outs = [L.TokensToMap(num_prefix_tokens=prefix, stride=stride)(t, container.inputs[0]) for t in outs]
-    sub = keras.Model(container.input, outs, name=name or f"{container.name}_features")
+    sub = ViTModel(container.input, outs, name=name or f"{container.name}_features")
     for parent, child in reversed(_path(model, container) or []):
         sub = _lift(parent, child, sub)
     return sub

@@ -18,6 +18,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit import recipes
+from keras_vit.calls import KeepsStateOnError
 from keras_vit.layers.patch_corruption import MaskedPatchCorruption
 from keras_vit.layers.patch_targets import TARGETS, MaskedPatchTargets
 from keras_vit.recipes.compile import _clipnorm
@@ -64,7 +65,7 @@ def patch_targets(images, patch_size, target="mean_color", bits=3, size=4):
 # the model
 # --------------------------------------------------------------------------
 @keras.saving.register_keras_serializable(package="keras_vit")
-class MaskedPatchPredictor(keras.Model):
+class MaskedPatchPredictor(KeepsStateOnError, keras.Model):
     """A ViT encoder trained to predict its corrupted patches; `fit` it on images alone.
 
     It runs the encoder's own layers (ResNet stem, `embedding`, then the corruption, `cls`, the

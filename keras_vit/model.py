@@ -3,6 +3,7 @@
 import keras
 
 from keras_vit import layers as L
+from keras_vit.calls import KeepsStateOnError
 from keras_vit.configs import pair, resnet_stride
 
 CLASSIFIERS = ("token", "gap")
@@ -10,6 +11,13 @@ POOLINGS = ("representation", None, "token", "avg")
 # paper appendix D.4 / Table 8: what encodes position, and where it is added
 POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "relative", "none")
 POSITION_PLACEMENTS = ("once", "every_layer", "every_layer_shared")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ViTModel(KeepsStateOnError, keras.Model):
+    """The functional `keras.Model` the builder returns: a plain functional model whose `fit`,
+    `evaluate` and `predict` (and `*_on_batch`) check the images first and leave the weights as they
+    were when they fail or are interrupted (see `keras_vit.calls`)."""
 
 
 def grid_size(image_size, patch_size, resnet=None):
@@ -227,4 +235,4 @@ def build_vit(
 
     if input_tensor is not None:
         inputs = keras.utils.get_source_inputs(input_tensor)
-    return keras.Model(inputs, x, name=name)
+    return ViTModel(inputs, x, name=name)

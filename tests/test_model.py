@@ -77,17 +77,6 @@ def test_unknown_variant_raises():
         get_variant("ViT_X16")
 
 
-@pytest.mark.parametrize("shape,match", [
-    ((1, 32, 32, 1), "takes images with 3 channels \\(RGB\\) on the last axis, got a batch of shape \\(1, 32, 32, 1\\)"),
-    ((32, 32, 3), "Expected shape \\(None, 32, 32, 3\\)|expected shape=\\(None, 32, 32, 3\\)"),
-    ((1, 48, 48, 3), "expects 17 tokens|Expected shape \\(None, 32, 32, 3\\)|expected shape=\\(None, 32, 32, 3\\)"),
-])
-def test_wrong_inputs_at_call_time_raise_clearly(shape, match):
-    model = keras_vit.VisionTransformer(**TINY)
-    with pytest.raises(ValueError, match=match):
-        model.predict(np.zeros(shape, "float32"), verbose=0)
-
-
 def test_input_tensor(tmp_path):
     inputs = keras.Input((32, 32, 3))
     model = keras_vit.VisionTransformer(**TINY, input_tensor=inputs)

@@ -1,0 +1,149 @@
+"""`fit`, `evaluate`, `predict` and their `*_on_batch` forms that check the images first and, when
+they fail or are interrupted, leave the model as it was.
+
+Keras' JAX trainer hands the variables' values to the compiled step and empties the variables for
+the length of `fit`, `evaluate` and `predict`; `evaluate` and `predict` put them back only when
+their loop ends normally. A batch of another shape (an error raised while tracing the step) or a
+KeyboardInterrupt would leave every variable of the model empty. `KeepsStateOnError` puts back
+the last state the loop had (so an interrupted `fit` keeps the steps it made), else the values
+from before the call. On TensorFlow and torch the variables are never emptied.
+
+Batches whose shape is known before the loop (arrays, tensors, `tf.data` datasets) are checked
+against the model's input first, and a Python generator's batches as they are drawn, with one
+message on every backend naming what the model takes and what came (TensorFlow would otherwise
+trace the step with relaxed shapes and fail deep in the graph). A `keras.utils.PyDataset` is not
+checked ahead: a bad batch fails inside the step, and the weights are still kept.
+"""
+
+import inspect
+
+import keras
+
+from keras_vit.layers.patch_encoder import check_channels
+from keras_vit.structure import find_vit
+
+
+def _first_shape(data):
+    """The static shape of the images in `data` (array, tensor, tf.data dataset, or a tuple of
+    them as `fit` takes), or None when it is not known before iterating."""
+    spec = getattr(data, "element_spec", None)  # a tf.data.Dataset, without importing TensorFlow
+    if spec is not None:
+        data = spec
+    while isinstance(data, (tuple, list)) and data:
+        data = data[0]
+    shape = getattr(data, "shape", None)
+    if shape is None or isinstance(data, dict):
+        return None
+    try:
+        return tuple(None if d is None else int(d) for d in shape)
+    except TypeError:  # a TensorShape of unknown rank
+        return None
+
+
+def check_images(model, data):
+    """Raises a ValueError naming what `model` takes and what came, when the images in `data` cannot
+    go through it (rank, height, width or channels). Data of unknown shape passes."""
+    inputs = getattr(model, "inputs", None)
+    shape = _first_shape(data)
+    if shape is None or not inputs or len(inputs) != 1 or len(inputs[0].shape) != 4:
+        return
+    _, h, w, c = inputs[0].shape
+    takes = f"model {model.name!r} takes images of shape (batch, {h or 'any height'}, {w or 'any width'}, {c})"
+    if len(shape) != 4:
+        hint = " (one image? add the batch axis: x[None])" if len(shape) == 3 else ""
+        raise ValueError(f"{takes}, got an array of shape {shape}{hint}")
+    check_channels(model, shape, c)
+    clash = [(axis, got, want) for axis, got, want in zip(("height", "width"), shape[1:3], (h, w))
+             if want is not None and got is not None and got != want]
+    if clash:
+        raise ValueError(
+            f"{takes}, got a batch of shape {shape}: resize the images to {h}x{w}, or build the model for "
+            "any size (input_shape=(None, None, 3); weights= resizes the position embeddings)")
+    if h is None or w is None:
+        try:
+            stride = find_vit(model).stride
+        except ValueError:
+            return
+        odd = [(axis, got) for axis, got in zip(("height", "width"), shape[1:3]) if got is not None and got % stride]
+        if odd:
+            raise ValueError(f"{takes}, got a batch of shape {shape}: the {odd[0][0]} {odd[0][1]} is not a "
+                             f"multiple of {stride} pixels per token (patch size x ResNet stride)")
+
+
+def _checked_batches(model, batches):
+    """A generator's batches, each checked as it is drawn (their shapes are known only then)."""
+    for batch in batches:
+        check_images(model, batch)
+        yield batch
+
+
+def _all_variables(model):
+    optimizer = getattr(model, "optimizer", None)
+    seen, out = set(), []
+    for v in (*model.variables, *(optimizer.variables if optimizer is not None else ()), *model.metrics_variables):
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+def _lost(value):
+    return value is None or (hasattr(value, "is_deleted") and value.is_deleted())
+
+
+def _restore(model, before):
+    """After a failed call on JAX: the state the loop last had, else the values from `before`."""
+    state = getattr(model, "_jax_state", None)
+    if state and not model._jax_state_synced and not any(
+            _lost(v) for values in state.values() for v in (values or ())):
+        model.jax_state_sync()
+    model._jax_state, model._jax_state_synced = None, True
+    lost_metric = False
+    for v in _all_variables(model):
+        if _lost(v._value):
+            saved = before.get(id(v))
+            if saved is not None and not _lost(saved):
+                v.assign(saved)
+            else:
+                lost_metric = True  # e.g. a metric built inside the failed call: reset below
+    if lost_metric:
+        model.reset_metrics()
+
+
+class KeepsStateOnError:
+    """Mixin for a `keras.Model`: its images are checked before the loop, and a call that raises
+    (KeyboardInterrupt included) leaves the variables as they were."""
+
+    def fit(self, x=None, *args, **kwargs):
+        return self._keeping_state(super().fit, x, *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        return self._keeping_state(super().evaluate, x, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        return self._keeping_state(super().predict, x, *args, **kwargs)
+
+    def train_on_batch(self, x, *args, **kwargs):
+        return self._keeping_state(super().train_on_batch, x, *args, **kwargs)
+
+    def test_on_batch(self, x, *args, **kwargs):
+        return self._keeping_state(super().test_on_batch, x, *args, **kwargs)
+
+    def predict_on_batch(self, x):
+        return self._keeping_state(super().predict_on_batch, x)
+
+    def _keeping_state(self, method, x, *args, **kwargs):
+        check_images(self, x)
+        if inspect.isgenerator(x):
+            x = _checked_batches(self, x)
+        if keras.backend.backend() != "jax":
+            return method(x, *args, **kwargs)
+        before = {id(v): v._value for v in _all_variables(self)}  # references to the arrays, not copies
+        try:
+            return method(x, *args, **kwargs)
+        except BaseException:
+            _restore(self, before)
+            raise
+
+
+__all__ = ["KeepsStateOnError", "check_images"]
