@@ -76,10 +76,11 @@ def test_load_downloads_extracts_and_prepares_the_archive(tmp_path, mirror):
 
 
 @pytest.mark.backend_independent
-def test_a_failed_download_names_the_dataset_the_url_and_data_dir(tmp_path, mirror, monkeypatch):
+@pytest.mark.timeout(60)  # tfds' default retries kept an offline user waiting about 3.5 minutes
+def test_a_failed_download_names_the_dataset_the_url_and_data_dir(tmp_path, mirror):
     from tensorflow_datasets.core.download import downloader
 
-    monkeypatch.setattr(downloader, "MAX_RETRIES", 0)  # tfds retries 10 times with backoff (minutes)
+    retries = downloader.MAX_RETRIES
     server, _, _ = mirror
     server.close()  # the mirror is down
     with pytest.raises(OSError) as info:
@@ -89,3 +90,4 @@ def test_a_failed_download_names_the_dataset_the_url_and_data_dir(tmp_path, mirr
     assert "`data_dir` (--data-dir DIR in examples/finetune_*.py)" in message
     assert "\n" not in message
     assert not tfds.builder("cifar10", data_dir=str(tmp_path / "tfds")).is_prepared()
+    assert downloader.MAX_RETRIES == retries  # tfds' own setting is back for the user's other downloads
