@@ -1,11 +1,22 @@
-# Every target bootstraps .venv from this project's own files (Python 3.11, torch pinned to the CPU wheel 2.13.0).
-PYTHON ?= python3.11
+# Every target bootstraps .venv from this project's own files (torch pinned to the CPU wheel 2.13.0) with the
+# first Python >= 3.10 found: python3 when its version fits, else python3.13 ... python3.10 (or PYTHON=...).
+FITS := import sys; sys.exit(sys.version_info < (3, 10))
+PYTHON ?= $(firstword $(foreach p,python3 python3.13 python3.12 python3.11 python3.10,\
+            $(shell command -v $(p) >/dev/null 2>&1 && $(p) -c '$(FITS)' 2>/dev/null && echo $(p))))
 VENV := .venv
 PY := $(VENV)/bin/python
 BACKENDS ?= jax tensorflow torch
 DEMO_ARGS ?= --overwrite
 
-.PHONY: venv test demo bench clean
+.PHONY: python venv test demo bench clean
+
+# The first line of every target's output: which Python runs it (an older one is refused here).
+python:
+	@if [ -x $(PY) ]; then py=$(PY); else py="$(PYTHON)"; fi; \
+	if [ -z "$$py" ] || ! $$py -c '$(FITS)' 2>/dev/null; then \
+	  echo "keras-vit needs Python >= 3.10; found $$(python3 --version 2>&1 || echo 'no python3') (set PYTHON=/path/to/python3.x)"; \
+	  exit 1; fi; \
+	echo "keras-vit: Python $$($$py -c 'import platform; print(platform.python_version())') ($$(command -v $$py))"
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,20 +26,20 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --no-deps "timm>=1.0"  # not torchvision (pyproject's convert extra says why)
 	touch $@
 
-venv: $(VENV)/.installed
+venv: python $(VENV)/.installed
 
 # jax runs every test; the other backends deselect the backend-independent ones (tables, numpy math, argument errors)
-test: venv
+test: python venv
 	@set -e; for b in $(BACKENDS); do \
 	  echo "=== pytest on KERAS_BACKEND=$$b ==="; \
 	  if [ $$b = jax ]; then only=""; else only="not backend_independent"; fi; \
 	  KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "$$only" tests || exit 1; \
 	done
 
-demo: venv
+demo: python venv
 	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) examples/demo.py $(DEMO_ARGS)
 
-bench: venv
+bench: python venv
 	$(PY) benchmarks/benchmark.py
 
 clean:
