@@ -285,7 +285,52 @@ def bf16_matrix_rate(quick):
     return {"gflops": 2 * n**3 / best / 1e9, "device": f"{device}: {name}"}
 
 
-WORKERS = {"keras": keras_worker, "timm": timm_worker}
+def feed_worker(spec):
+    """Host milliseconds per batch of the input pipeline, float32 against uint8 images: tf.data
+    resizing 256 px uint8 images to the model's size (`keras_vit.data.eval_preprocess`), batching,
+    then the batch handed to this backend as a device array (what `model.fit` does per step)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_vit import data
+
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        def to_device(batch):
+            return jax.block_until_ready(jax.device_put(batch.numpy()))
+    elif backend == "torch":
+        import torch
+
+        def to_device(batch):
+            return torch.as_tensor(batch.numpy(), device="cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        def to_device(batch):
+            return tf.identity(batch)
+
+    source = np.random.default_rng(0).integers(0, 256, (64, 256, 256, 3)).astype("uint8")
+    results = []
+    for dtype in ("float32", "uint8"):
+        ds = tf.data.Dataset.from_tensor_slices(source).repeat()
+        ds = ds.map(lambda im: data.eval_preprocess(im, spec["image_size"], dtype), num_parallel_calls=1)
+        batches = iter(ds.batch(spec["feed_batch"]))
+        for _ in range(2):
+            to_device(next(batches))
+        times = []
+        for _ in range(spec["steps"]):
+            start = time.perf_counter()
+            to_device(next(batches))
+            times.append(time.perf_counter() - start)
+        results.append({"library": "keras-vit", "backend": backend, "mode": f"feed ({dtype})",
+                        "batch": spec["feed_batch"], "host_ms_per_batch": 1e3 * statistics.median(times),
+                        "mb_per_batch": spec["feed_batch"] * spec["image_size"] ** 2 * 3
+                        * (4 if dtype == "float32" else 1) / 2**20})
+    return results
+
+
+WORKERS = {"keras": keras_worker, "timm": timm_worker, "feed": feed_worker}
 
 
 def run_worker(kind, spec, backend=None):
@@ -357,6 +402,9 @@ def main(argv=None):
     parser.add_argument("--policy", default="mixed_bfloat16", help="Keras dtype policy (default mixed_bfloat16)")
     parser.add_argument("--steps", type=int, default=None, help="timed fit steps")
     parser.add_argument("--steps-per-execution", type=int, default=1, help="compile(steps_per_execution=...)")
+    parser.add_argument("--feed", action="store_true",
+                        help="instead: host time per batch of a float32 vs a uint8 pipeline on each backend")
+    parser.add_argument("--feed-batch", type=int, default=64, help="batch of --feed (default 64)")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -373,7 +421,13 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown peer or recipe {unknown}; peers: {PEERS}, recipes: {RECIPES}")
     spec = dict(preset, peers=peers, recipes=recipes, policy=args.policy, steps=args.steps or preset["steps"],
-                steps_per_execution=args.steps_per_execution)
+                steps_per_execution=args.steps_per_execution, feed_batch=args.feed_batch)
+    if args.feed:
+        rows = [r for b in args.backends.split(",") if b for r in run_worker("feed", spec, b)]
+        for r in rows:
+            print(r if "error" in r else f"{r['backend']:<11} {r['mode']:<15} batch {r['batch']}: "
+                  f"{r['host_ms_per_batch']:.1f} ms of host time, {r['mb_per_batch']:.1f} MiB")
+        return 0
     rate = bf16_matrix_rate(args.quick) if _importable("torch") else {"gflops": float("nan"), "device": "unmeasured"}
     print(f"bfloat16 matrix rate: {rate['gflops']:.0f} GFLOP/s on {rate['device']}", flush=True)
     if not rate["device"].startswith("cuda"):
