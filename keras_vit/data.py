@@ -5,7 +5,9 @@
     model.fit(train, steps_per_epoch=..., epochs=..., validation_data=test)
 
 Both datasets yield ``(images, labels)``: float32 NHWC images in [-1, 1]
-(``(x - 127.5) / 127.5``) and int32 labels. They feed ``model.fit`` on every
+(``(x - 127.5) / 127.5``), or with ``image_dtype="uint8"`` uint8 images in [0, 255] for a model
+built with ``input_dtype="uint8"`` (a quarter of the bytes to the device, scaled there), and int32
+labels. They feed ``model.fit`` on every
 Keras backend (Keras converts tf.data batches for JAX and PyTorch).
 
 Preprocessing (as the official fine-tuning input pipeline, vit_jax `input_pipeline.py`):
@@ -218,19 +220,33 @@ def _decode(tf, encoded):
     return image
 
 
-def _normalise(tf, image):
+IMAGE_DTYPES = ("float32", "uint8")
+
+
+def _finish(tf, image, dtype):
+    """A resized float image as `dtype`: scaled to [-1, 1], or rounded to uint8 [0, 255]."""
+    if dtype == "uint8":
+        return tf.cast(tf.round(tf.clip_by_value(image, 0.0, 255.0)), tf.uint8)
     return (tf.cast(image, tf.float32) - 127.5) / 127.5
 
 
-def train_preprocess(image, image_size, seed):
+def _check_image_dtype(dtype):
+    if dtype not in IMAGE_DTYPES:
+        raise ValueError(f"`image_dtype` must be one of {IMAGE_DTYPES}; got {dtype!r}.")
+    return dtype
+
+
+def train_preprocess(image, image_size, seed, image_dtype="float32"):
     """The paper's training augmentation of one decoded uint8 HWC image.
 
     Random crop with ``stateless_sample_distorted_bounding_box`` (area 5-100%
     of the image, aspect ratio 3/4-4/3, no object constraint), bilinear resize
-    to ``image_size``, random left-right flip, scaling to [-1, 1]. ``seed`` is
+    to ``image_size``, random left-right flip, scaling to [-1, 1] (with
+    ``image_dtype="uint8"``: rounding to uint8 instead). ``seed`` is
     a shape-[2] integer tensor: the same seed gives the same crop and flip.
     """
     tf, _ = _tf()
+    _check_image_dtype(image_dtype)
     size = pair(image_size, "image_size")
     image = tf.convert_to_tensor(image)
     seed = tf.convert_to_tensor(seed)
@@ -250,21 +266,24 @@ def train_preprocess(image, image_size, seed):
     image = tf.image.resize(image, size, method="bilinear")
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
     image.set_shape([size[0], size[1], 3])
-    return _normalise(tf, image)
+    return _finish(tf, image, image_dtype)
 
 
-def eval_preprocess(image, image_size):
-    """The paper's evaluation preprocessing: bilinear resize to ``image_size``, scale to [-1, 1]."""
+def eval_preprocess(image, image_size, image_dtype="float32"):
+    """The paper's evaluation preprocessing: bilinear resize to ``image_size``, scale to [-1, 1]
+    (with ``image_dtype="uint8"``: round to uint8 instead)."""
     tf, _ = _tf()
+    _check_image_dtype(image_dtype)
     size = pair(image_size, "image_size")
     image = tf.image.resize(tf.convert_to_tensor(image), size, method="bilinear")
     image.set_shape([size[0], size[1], 3])
-    return _normalise(tf, image)
+    return _finish(tf, image, image_dtype)
 
 
 def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *,
          dev_fraction=None, shuffle_buffer=10_000, seed=0, repeat=True, skip_batches=0,
-         eval_batch_size=None, download=True, drop_remainder=True, process_index=0, process_count=1):
+         eval_batch_size=None, download=True, drop_remainder=True, process_index=0, process_count=1,
+         image_dtype="float32"):
     """Training and evaluation pipelines of a TFDS image-classification dataset.
 
     Args:
@@ -298,10 +317,12 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
             shuffle is the same everywhere) but decodes and augments only its
             own rows; the hosts' parts put together are the single-host
             batches. Give the distribution ``auto_shard_dataset=False``.
+        image_dtype: "float32" (images in [-1, 1]) or "uint8" (in [0, 255], rounded after the
+            resize, for a model built with ``input_dtype="uint8"``).
 
     Returns:
         ``(train_ds, eval_ds)``: ``tf.data.Dataset`` of ``(images, labels)``,
-        images float32 (batch, height, width, 3) in [-1, 1], labels int32 (batch,).
+        images (batch, height, width, 3) float32 in [-1, 1] or uint8, labels int32 (batch,).
 
     Raises:
         ValueError: unknown dataset, a dataset without image and class-label
@@ -310,6 +331,7 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
     """
     tf, tfds = _tf()
     size = pair(image_size, "image_size")
+    _check_image_dtype(image_dtype)
     batch_size = _positive_int("batch_size", batch_size)
     eval_batch_size = _positive_int("eval_batch_size", eval_batch_size or batch_size)
     shuffle_buffer = _positive_int("shuffle_buffer", shuffle_buffer)
@@ -397,7 +419,7 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
 
     def train_map(pass_index, index, encoded, label):
         image_seed = tf.stack([seed_base, pass_index * (num_train + 1) + index])
-        return train_preprocess(_decode(tf, encoded), size, image_seed), label
+        return train_preprocess(_decode(tf, encoded), size, image_seed, image_dtype), label
 
     train = train.map(train_map, num_parallel_calls=_AUTOTUNE, deterministic=True)
     train = train.batch(batch_size // process_count, drop_remainder=drop_remainder)
@@ -411,7 +433,7 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
     train = train.prefetch(_AUTOTUNE)
 
     evaluation = _this_process(read(eval_split), eval_batch_size, process_index, process_count).map(
-        lambda encoded, label: (eval_preprocess(_decode(tf, encoded), size), label),
+        lambda encoded, label: (eval_preprocess(_decode(tf, encoded), size, image_dtype), label),
         num_parallel_calls=_AUTOTUNE, deterministic=True)
     evaluation = evaluation.batch(eval_batch_size // process_count).prefetch(_AUTOTUNE)
     return train, evaluation

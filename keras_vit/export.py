@@ -25,13 +25,17 @@ UNSUPPORTED = {
 
 
 def serving_model(model, top_k=None):
-    """`model` (taking [-1, 1] images) behind a uint8 input: Rescaling(x / 127.5 - 1) first.
+    """`model` (taking [-1, 1] images) behind a uint8 input: Rescaling(x / 127.5 - 1) first (a
+    model built with `input_dtype="uint8"` takes that input as it is).
 
     Outputs the probabilities, or with `top_k` a dict of "probabilities", "top_k_scores" and
     "top_k_classes" (int32).
     """
     inputs = keras.Input(model.input_shape[1:], dtype="uint8", name="images")
-    x = keras.layers.Rescaling(1 / 127.5, offset=-1.0, name="rescale")(inputs)
+    if model.inputs[0].dtype == "uint8":  # built with input_dtype="uint8": it scales its input itself
+        x = inputs
+    else:
+        x = keras.layers.Rescaling(1 / 127.5, offset=-1.0, name="rescale")(inputs)
     probabilities = model(x)
     if not top_k:
         return keras.Model(inputs, probabilities, name=f"{model.name}_serving")

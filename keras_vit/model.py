@@ -5,12 +5,15 @@ import keras
 from keras_vit import layers as L
 from keras_vit.calls import KeepsStateOnError
 from keras_vit.configs import pair, resnet_stride
+from keras_vit.layers.attention import check_attention_implementation
 
 CLASSIFIERS = ("token", "gap")
 POOLINGS = ("representation", None, "token", "avg")
 # paper appendix D.4 / Table 8: what encodes position, and where it is added
 POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "relative", "none")
 POSITION_PLACEMENTS = ("once", "every_layer", "every_layer_shared")
+# what the model's input holds: images already in [-1, 1], or uint8 [0, 255] scaled on the device
+INPUT_DTYPES = ("float32", "uint8")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -99,11 +102,14 @@ def build_vit(
     position_placement="once",
     approximate_gelu=True,
     layer_norm_epsilon=1e-6,
+    input_dtype="float32",
+    attention_implementation="auto",
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
 
-    The model takes NHWC images already scaled to [-1, 1] (see `keras_vit.preprocess_input`).
+    The model takes NHWC images already scaled to [-1, 1] (see `keras_vit.preprocess_input`), or
+    with `input_dtype="uint8"` the images as uint8 in [0, 255].
 
     Args:
         image_size: int or (h, w); must be divisible by the patch size (times the ResNet stride).
@@ -142,6 +148,13 @@ def build_vit(
         approximate_gelu: the MLP's GELU: the tanh approximation (official checkpoints) or, with
             False, the exact erf form (timm and Hugging Face checkpoints).
         layer_norm_epsilon: epsilon of every LayerNorm: 1e-6 (official, timm) or 1e-12 (Hugging Face).
+        input_dtype: "float32" (the input is [-1, 1] images) or "uint8": the input is uint8 images in
+            [0, 255], scaled to [-1, 1] in float32 by the model's first layer (`Rescaling`, named
+            "rescale"), so a pipeline sends a quarter of the bytes to the device and does no
+            scaling on the host. The weights are the same either way.
+        attention_implementation: "auto", "flash" or "standard": whether the encoder's attention
+            runs the GPU's fused kernel (see `keras_vit.layers.MultiHeadDotProductAttention`);
+            "flash" where it cannot run is a ValueError here, before anything is compiled.
     """
     if position_embedding not in POSITION_EMBEDDINGS:
         raise ValueError(f"unknown position_embedding {position_embedding!r}; expected one of {POSITION_EMBEDDINGS}")
@@ -152,6 +165,9 @@ def build_vit(
             f"position_placement={position_placement!r} needs a learned position embedding, got "
             f"position_embedding={position_embedding!r} (Table 8 has no such variant)"
         )
+    if input_dtype not in INPUT_DTYPES:
+        raise ValueError(f"unknown input_dtype {input_dtype!r}; expected one of {INPUT_DTYPES}")
+    check_attention_implementation(attention_implementation)
     if classifier not in CLASSIFIERS:
         raise ValueError(f"unknown classifier {classifier!r}; expected one of {CLASSIFIERS}")
     for key, value in (("patch_size", patch_size), ("hidden_size", hidden_size), ("mlp_dim", mlp_dim),
@@ -186,10 +202,12 @@ def build_vit(
             f"position_embedding={position_embedding!r}, position_placement={position_placement!r}")
 
     if input_tensor is None:
-        inputs = keras.Input((*hw, channels), name="images")
+        inputs = keras.Input((*hw, channels), name="images", dtype=input_dtype)
         x = inputs
     else:
         inputs, x = input_tensor, input_tensor
+    if input_dtype == "uint8":
+        x = keras.layers.Rescaling(1 / 127.5, offset=-1.0, name="rescale", dtype="float32")(x)
     images = x
 
     if resnet is not None:
@@ -213,7 +231,8 @@ def build_vit(
         elif i and position_placement == "every_layer":
             x = posemb(**posemb_args, name=f"posembed_{i}")(x)
         x = block(num_heads, mlp_dim, dropout_rate, attention_dropout_rate, remat=remat, approximate_gelu=approximate_gelu,
-                  layer_norm_epsilon=layer_norm_epsilon, name=f"encoderblock_{i}")(x)
+                  layer_norm_epsilon=layer_norm_epsilon, attention_implementation=attention_implementation,
+                  name=f"encoderblock_{i}")(x)
     x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")(x)
     if pooling is None:
         if runtime:

@@ -140,6 +140,8 @@ _DOC = """Builds {checkpoint} ({arch}), the `{name}` variant of the paper.
         patch_size: None for {patch}; another size loads the weights through FlexiViT's
             pseudo-inverse resize of the patch embedding (`keras_vit.resize_patch_embedding`),
             position embeddings resized to the new grid.
+        input_dtype: "float32" ([-1, 1] images) or "uint8" ([0, 255] images, scaled to [-1, 1] by
+            the model's first layer on the device: a quarter of the bytes sent to it).
     Returns:
         A `keras.Model`.
     """
@@ -157,7 +159,7 @@ def _factory(variant):
     def build(include_top=True, weights=None, input_tensor=None, classes=None,
               classifier_activation="softmax", name=None, image_size=None, classifier=None,
               dropout_rate=0.0, attention_dropout_rate=0.0, representation_size="auto", remat=False,
-              input_shape=None, pooling="representation", patch_size=None):
+              input_shape=None, pooling="representation", patch_size=None, input_dtype="float32"):
         if image_size is None and input_shape is not None and len(input_shape) == 3 and None not in input_shape[:2]:
             image_size = tuple(input_shape[:2])
         args = resolve_build_args(variant, weights, image_size, classes, include_top, representation_size, classifier)
@@ -169,7 +171,7 @@ def _factory(variant):
             **arch, **args, dropout_rate=dropout_rate,
             attention_dropout_rate=attention_dropout_rate, include_top=include_top, weights=weights,
             input_tensor=input_tensor, classifier_activation=classifier_activation, name=name or variant,
-            remat=remat, input_shape=input_shape, pooling=pooling,
+            remat=remat, input_shape=input_shape, pooling=pooling, input_dtype=input_dtype,
         )
 
     build.__name__ = build.__qualname__ = variant

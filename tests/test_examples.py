@@ -70,7 +70,8 @@ def test_a_run_writes_model_metrics_and_curves(tmp_path):
 
     setup = recipes.FINETUNE_SETUPS["oxford_iiit_pet"]
     with tfds.testing.mock_data(num_examples=16):
-        _, test = data.load("oxford_iiit_pet", 16, 8, split=(setup.train_split, setup.test_split), data_dir=NOWHERE)
+        _, test = data.load("oxford_iiit_pet", 16, 8, split=(setup.train_split, setup.test_split), data_dir=NOWHERE,
+                            image_dtype="uint8")  # what the recipe feeds by default
         batches = [(x.numpy(), y.numpy()) for x, y in test]
     labels = np.concatenate([y for _, y in batches])
     logits = np.concatenate([keras.ops.convert_to_numpy(model(x)) for x, _ in batches]).astype(np.float64)

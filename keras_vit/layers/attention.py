@@ -1,11 +1,50 @@
 """Multi-head dot-product self-attention with the official per-head parameter layout."""
 
+import logging
 import math
 
 import keras
 from keras import ops
 
 from keras_vit.runtime import on_cpu
+
+# "flash": the device's fused attention kernel (cuDNN's on JAX, flash/cuDNN SDPA on torch);
+# "standard": the path without it; "auto": flash where `flash_unavailable` finds nothing against it
+ATTENTION_IMPLEMENTATIONS = ("auto", "flash", "standard")
+FLASH_DTYPES = ("bfloat16", "float16")
+FLASH_MAX_HEAD_DIM = 128  # cuDNN's fused attention: head sizes that are multiples of 8, up to 128
+_LOGGED = set()
+
+
+def flash_unavailable(head_dim, dtype):
+    """Why the fused (flash) attention kernel cannot run on this backend and device for heads of
+    `head_dim` computed in `dtype`, or None when it can."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return "the tensorflow backend has no fused attention kernel"
+    if backend == "jax":
+        import jax
+
+        if jax.default_backend() != "gpu":
+            return f"JAX computes on {jax.default_backend()!r}; cuDNN's fused attention needs an NVIDIA GPU"
+    elif backend == "torch":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "torch has no CUDA device; the fused attention kernels need an NVIDIA GPU"
+    else:
+        return f"no fused attention kernel is wired for the {backend} backend"
+    if dtype not in FLASH_DTYPES:
+        return f"it needs bfloat16 or float16, the layer computes in {dtype} (use the 'mixed_bfloat16' policy)"
+    if head_dim % 8 or head_dim > FLASH_MAX_HEAD_DIM:
+        return f"head size {head_dim} is not a multiple of 8 up to {FLASH_MAX_HEAD_DIM}"
+    return None
+
+
+def _log_once(message):
+    if message not in _LOGGED:
+        _LOGGED.add(message)
+        logging.getLogger("keras_vit").info(message)
 
 
 def _plain(layer):
@@ -61,8 +100,24 @@ def _matmul_attention(q, k, v, scale):
     return ops.swapaxes(ops.matmul(weights, v), 1, 2)
 
 
-def _fused_attention(q, k, v, scale, training=False):
-    """softmax(q k^T * scale) v for q, k, v (B, T, heads, head_dim), the backend's fused kernel."""
+def _flash_attention(q, k, v, scale):
+    """softmax(q k^T * scale) v for q, k, v (B, T, heads, head_dim) through the GPU's fused kernel
+    (`flash_unavailable` has said it runs here)."""
+    if keras.backend.backend() == "torch":
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+        return y.transpose(1, 2)
+    import jax
+
+    return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
+
+
+def _fused_attention(q, k, v, scale):
+    """softmax(q k^T * scale) v for q, k, v (B, T, heads, head_dim), the backend's standard path."""
     backend = keras.backend.backend()
     if backend == "torch":
         import torch
@@ -74,12 +129,8 @@ def _fused_attention(q, k, v, scale, training=False):
     if on_cpu():
         # batched matmuls in (B, heads, T, head_dim) layout: faster on oneDNN and XLA:CPU
         return _matmul_attention(q, k, v, scale)
-    if backend == "jax" and training:
-        # cuDNN's fused attention rejects ViT's sequence lengths (197, 577, ...) in training
-        # ("Unsupported sequence length"); Keras checks the inference case only,
-        # and under remat the failure escapes its fallback. XLA's attention trains at any length.
-        return ops.dot_product_attention(q, k, v, scale=scale, flash_attention=False)
-    return ops.dot_product_attention(q, k, v, scale=scale)
+    # XLA's attention (cuDNN's fused kernel is `_flash_attention`, chosen in the layer's build)
+    return ops.dot_product_attention(q, k, v, scale=scale, flash_attention=False)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -98,12 +149,18 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     Args:
         num_heads: number of heads; must divide the input width.
         dropout_rate: dropout on the attention weights (training only).
+        attention_implementation: "auto" (the default): the GPU's fused (flash) attention kernel
+            where the backend, device, dtype (bfloat16/float16) and head size allow it (on JAX in
+            inference only: cuDNN rejected ViT's sequence lengths in training), else the standard
+            path, saying why in one log line; "flash": that kernel, a ValueError when the layer is
+            built where it cannot run; "standard": never that kernel.
     """
 
-    def __init__(self, num_heads, dropout_rate=0.0, **kwargs):
+    def __init__(self, num_heads, dropout_rate=0.0, attention_implementation="auto", **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.dropout_rate = float(dropout_rate)
+        self.attention_implementation = check_attention_implementation(attention_implementation)
 
     def build(self, input_shape):
         dim = input_shape[-1]
@@ -121,6 +178,16 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             layer.build(input_shape)
         self.out.build((*input_shape[:-1], self.num_heads, self.head_dim))
         self.attention_dropout = keras.layers.Dropout(self.dropout_rate)
+        self.flash = self.attention_implementation != "standard" and self._flash_possible()
+
+    def _flash_possible(self):
+        why = flash_unavailable(self.head_dim, keras.backend.standardize_dtype(self.compute_dtype))
+        if why and self.attention_implementation == "flash":
+            raise ValueError(f"{self.name}: attention_implementation='flash' cannot run here: {why}; "
+                             "use 'auto' (the fused kernel where it runs) or 'standard'")
+        if why:
+            _log_once(f"keras_vit: fused (flash) attention off, the standard path runs: {why}")
+        return not why
 
     def _qkv(self, x):
         """q, k, v, each (B, T, heads, head_dim)."""
@@ -153,7 +220,10 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         scale = 1.0 / math.sqrt(self.head_dim)
         bias = self.logit_bias(q, scale)
         if bias is None and not return_attention and not (training and self.dropout_rate > 0):
-            return self._out(_fused_attention(q, k, v, scale, training=bool(training)))
+            if self.flash and (self.attention_implementation == "flash" or not training
+                               or keras.backend.backend() != "jax"):
+                return self._out(_flash_attention(q, k, v, scale))
+            return self._out(_fused_attention(q, k, v, scale))
         logits = ops.einsum("bqnh,bknh->bnqk", q * ops.cast(scale, q.dtype), k)
         if bias is not None:
             logits = logits + ops.cast(bias, logits.dtype)
@@ -170,4 +240,12 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         }
 
     def get_config(self):
-        return {**super().get_config(), "num_heads": self.num_heads, "dropout_rate": self.dropout_rate}
+        return {**super().get_config(), "num_heads": self.num_heads, "dropout_rate": self.dropout_rate,
+                "attention_implementation": self.attention_implementation}
+
+
+def check_attention_implementation(value):
+    """`value` if it names an attention implementation, else a ValueError listing them."""
+    if value not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"unknown attention_implementation {value!r}; expected one of {ATTENTION_IMPLEMENTATIONS}")
+    return value

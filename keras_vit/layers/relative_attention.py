@@ -40,6 +40,12 @@ class RelativeMultiHeadDotProductAttention(MultiHeadDotProductAttention):
             initializer=keras.initializers.RandomNormal(stddev=0.02),
         )
 
+    def _flash_possible(self):
+        if self.attention_implementation == "flash":
+            raise ValueError(f"{self.name}: attention_implementation='flash' cannot run here: relative attention "
+                             "adds a bias to the logits, which the fused kernel does not take; use 'auto'")
+        return False
+
     def logit_bias(self, q, scale):
         t = self.num_tokens
         if q.shape[1] is not None and q.shape[1] != t:
@@ -59,5 +65,6 @@ class RelativeTransformerBlock(TransformerBlock):
 
     def make_attention(self, input_shape):
         return RelativeMultiHeadDotProductAttention(
-            self.num_heads, self.attention_dropout_rate, name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy
+            self.num_heads, self.attention_dropout_rate, attention_implementation=self.attention_implementation,
+            name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy
         )

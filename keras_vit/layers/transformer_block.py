@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, dense
+from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, check_attention_implementation, dense
 from keras_vit.layers.quantized import with_sublayer_policies
 from keras_vit.runtime import on_cpu
 
@@ -122,8 +122,10 @@ class TransformerBlock(keras.layers.Layer):
     """
 
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, remat=False,
-                 approximate_gelu=True, layer_norm_epsilon=LAYER_NORM_EPSILON, **kwargs):
+                 approximate_gelu=True, layer_norm_epsilon=LAYER_NORM_EPSILON, attention_implementation="auto",
+                 **kwargs):
         super().__init__(**kwargs)
+        self.attention_implementation = check_attention_implementation(attention_implementation)
         self.approximate_gelu = bool(approximate_gelu)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.num_heads = int(num_heads)
@@ -155,7 +157,8 @@ class TransformerBlock(keras.layers.Layer):
     def make_attention(self, input_shape):
         """The block's self-attention layer (a hook for subclasses)."""
         return MultiHeadDotProductAttention(
-            self.num_heads, self.attention_dropout_rate, name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy
+            self.num_heads, self.attention_dropout_rate, attention_implementation=self.attention_implementation,
+            name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy
         )
 
     def call(self, x, training=None, return_attention=False):
@@ -220,4 +223,5 @@ class TransformerBlock(keras.layers.Layer):
             "remat": self.remat,
             "approximate_gelu": self.approximate_gelu,
             "layer_norm_epsilon": self.layer_norm_epsilon,
+            "attention_implementation": self.attention_implementation,
         }

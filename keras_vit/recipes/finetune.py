@@ -4,7 +4,8 @@
         --batch-size 512 --device-batch-size 32 --output-dir runs/cifar10_b16
 
 1. the TFDS dataset through ``keras_vit.data.load`` (random crop + flip for
-   training, plain resize for testing, [-1, 1]);
+   training, plain resize for testing), as uint8 images the model scales to [-1, 1] on the device
+   (``--input-dtype float32`` scales them on the host);
 2. a ViT from a factory (``--model ViT_B16``; or a JSON object of
    ``VisionTransformer`` arguments for experiments) with a new zero-initialised
    head of the dataset's classes, loaded from ``--weights``;
@@ -114,6 +115,10 @@ def parse_args(dataset, argv=None):
                         "(default: 1 x all devices)")
     parser.add_argument("--steps-per-execution", type=_positive_int, default=1,
                         help="train steps per compiled call (TPUs: e.g. 32; default: 1)")
+    parser.add_argument("--input-dtype", choices=("uint8", "float32"), default="uint8",
+                        help="what the pipeline sends to the device: uint8 images scaled to [-1, 1] by the "
+                        "model (default: a quarter of the bytes, no scaling on the host), or float32 "
+                        "images scaled on the host; the saved model.keras takes the same")
     parser.add_argument("--ema", action="store_true", help="Polyak averaging of the weights (0.9999)")
     parser.add_argument("--remat", action="store_true",
                         help="recompute each encoder block in the backward pass: far less memory per "
@@ -166,7 +171,7 @@ def run_flags(args):
     """The flags that define a run (a resumed run must repeat them)."""
     keys = ("dataset", "model", "weights", "image_size", "batch_size", "device_batch_size",
             "steps", "lr", "warmup_steps", "eval_every", "ema", "seed", "shuffle_buffer",
-            "validate", "distribute", "mesh")
+            "validate", "distribute", "mesh", "input_dtype")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -272,6 +277,7 @@ def build_model(args, classes):
             raise SystemExit("error: --model JSON must be an object of VisionTransformer arguments")
         config.update(image_size=args.image_size, classes=classes, classifier_activation=None)
         config.setdefault("remat", args.remat)
+        config.setdefault("input_dtype", args.input_dtype)
         model = keras_vit.VisionTransformer(**config)
         if args.weights:
             for note in keras_vit.load_weights(model, args.weights) or ():
@@ -282,7 +288,7 @@ def build_model(args, classes):
     except ValueError as err:
         raise SystemExit(f"error: --model: {err}, or a JSON object of VisionTransformer arguments") from None
     return factory(weights=args.weights, image_size=args.image_size, classes=classes,
-                   classifier_activation=None, remat=args.remat)
+                   classifier_activation=None, remat=args.remat, input_dtype=args.input_dtype)
 
 
 # --------------------------------------------------------------------------
@@ -356,7 +362,8 @@ def main(dataset, argv=None, callbacks=()):
         train, test = data.load(
             dataset, args.image_size, step_batch, split=(setup.train_split, setup.test_split),
             data_dir=args.data_dir, seed=args.seed, shuffle_buffer=args.shuffle_buffer,
-            skip_batches=done, process_index=process_index, process_count=process_count)
+            skip_batches=done, process_index=process_index, process_count=process_count,
+            image_dtype=args.input_dtype)
     except OSError as e:  # the data could not be downloaded: the message says what to do
         raise SystemExit(f"error: {e}") from None
 
