@@ -13,6 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.one_backend
 def test_ablations_quick_writes_the_tables(tmp_path):
     out = tmp_path / "ablations"
     env = dict(os.environ, KERAS_BACKEND=backend(), PYTHONPATH=str(ROOT))

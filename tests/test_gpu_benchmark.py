@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
+@pytest.mark.one_backend
 def test_quick_run_times_fit_and_inference_beside_timm(tmp_path):
     if importlib.util.find_spec("timm") is None:  # timm itself imports torchvision, which gpu.py stands in for
         pytest.importorskip("timm")

@@ -45,6 +45,7 @@ def test_int8_quantized_model_is_close_and_reloads_exactly(case, tmp_path):
     assert reloaded.get_layer("encoderblock_0").attention.query.quantization_mode == "int8"
 
 
+@pytest.mark.backend_independent  # the same variables are saved whatever computes them
 def test_int8_factory_file_is_about_four_times_smaller(tmp_path):
     model = keras_vit.ViT_Ti16(image_size=32, classes=10)
     model.save(tmp_path / "float.keras")
