@@ -1,5 +1,5 @@
 """What keras_vit.calls costs: `predict` and `fit` of a ViTModel against the same calls of Keras'
-own Model on the same model object, interleaved in one process (median of --repeats).
+own Model on the same model object, interleaved in one process, each first in turn (median of --repeats).
 
     KERAS_BACKEND=jax python benchmarks/guarded_calls.py [--model ViT_Ti16] [--images 64] [--batch-size 32]
 """
@@ -15,13 +15,10 @@ import numpy as np
 import keras_vit
 
 
-def _median_seconds(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _seconds(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def main(argv=None):
@@ -48,9 +45,13 @@ def main(argv=None):
     for name, (guarded, plain) in calls.items():
         guarded(), plain()  # compile both paths
         g, p = [], []
-        for _ in range(args.repeats):  # interleaved, so load on the machine hits both alike
-            g.append(_median_seconds(guarded, 1))
-            p.append(_median_seconds(plain, 1))
+        for i in range(args.repeats):  # interleaved, each first in turn, so load and caches hit both alike
+            if i % 2:
+                p.append(_seconds(plain))
+                g.append(_seconds(guarded))
+            else:
+                g.append(_seconds(guarded))
+                p.append(_seconds(plain))
         g, p = statistics.median(g), statistics.median(p)
         print(f"  {name:8s} keras-vit {g * 1e3:8.1f} ms   keras.Model {p * 1e3:8.1f} ms   ratio {p / g:.3f}")
 
