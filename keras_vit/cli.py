@@ -14,6 +14,11 @@ from keras_vit.configs import VARIANTS, get_variant, none_or
 
 # The commands that build a model (and so import the Keras backend).
 MODEL_COMMANDS = ("predict", "inspect")
+# `--weights` when not given: the variant's ImageNet-1k fine-tuned release, in this order of
+# preference, else the variant's first release (an ImageNet-21k one: every variant has one)
+DEFAULT_TAGS = ("imagenet21k+imagenet2012", "augreg-imagenet21k+imagenet2012")
+DEFAULT_WEIGHTS_HELP = (f"default: the variant's ImageNet-1k fine-tuned release ({', else '.join(DEFAULT_TAGS)}), "
+                        "else its ImageNet-21k one")
 
 
 @contextlib.contextmanager
@@ -42,11 +47,20 @@ def quiet_backend():
         os.close(terminal)
 
 
+def default_weights(variant):
+    """The registry tag `--weights` takes for `variant` when not given (see DEFAULT_TAGS)."""
+    from keras_vit.weights.registry import list_weights
+
+    tags = [r.tag for r in list_weights(get_variant(variant).name)]
+    return next((t for t in DEFAULT_TAGS if t in tags), tags[0])
+
+
 def _build(args):
     import keras_vit
 
-    factory = getattr(keras_vit, get_variant(args.model).name)
-    kwargs = {"weights": none_or(args.weights)}
+    name = get_variant(args.model).name
+    factory = getattr(keras_vit, name)
+    kwargs = {"weights": none_or(default_weights(name) if args.weights is None else args.weights)}
     if args.image_size is not None:
         if args.image_size < 1:
             raise ValueError(f"--image-size must be a positive number of pixels, got {args.image_size}")
@@ -122,7 +136,7 @@ def _export(args):
 
     if args.format not in FORMATS:  # before building a model
         raise ValueError(f"unknown export format {args.format!r}; expected one of {', '.join(FORMATS)}")
-    if args.weights and args.weights.endswith(".keras"):
+    if args.weights is not None and args.weights.endswith(".keras"):
         import keras
 
         model = keras.saving.load_model(args.weights)
@@ -141,7 +155,8 @@ def parser():
     p = sub.add_parser("predict", help="classify images and print the top classes")
     p.add_argument("images", nargs="+", metavar="IMAGE")
     p.add_argument("--model", default="ViT_B16", help="variant factory name (default ViT_B16)")
-    p.add_argument("--weights", default="imagenet21k+imagenet2012", help="registry tag or a path (.npz, .weights.h5)")
+    p.add_argument("--weights", default=None,
+                   help=f"registry tag or a path (.npz, .weights.h5); {DEFAULT_WEIGHTS_HELP}")
     p.add_argument("--image-size", type=int, default=None, help="input size; default: the weights' resolution")
     p.add_argument("--top", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=8)
@@ -182,8 +197,9 @@ def parser():
 
     p = sub.add_parser("export", help="export a model for serving (uint8 images in, probabilities out)")
     p.add_argument("--model", default="ViT_B16", help="variant factory name (default ViT_B16)")
-    p.add_argument("--weights", default="imagenet21k+imagenet2012",
-                   help="registry tag, a path (.npz, .weights.h5, timm file, Hugging Face folder) or a .keras model")
+    p.add_argument("--weights", default=None,
+                   help="registry tag, a path (.npz, .weights.h5, timm file, Hugging Face folder) or a .keras "
+                   f"model; {DEFAULT_WEIGHTS_HELP}")
     p.add_argument("--image-size", type=int, default=None, help="input size; default: the weights' resolution")
     p.add_argument("--format", required=True, help="tf_saved_model, onnx or litert")
     p.add_argument("--out", required=True, help="output folder (must not exist)")

@@ -70,6 +70,8 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None):
     try:
         spec = keras.InputSpec(shape=(batch_size, *model.input_shape[1:]), dtype="uint8", name="images")
         serving.export(artefact(tmp, format), format=format, input_signature=[spec], verbose=False)
+        if backend == "tensorflow" and format == "onnx":
+            _replace_erfc(artefact(tmp, format))
         if backend == "torch" and format == "onnx":
             _name_onnx_outputs(artefact(tmp, format), sorted(serving.output) if top_k else ["probabilities"])
         os.replace(tmp, out)
@@ -89,4 +91,30 @@ def _name_onnx_outputs(path, names):
         for node in model.graph.node:
             node.output[:] = [name if o == old else o for o in node.output]
             node.input[:] = [name if i == old else i for i in node.input]
+    onnx.save(model, path)
+
+
+def _replace_erfc(path):
+    """Rewrites each Erfc node of an ONNX file as 1 - Erf (ONNX has no Erfc op).
+
+    TensorFlow's exact GELU is 0.5 x erfc(-x / sqrt 2); tf2onnx copies the Erfc through, and
+    onnxruntime then refuses the whole file.
+    """
+    import numpy as np
+    import onnx
+
+    model = onnx.load(path)
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type != "Erfc":
+            nodes.append(node)
+            continue
+        one, erf = f"{node.name}/one", f"{node.name}/erf"
+        model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((), np.float32), one))
+        nodes.append(onnx.helper.make_node("Erf", list(node.input), [erf], name=erf))
+        nodes.append(onnx.helper.make_node("Sub", [one, erf], list(node.output), name=node.name))
+    if len(nodes) == len(model.graph.node):
+        return
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
     onnx.save(model, path)

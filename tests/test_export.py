@@ -23,9 +23,10 @@ def _photos(size):
     return np.stack([(transform.resize(im, size, anti_aliasing=True) * 255).round().astype("uint8") for im in images])
 
 
-@pytest.fixture(scope="module")
-def model():
-    m = keras_vit.VisionTransformer(**TINY)
+# the official tanh GELU, and the exact erf form of every timm and Hugging Face checkpoint
+@pytest.fixture(scope="module", params=[True, False], ids=["tanh_gelu", "erf_gelu"])
+def model(request):
+    m = keras_vit.VisionTransformer(**TINY, approximate_gelu=request.param)
     for i, var in enumerate(m.weights):  # a head and embeddings that spread the probabilities
         var.assign(np.random.default_rng(i).normal(0, 0.3, var.shape).astype("float32"))
     return m
