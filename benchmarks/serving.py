@@ -1,19 +1,24 @@
 #!/usr/bin/env python
-"""CPU serving: keras-vit's exported ONNX model under onnxruntime against timm eager, same run.
+"""CPU serving in one run: keras-vit's ONNX against timm's ONNX, both under the same onnxruntime
+session options and under OpenVINO, and against timm eager.
 
-    KERAS_BACKEND=torch python benchmarks/serving.py --batches 1 8 --repeats 10
+    KERAS_BACKEND=torch python benchmarks/serving.py --models ViT_B16 ViT_S16 --batches 1 8 32
 
-Exports ViT-B/16 (random weights: speed does not depend on them) at 224 px with the uint8 serving
-signature, one ONNX file per batch size from torch (tf2onnx, TensorFlow's route, needed about 18 GB
-of memory for ViT-B/16 and was killed on a 23 GB machine), then times
-onnxruntime and timm's `vit_base_patch16_224` under `torch.inference_mode()`, alternating one call
-of each so both see the same machine load; prints the median seconds per batch and images/s.
+Exports each model at 224 px (random weights: speed does not depend on them), both with a dynamic
+batch: keras-vit's with its serving signature (`keras_vit.export.export`: uint8 images in,
+preprocessing and softmax inside), timm's
+`vit_*_patch16_224` through torch's dynamo exporter (float NCHW in, logits out; exact GELU, like
+keras-vit's timm-converted models, which the keras-vit model here is built as). Each round calls
+every runtime once, in an order that alternates between rounds, so all see the same machine load;
+two warm-up rounds. Prints, per batch, the median and 90th percentile seconds per call, images/s,
+and each keras-vit row's speed as a ratio to its peers in the same round set.
 """
 
 import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,60 +27,128 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+TIMM_NAMES = {"ViT_B16": "vit_base_patch16_224", "ViT_S16": "vit_small_patch16_224", "ViT_Ti16": "vit_tiny_patch16_224"}
+
+
+def timm_like(name, image_size):
+    """keras-vit's variant `name` as a timm checkpoint converts to (exact GELU), random weights."""
+    import keras_vit
+    from keras_vit.configs import get_variant
+
+    v = get_variant(name)
+    return keras_vit.VisionTransformer(image_size=image_size, patch_size=v.patch_size, hidden_size=v.hidden_size,
+                                       mlp_dim=v.mlp_dim, num_heads=v.num_heads, num_layers=v.num_layers,
+                                       approximate_gelu=False)
+
+
+def _timm_onnx(model, path, image_size):
+    import torch
+
+    example = torch.zeros((2, 3, image_size, image_size))
+    program = torch.onnx.export(model, (example,), dynamo=True, input_names=["images"],
+                                dynamic_shapes={"x": {0: torch.export.Dim("batch")}}, verbose=False)
+    program.optimize()
+    program.save(path)
+
+
+def _runners(args, name, folder):
+    """{label: (call(batch of uint8 NHWC images) -> None)} for one model."""
+    import onnxruntime as ort
+    import torch
+
+    from keras_vit.export import export
+    from workers import _import_timm
+
+    model = timm_like(name, args.image_size)
+    timm_model = _import_timm().create_model(TIMM_NAMES[name], pretrained=False, img_size=args.image_size).eval()
+    files = {"keras-vit": export(model, os.path.join(folder, name), "onnx"),
+             "timm": os.path.join(folder, f"{name}_timm.onnx")}
+    _timm_onnx(timm_model, files["timm"], args.image_size)
+    runners = {}
+
+    def nchw(images):
+        return np.ascontiguousarray(images.transpose(0, 3, 1, 2), dtype=np.float32) / 127.5 - 1
+
+    options = ort.SessionOptions()  # the same for every file: the defaults (all graph optimisations)
+    for label, path in files.items():
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        prepare = nchw if label == "timm" else (lambda images: images)
+        runners[f"{label} ONNX onnxruntime"] = (lambda s, p: lambda images: s.run(None, {"images": p(images)}))(
+            session, prepare)
+    if args.openvino:
+        import openvino
+
+        core = openvino.Core()
+        for label in ("keras-vit", "timm"):
+            compiled = core.compile_model(files[label], "CPU")
+            prepare = nchw if label == "timm" else (lambda images: images)
+            runners[f"{label} ONNX OpenVINO"] = (lambda c, p: lambda images: c(p(images)))(compiled, prepare)
+
+    def eager(images):
+        with torch.inference_mode():
+            timm_model(torch.from_numpy(nchw(images)))
+
+    runners["timm eager"] = eager
+    return runners
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--models", nargs="+", default=["ViT_B16", "ViT_S16"], choices=sorted(TIMM_NAMES))
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--model", default="ViT_B16")
-    parser.add_argument("--timm-name", default="vit_base_patch16_224")
+    parser.add_argument("--no-openvino", dest="openvino", action="store_false")
     args = parser.parse_args(argv)
     os.environ.setdefault("KERAS_BACKEND", "torch")
     import onnxruntime as ort
     import torch
 
-    import keras_vit
-    from workers import _import_timm
-    from keras_vit.export import export
-
-    import keras
-
-    model = getattr(keras_vit, args.model)(image_size=args.image_size)
-    fixed = keras.backend.backend() == "torch"
     folder = tempfile.mkdtemp()
-    reference = _import_timm().create_model(args.timm_name, pretrained=False, img_size=args.image_size).eval()
     rows = []
-    for batch in args.batches:
-        path = export(model, os.path.join(folder, f"onnx{batch}"), "onnx", batch_size=batch if fixed else None)
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-        name = session.get_inputs()[0].name
-        images = np.random.default_rng(0).integers(0, 256, (batch, args.image_size, args.image_size, 3), np.uint8)
-        tensor = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1
+    for name in args.models:
+        runners = _runners(args, name, folder)
+        for batch in args.batches:
+            images = np.random.default_rng(0).integers(0, 256, (batch, args.image_size, args.image_size, 3), np.uint8)
+            times = {label: [] for label in runners}
+            for r in range(args.repeats + 2):
+                for label, call in list(runners.items())[:: 1 if r % 2 else -1]:
+                    start = time.perf_counter()
+                    call(images)
+                    if r >= 2:  # two warm-up rounds
+                        times[label].append(time.perf_counter() - start)
+            for label, values in times.items():
+                median = statistics.median(values)
+                rows.append({"model": name, "runtime": label, "batch": batch, "seconds": median,
+                             "p90_seconds": float(np.percentile(values, 90)), "images_per_s": batch / median})
+    _ratios(rows)
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
+    versions = {"cpu": model_name, "cpus": os.cpu_count(), "load_average": os.getloadavg(),
+                "onnxruntime": ort.__version__, "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+    if args.openvino:
+        import openvino
 
-        def onnx_call():
-            session.run(None, {name: images})
-
-        def timm_call():
-            with torch.inference_mode():
-                reference(tensor)
-
-        times = {"onnxruntime": [], "timm": []}
-        for r in range(args.repeats + 2):
-            for label, fn in (("onnxruntime", onnx_call), ("timm", timm_call))[:: 1 if r % 2 else -1]:
-                start = time.perf_counter()
-                fn()
-                if r >= 2:  # two warm-up rounds
-                    times[label].append(time.perf_counter() - start)
-        for label, values in times.items():
-            median = statistics.median(values)
-            rows.append({"runtime": label, "batch": batch, "seconds": median, "images_per_s": batch / median})
-        rows[-2]["ratio_to_timm"] = rows[-1]["seconds"] / rows[-2]["seconds"]
-    versions = {"onnxruntime": ort.__version__, "torch": torch.__version__, "threads": torch.get_num_threads()}
+        versions["openvino"] = openvino.__version__
     print(json.dumps({"versions": versions, "rows": rows}, indent=1))
     for row in rows:
-        print(f"{row['runtime']:12s} batch {row['batch']:2d}: {row['seconds'] * 1e3:8.1f} ms  "
-              f"{row['images_per_s']:6.2f} img/s" + (f"  {row['ratio_to_timm']:.2f}x timm" if "ratio_to_timm" in row else ""))
+        ratios = "  ".join(f"{v:.2f}x {k[9:]}" for k, v in row.items() if k.startswith("ratio_to_"))
+        print(f"{row['model']:8s} {row['runtime']:30s} batch {row['batch']:2d}: median {row['seconds'] * 1e3:8.1f} ms"
+              f"  p90 {row['p90_seconds'] * 1e3:8.1f} ms  {row['images_per_s']:7.2f} img/s  {ratios}")
+
+
+def _ratios(rows):
+    """Adds to each keras-vit row its speed over timm's ONNX in the same runtime and over timm eager."""
+    by_key = {(r["model"], r["batch"], r["runtime"]): r for r in rows}
+    for row in rows:
+        if not row["runtime"].startswith("keras-vit"):
+            continue
+        runtime = row["runtime"].split(" ONNX ")[1]
+        peers = {f"timm ONNX {runtime}": f"timm ONNX {runtime}", "timm eager": "timm eager"}
+        for label, peer in peers.items():
+            other = by_key.get((row["model"], row["batch"], peer))
+            if other is not None:
+                row[f"ratio_to_{label}"] = other["seconds"] / row["seconds"]
 
 
 if __name__ == "__main__":

@@ -14,7 +14,12 @@ import sys
 from keras_vit.configs import VARIANTS, get_variant, none_or
 
 # The commands that build a model (and so import the Keras backend).
-MODEL_COMMANDS = ("predict", "inspect")
+MODEL_COMMANDS = ("predict", "inspect", "export")
+# `--weights` when not given: the variant's ImageNet-1k fine-tuned release, in this order of
+# preference, else the variant's first release (an ImageNet-21k one: every variant has one)
+DEFAULT_TAGS = ("imagenet21k+imagenet2012", "augreg-imagenet21k+imagenet2012")
+DEFAULT_WEIGHTS_HELP = (f"default: the variant's ImageNet-1k fine-tuned release ({', else '.join(DEFAULT_TAGS)}), "
+                        "else its ImageNet-21k one")
 
 
 @contextlib.contextmanager
@@ -43,11 +48,20 @@ def quiet_backend():
         os.close(terminal)
 
 
+def default_weights(variant):
+    """The registry tag `--weights` takes for `variant` when not given (see DEFAULT_TAGS)."""
+    from keras_vit.weights.registry import list_weights
+
+    tags = [r.tag for r in list_weights(get_variant(variant).name)]
+    return next((t for t in DEFAULT_TAGS if t in tags), tags[0])
+
+
 def _build(args):
     import keras_vit
 
-    factory = getattr(keras_vit, get_variant(args.model).name)
-    kwargs = {"weights": none_or(args.weights)}
+    name = get_variant(args.model).name
+    factory = getattr(keras_vit, name)
+    kwargs = {"weights": none_or(default_weights(name) if args.weights is None else args.weights)}
     if args.image_size is not None:
         if args.image_size < 1:
             raise ValueError(f"--image-size must be a positive number of pixels, got {args.image_size}")
@@ -118,18 +132,38 @@ def _convert(args):
     print(f"wrote {out}")
 
 
+def _size(path):
+    """Bytes of a file, or of the files under a folder."""
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
 def _export(args):
-    from keras_vit.export import FORMATS, export
+    import keras
+    import numpy as np
 
-    if args.format not in FORMATS:  # before building a model
-        raise ValueError(f"unknown export format {args.format!r}; expected one of {', '.join(FORMATS)}")
-    if args.weights and args.weights.endswith(".keras"):
-        import keras
+    from keras_vit.export import calibration_images, check_format, compare, export
 
+    check_format(keras.backend.backend(), args.format, args.quantize)  # before building a model
+    if args.calibration is not None and args.quantize is None:
+        raise ValueError("--calibration is for --quantize int8 (static quantization)")
+    if os.path.exists(args.out):
+        raise FileExistsError(f"{args.out} already exists; export writes a new folder (remove it or pick another)")
+    if args.weights is not None and args.weights.endswith(".keras"):
         model = keras.saving.load_model(args.weights)
     else:
         model = _build(args)
-    print(f"wrote {export(model, args.out, args.format, args.top_k, args.batch_size)}")
+    size = model.input_shape[1:3]
+    calibration = None if args.calibration is None else calibration_images(args.calibration, size)
+    path = export(model, args.out, args.format, args.top_k, args.batch_size, args.quantize, calibration)
+    print(f"wrote {path} ({_size(path) / 2**20:.1f} MiB)")
+    batch = args.batch_size or 2
+    images = np.random.default_rng(0).integers(0, 256, (batch, *size, 3), dtype=np.uint8)
+    error, agreement = compare(model, path, args.format, images)
+    runtime = {"tf_saved_model": "TensorFlow", "onnx": "onnxruntime", "litert": "the LiteRT interpreter"}
+    print(f"checked in {runtime[args.format]} against Keras on {batch} random images: max |probability "
+          f"difference| {error:.1e}, top-1 agreement {agreement:.0%}")
 
 
 def parser():
@@ -142,7 +176,8 @@ def parser():
     p = sub.add_parser("predict", help="classify images and print the top classes")
     p.add_argument("images", nargs="+", metavar="IMAGE")
     p.add_argument("--model", default="ViT_B16", help="variant factory name (default ViT_B16)")
-    p.add_argument("--weights", default="imagenet21k+imagenet2012", help="registry tag or a path (.npz, .weights.h5)")
+    p.add_argument("--weights", default=None,
+                   help=f"registry tag or a path (.npz, .weights.h5); {DEFAULT_WEIGHTS_HELP}")
     p.add_argument("--image-size", type=int, default=None, help="input size; default: the weights' resolution")
     p.add_argument("--top", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=8)
@@ -181,15 +216,25 @@ def parser():
     p.add_argument("--image-size", type=int, nargs="+", default=None, help="input size (h [w]); default: the file's")
     p.set_defaults(func=_convert)
 
-    p = sub.add_parser("export", help="export a model for serving (uint8 images in, probabilities out)")
+    from keras_vit.export import BACKENDS, FORMATS, QUANTIZATIONS, formats
+
+    by_backend = "; ".join(f"{b}: {', '.join(formats(b))}" for b in BACKENDS)
+    p = sub.add_parser("export", help="export a model for serving (uint8 images in, probabilities out)",
+                       description="Export a model for serving: uint8 images of any batch size in, probabilities "
+                       f"out. Formats by KERAS_BACKEND: {by_backend}.")
     p.add_argument("--model", default="ViT_B16", help="variant factory name (default ViT_B16)")
-    p.add_argument("--weights", default="imagenet21k+imagenet2012",
-                   help="registry tag, a path (.npz, .weights.h5, timm file, Hugging Face folder) or a .keras model")
+    p.add_argument("--weights", default=None,
+                   help="registry tag, a path (.npz, .weights.h5, timm file, Hugging Face folder) or a .keras "
+                   f"model; {DEFAULT_WEIGHTS_HELP}")
     p.add_argument("--image-size", type=int, default=None, help="input size; default: the weights' resolution")
-    p.add_argument("--format", required=True, help="tf_saved_model, onnx or litert")
+    p.add_argument("--format", required=True, help=f"{', '.join(FORMATS)} (which ones: see above)")
     p.add_argument("--out", required=True, help="output folder (must not exist)")
     p.add_argument("--top-k", type=int, default=None, help="also output the k best classes and their scores")
     p.add_argument("--batch-size", type=int, default=None, help="fix the batch size (default: any)")
+    p.add_argument("--quantize", default=None, choices=QUANTIZATIONS,
+                   help="onnx only: quantize with onnxruntime (dynamic int8, or static with --calibration)")
+    p.add_argument("--calibration", default=None, metavar="DIR",
+                   help="folder of a few hundred images whose activation ranges fix a static int8 quantization")
     p.set_defaults(func=_export)
     return top
 

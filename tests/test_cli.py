@@ -92,3 +92,19 @@ def test_converter_refuses_bad_suffix_and_leaves_no_file(tmp_path, ti16_npz):
     with pytest.raises(ValueError, match=".keras or .weights.h5"):
         _converter().convert("ViT_Ti16", str(ti16_npz), str(tmp_path / "x.h5"))
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("command", [["predict", "x.jpg"], ["export", "--format", "onnx", "--out", "x"]])
+def test_default_weights_exist_for_every_variant(command):
+    """Without --weights, predict and export take a tag the registry holds for the chosen variant
+    (a fixed 'imagenet21k+imagenet2012' does not exist for ViT_Ti16 or ViT_H14)."""
+    from keras_vit.weights.registry import get_weights
+
+    for name in keras_vit.VARIANTS:
+        args = cli.parser().parse_args([*command, "--model", name])
+        assert args.weights is None
+        record = get_weights(name, cli.default_weights(name))  # raises on a tag the variant lacks
+        assert record.classes == 1000 or not any(r.classes == 1000 for r in keras_vit.list_weights(name))
+    assert cli.default_weights("ViT_Ti16") == "augreg-imagenet21k+imagenet2012"
+    assert cli.default_weights("ViT_B16") == "imagenet21k+imagenet2012"

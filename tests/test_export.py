@@ -9,10 +9,11 @@ import pytest
 
 import keras_vit
 from conftest import TINY
-from keras_vit.export import FORMATS, UNSUPPORTED, artefact, export
+from keras_vit.export import FORMATS, UNSUPPORTED, artefact, export, formats, run
 
 BACKEND = keras.backend.backend()
-SUPPORTED = [f for f in FORMATS if (BACKEND, f) not in UNSUPPORTED]
+SUPPORTED = formats(BACKEND)
+RUNTIMES = {"tf_saved_model": "tensorflow", "onnx": "onnxruntime", "litert": "ai_edge_litert"}
 
 
 def _photos(size):
@@ -23,44 +24,25 @@ def _photos(size):
     return np.stack([(transform.resize(im, size, anti_aliasing=True) * 255).round().astype("uint8") for im in images])
 
 
-@pytest.fixture(scope="module")
-def model():
-    m = keras_vit.VisionTransformer(**TINY)
+# the official tanh GELU, and the exact erf form of every timm and Hugging Face checkpoint
+@pytest.fixture(scope="module", params=[True, False], ids=["tanh_gelu", "erf_gelu"])
+def model(request):
+    m = keras_vit.VisionTransformer(**TINY, approximate_gelu=request.param)
     for i, var in enumerate(m.weights):  # a head and embeddings that spread the probabilities
         var.assign(np.random.default_rng(i).normal(0, 0.3, var.shape).astype("float32"))
     return m
 
 
-def _run(path, format, images):
-    """{"probabilities", "top_k_scores", "top_k_classes"} from the artefact's own runtime."""
-    if format == "tf_saved_model":
-        import tensorflow as tf
-
-        loaded = tf.saved_model.load(path)  # kept: its variables die with it
-        return {k: v.numpy() for k, v in loaded.serve(images).items()}
-    if format == "onnx":
-        ort = pytest.importorskip("onnxruntime")
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        return dict(zip(names, session.run(None, {session.get_inputs()[0].name: images})))
-    litert = pytest.importorskip("ai_edge_litert.interpreter")
-    interpreter = litert.Interpreter(model_path=path)
-    runner = interpreter.get_signature_runner()
-    return runner(images=images)
-
-
 @pytest.mark.parametrize("format", SUPPORTED)
 def test_artefact_in_its_runtime_equals_keras_on_photos(format, model, tmp_path):
     photos = _photos((TINY["image_size"], TINY["image_size"]))
+    pytest.importorskip(RUNTIMES[format])
     expected = keras.ops.convert_to_numpy(model(keras_vit.preprocess_input(photos.astype("float32"))))
-    fixed = BACKEND == "torch"  # torch exports ONNX at a fixed batch size
-    paths = {}
-    for n in (1, 3) if fixed else (None,):
-        paths[n] = export(model, tmp_path / f"out{n}", format, top_k=3, batch_size=n)
-        assert paths[n] == artefact(str(tmp_path / f"out{n}"), format)
-    assert sorted(p for p in os.listdir(tmp_path) if p.startswith(".")) == []  # no temp folder left
-    for n in (1, 3):
-        got = _run(paths[n if fixed else None], format, photos[:n])
+    path = export(model, tmp_path / "out", format, top_k=3)
+    assert path == artefact(str(tmp_path / "out"), format)
+    assert os.listdir(tmp_path) == ["out"]  # no temp folder left
+    for n in (1, 3):  # one file, any batch size
+        got = run(path, format, photos[:n])
         np.testing.assert_allclose(got["probabilities"], expected[:n], atol=1e-4, rtol=0)
         np.testing.assert_array_equal(got["top_k_classes"], np.argsort(-expected[:n], axis=-1)[:, :3])
         np.testing.assert_allclose(got["top_k_scores"], np.sort(expected[:n], axis=-1)[:, ::-1][:, :3], atol=1e-4)
@@ -72,7 +54,9 @@ def test_unknown_and_unsupported_formats_and_an_existing_folder_write_nothing(mo
         export(model, tmp_path / "a", "pickle")
     for format in FORMATS:
         if (BACKEND, format) in UNSUPPORTED:
-            with pytest.raises(ValueError, match=f"cannot export {format} from the {BACKEND} backend"):
+            others = ", ".join(b for b in ("tensorflow", "jax", "torch") if (b, format) not in UNSUPPORTED)
+            with pytest.raises(ValueError, match=rf"cannot export {format} from the {BACKEND} backend \(.*\); "
+                               f"{BACKEND} exports {', '.join(SUPPORTED)}; {format} exports from {others}$"):
                 export(model, tmp_path / "b", format)
     (tmp_path / "taken").mkdir()
     with pytest.raises(FileExistsError, match="already exists"):
@@ -80,16 +64,19 @@ def test_unknown_and_unsupported_formats_and_an_existing_folder_write_nothing(mo
     assert sorted(os.listdir(tmp_path)) == ["taken"]
 
 
-def test_failed_export_leaves_no_folder(model, tmp_path, monkeypatch):
-    def broken(self, *args, **kwargs):
-        os.makedirs(args[0], exist_ok=True)
-        open(os.path.join(os.path.dirname(args[0]) if args[0].endswith((".onnx", ".tflite")) else args[0], "part"),
-             "w").write("half")
-        raise RuntimeError("interrupted")
+@pytest.mark.parametrize("format", SUPPORTED)
+def test_interrupted_export_leaves_no_folder(format, model, tmp_path, monkeypatch):
+    import keras_vit.export
 
-    monkeypatch.setattr(keras.Model, "export", broken)
-    with pytest.raises(RuntimeError, match="interrupted"):
-        export(model, tmp_path / "out", SUPPORTED[0], batch_size=1)
+    def interrupted(self, path, *args, **kwargs):  # Model.export and the torch ONNX exporter: half a file
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path if path.endswith((".onnx", ".tflite")) else os.path.join(path, "part"), "w").write("half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(keras.Model, "export", interrupted)
+    monkeypatch.setattr(keras_vit.export, "_torch_onnx", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export(model, tmp_path / "out", format)
     assert os.listdir(tmp_path) == []
 
 
@@ -114,3 +101,73 @@ def test_runtime_resolution_saved_model_takes_any_size(tmp_path):
         photos = _photos(hw)
         expected = keras.ops.convert_to_numpy(m(keras_vit.preprocess_input(photos.astype("float32"))))
         np.testing.assert_allclose(loaded.serve(photos).numpy(), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.skipif("onnx" not in SUPPORTED, reason="int8 quantizes ONNX files")
+@pytest.mark.parametrize("calibrated", [False, True], ids=["dynamic", "static"])
+def test_int8_onnx_is_quantized_and_close_to_keras(calibrated, model, tmp_path):
+    """onnxruntime's int8: dynamic (integer matrix products) or static (QDQ pairs from calibration
+    images); on the tiny model the probabilities stay within 0.05 of float32's."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    photos = _photos((TINY["image_size"], TINY["image_size"]))
+    calibration = np.concatenate([photos, photos[:, ::-1]]) if calibrated else None
+    path = export(model, tmp_path / "int8", "onnx", quantize="int8", calibration=calibration)
+    assert os.listdir(tmp_path / "int8") == ["model.onnx"]
+    ops = {n.op_type for n in onnx.load(path).graph.node}
+    assert ({"QuantizeLinear", "DequantizeLinear"} if calibrated else {"MatMulInteger", "DynamicQuantizeLinear"}) <= ops
+    expected = keras.ops.convert_to_numpy(model(keras_vit.preprocess_input(photos.astype("float32"))))
+    got = run(path, "onnx", photos)["probabilities"]
+    np.testing.assert_allclose(got, expected, atol=0.05, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_int8_bad_requests_are_refused_before_writing(tmp_path):
+    from keras_vit.export import calibration_images, check_format
+
+    with pytest.raises(ValueError, match="--quantize int8 applies to onnx"):
+        check_format("tensorflow", "tf_saved_model", "int8")
+    with pytest.raises(ValueError, match="unknown quantization 'int4'"):
+        check_format("tensorflow", "onnx", "int4")
+    (tmp_path / "calib").mkdir()
+    (tmp_path / "calib" / "notes.txt").write_text("not an image")
+    with pytest.raises(ValueError, match="holds no readable images"):
+        calibration_images(str(tmp_path / "calib"), 32)
+    assert sorted(os.listdir(tmp_path)) == ["calib"]
+
+
+def test_export_cli_writes_checks_and_reports_an_int8_onnx(model, tmp_path, capsys):
+    from keras_vit.cli import main
+
+    model.save(tmp_path / "tiny.keras")
+    calibration = tmp_path / "calibration"
+    calibration.mkdir()
+    for i, photo in enumerate(_photos((40, 40))):
+        keras.utils.save_img(calibration / f"{i}.png", photo)
+    out = tmp_path / "int8"
+    argv = ["export", "--weights", str(tmp_path / "tiny.keras"), "--format", "onnx", "--out", str(out),
+            "--quantize", "int8", "--calibration", str(calibration)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out / 'model.onnx'} (" in printed and " MiB)" in printed
+    assert "checked in onnxruntime against Keras on 2 random images: max |probability difference|" in printed
+    assert main(argv) == 2  # the folder exists now: refused, left as it was
+    assert "already exists" in capsys.readouterr().err
+    assert os.listdir(out) == ["model.onnx"]
+
+
+def test_export_cli_bad_requests_name_what_works_and_write_nothing(model, tmp_path, capsys):
+    from keras_vit.cli import main
+
+    model.save(tmp_path / "tiny.keras")
+    (tmp_path / "empty").mkdir()
+    base = ["export", "--weights", str(tmp_path / "tiny.keras"), "--out", str(tmp_path / "x")]
+    assert main([*base, "--format", "onnx", "--quantize", "int8", "--calibration", str(tmp_path / "empty")]) == 2
+    assert "holds no readable images" in capsys.readouterr().err
+    assert main([*base, "--format", "onnx", "--calibration", str(tmp_path / "empty")]) == 2
+    assert "--calibration is for --quantize int8" in capsys.readouterr().err
+    for format in set(FORMATS) - set(SUPPORTED):
+        assert main([*base, "--format", format]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and f"{BACKEND} exports {', '.join(SUPPORTED)}" in err
+    assert sorted(os.listdir(tmp_path)) == ["empty", "tiny.keras"]
