@@ -50,10 +50,9 @@ def quiet_backend():
 
 def default_weights(variant):
     """The registry tag `--weights` takes for `variant` when not given (see DEFAULT_TAGS)."""
-    from keras_vit.weights.registry import list_weights
+    from keras_vit.weights.registry import default_tag
 
-    tags = [r.tag for r in list_weights(get_variant(variant).name)]
-    return next((t for t in DEFAULT_TAGS if t in tags), tags[0])
+    return default_tag(get_variant(variant).name, DEFAULT_TAGS)
 
 
 def _build(args):

@@ -126,6 +126,19 @@ def test_output_folder_rules(tmp_path):
         run(interrupted)
 
 
+@pytest.mark.backend_independent
+def test_default_weights_are_a_pretrained_release_of_every_variant():
+    from keras_vit import VARIANTS
+    from keras_vit.weights.registry import get_weights
+
+    for name in VARIANTS:
+        tag = _finetune.parse_args("cifar10", ["--model", name]).weights
+        assert tag in _finetune.PRETRAINED_TAGS and get_weights(name, tag).classes == 21843, (name, tag)
+    assert _finetune.parse_args("cifar10", ["--model", "ViT_Ti16"]).weights == "augreg-imagenet21k"
+    assert _finetune.parse_args("cifar10", ["--model", "ViT_B16"]).weights == "imagenet21k"
+    assert _finetune.parse_args("cifar10", ["--model", "ViT_B16", "--weights", "none"]).weights is None
+
+
 def test_bad_flags_are_refused(tmp_path, capsys):
     for extra, message in ((["--batch-size", "8", "--device-batch-size", "3"], "multiple of"),
                            (["--steps", "7"], "multiple of --eval-every"),

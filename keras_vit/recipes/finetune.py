@@ -35,11 +35,15 @@ import shutil
 import sys
 import time
 
-from keras_vit.configs import get_variant, none_or
+from keras_vit.configs import VARIANTS, get_variant, none_or
 from keras_vit.fileio import atomic_write, write_json
+from keras_vit.weights.registry import default_tag
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# --weights when not given: the variant's ImageNet-21k pre-trained release (what the paper fine-tunes),
+# in this order of preference (ViT-Ti and ViT-S were released under augreg tags only)
+PRETRAINED_TAGS = ("imagenet21k", "augreg-imagenet21k")
 MARKER = "run.json"
 BACKUP = "backup"
 HISTORY = "history.json"
@@ -78,8 +82,9 @@ def parse_args(dataset, argv=None):
     parser.add_argument("--model", default="ViT_B16",
                         help="factory name (ViT_B16, ViT_L16, R50_ViT_B16, ...) or a JSON object "
                         "of VisionTransformer arguments (default: ViT_B16)")
-    parser.add_argument("--weights", default="imagenet21k",
-                        help="registry tag, .npz/.weights.h5 path, or 'none' (default: imagenet21k)")
+    parser.add_argument("--weights", default=None,
+                        help="registry tag, .npz/.weights.h5 path, or 'none' (default: the variant's ImageNet-21k "
+                        f"pre-trained release, {' else '.join(PRETRAINED_TAGS)})")
     parser.add_argument("--image-size", type=_positive_int, default=setup.image_size,
                         help=f"training and test resolution (default: {setup.image_size})")
     parser.add_argument("--batch-size", type=_positive_int, default=setup.batch_size,
@@ -163,6 +168,8 @@ def parse_args(dataset, argv=None):
         args.accumulation = gradient_accumulation_steps(args.batch_size, args.device_batch_size)
     except ValueError as e:
         parser.error(str(e))
+    if args.weights is None:  # a JSON --model names no variant: its registry tag is found from its architecture
+        args.weights = default_tag(args.model, PRETRAINED_TAGS) if args.model in VARIANTS else PRETRAINED_TAGS[0]
     args.weights = none_or(args.weights)
     return args
 

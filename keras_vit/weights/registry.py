@@ -252,6 +252,13 @@ def list_weights(variant: str | None = None) -> list[WeightsRecord]:
     return [r for r in _RECORDS if r.variant == variant]
 
 
+def default_tag(variant: str, preferred) -> str:
+    """The first tag of ``preferred`` that ``variant`` was released under, else its first release
+    (every variant has one): a default that exists for every variant."""
+    tags = [r.tag for r in list_weights(variant)]
+    return next((t for t in preferred if t in tags), tags[0])
+
+
 def get_weights(variant: str, tag: str, image_size: int | None = None) -> WeightsRecord:
     """The checkpoint of ``variant`` released under ``tag``.
 
@@ -309,6 +316,7 @@ def format_table(variant: str | None = None) -> str:
 
 
 __all__ = [
+    "default_tag",
     "BUCKET_URL",
     "TAGS",
     "TAG_FOLDERS",
