@@ -29,13 +29,26 @@ $(VENV)/.installed: pyproject.toml
 venv: python $(VENV)/.installed
 
 # jax runs every test; the other backends deselect the backend-independent ones (tables, numpy math, argument errors)
-# and the one_backend script runs (examples/benchmarks end to end, whose layers are tested per backend)
+# and the one_backend script runs (examples/benchmarks end to end, whose layers are tested per backend).
+# A backend's suite is mostly one core's work, so on the default three backends two lanes run side by side
+# (jax | tensorflow then torch), each into .test-logs/BACKEND.log, printed in order once all have ended;
+# BACKENDS=... runs the backends named, one after the other. TESTS=... picks test files.
+TESTS ?= tests
+LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),jax tensorflow+torch)
 test: python venv
-	@set -e; for b in $(BACKENDS); do \
-	  echo "=== pytest on KERAS_BACKEND=$$b ==="; \
-	  if [ $$b = jax ]; then only=""; else only="not backend_independent and not one_backend"; fi; \
-	  KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "$$only" tests || exit 1; \
-	done
+	@rm -rf .test-logs && mkdir .test-logs; \
+	echo "=== pytest, lanes side by side: $(LANES) (logs in .test-logs/) ==="; \
+	for lane in $(LANES); do \
+	  ( for b in $$(echo $$lane | tr + ' '); do \
+	      if [ $$b = jax ]; then only=""; else only="not backend_independent and not one_backend"; fi; \
+	      start=$$(date +%s); \
+	      KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "$$only" $(TESTS) \
+	        > .test-logs/$$b.log 2>&1 || { touch .test-logs/$$b.failed; exit 1; }; \
+	      echo "=== KERAS_BACKEND=$$b passed in $$(( ($$(date +%s) - start) / 60 )) min ==="; \
+	    done ) & \
+	done; wait; \
+	for b in $$(echo $(LANES) | tr + ' '); do echo "=== pytest on KERAS_BACKEND=$$b ==="; cat .test-logs/$$b.log; done; \
+	if ls .test-logs/*.failed >/dev/null 2>&1; then echo "FAILED on: $$(cd .test-logs && ls *.failed | sed 's/.failed//')"; exit 1; fi
 
 demo: python venv
 	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) examples/demo.py $(DEMO_ARGS)

@@ -13,7 +13,7 @@ import sys
 
 from keras_vit.configs import VARIANTS, get_variant, none_or
 
-# The commands that build a model (and so import the Keras backend).
+# The commands that build a model (their later backend logs are kept off the terminal).
 MODEL_COMMANDS = ("predict", "inspect", "export")
 # `--weights` when not given: the variant's ImageNet-1k fine-tuned release, in this order of
 # preference, else the variant's first release (an ImageNet-21k one: every variant has one)

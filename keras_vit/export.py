@@ -5,7 +5,6 @@ Keras' `model.export` writes every artefact except ONNX from torch, which goes t
 dynamo-based exporter directly (Keras' path for a dynamic batch, the TorchScript exporter, fails
 on LayerNorm). ONNX files can be quantized to int8 by onnxruntime's tools (see `export`).
 
-Keras is imported where used: `keras-vit export --help` lists the formats without a backend.
 """
 
 import os
