@@ -165,16 +165,21 @@ def _inference(model, case, spec, x, reset, read):
     peak, where = _peak_mb(read)
     out = [{**case, "mode": "predict", "batch": batch, "images_per_s": len(stack) / seconds, "peak_mb": peak,
             "memory": where}]
-    one = images[:1]
-    model.predict_on_batch(one)
-    times = []
-    for _ in range(spec["latency_repeats"]):
-        start = time.perf_counter()
-        np.asarray(model.predict_on_batch(one))
-        times.append(time.perf_counter() - start)
-    out.append({**case, "mode": "latency", "batch": 1, "latency_ms": 1e3 * statistics.median(times),
-                "images_per_s": 1 / statistics.median(times)})
+    out.append(_latency_row(case, lambda: np.asarray(model.predict_on_batch(images[:1])), spec["latency_repeats"]))
     return out
+
+
+def _latency_row(case, run_one, repeats):
+    """The batch-1 latency row of `case`: `run_one()` (one image, its result on the host) once to warm up,
+    then the median of `repeats` timed calls."""
+    run_one()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run_one()
+        times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    return {**case, "mode": "latency", "batch": 1, "latency_ms": 1e3 * median, "images_per_s": 1 / median}
 
 
 def timm_worker(spec):
@@ -253,14 +258,7 @@ def _timm_inference(net, model, case, spec, x, device, sync):
     sync()
     seconds = time.perf_counter() - start
     out = [{**case, "mode": "predict", "batch": batch, "images_per_s": repeats * batch / seconds}]
-    forward(images[:1])
-    times = []
-    for _ in range(spec["latency_repeats"]):
-        start = time.perf_counter()
-        forward(images[:1]).float().cpu()
-        times.append(time.perf_counter() - start)
-    out.append({**case, "mode": "latency", "batch": 1, "latency_ms": 1e3 * statistics.median(times),
-                "images_per_s": 1 / statistics.median(times)})
+    out.append(_latency_row(case, lambda: forward(images[:1]).float().cpu(), spec["latency_repeats"]))
     return out
 
 
