@@ -13,7 +13,7 @@ import skimage.data
 from PIL import Image
 
 import keras_vit
-from conftest import TINY
+from conftest import TINY, backend
 from keras_vit.inspection import FIGURE_NAMES
 from keras_vit.preprocessing import decode_predictions, load_image, preprocess_input
 from keras_vit.weights import save_npz
@@ -76,7 +76,7 @@ def test_predict_prints_the_models_top_classes_and_nothing_on_stderr(ti16_npz, p
     lines = done.stdout.splitlines()
     assert lines[0] == str(photo) and len(lines) == 4
     assert [re.search(r"\((\w+)\)$", line).group(1) for line in lines[1:]] == [synset for synset, _, _ in expected]
-    if keras_vit_backend() == "jax":  # TensorFlow prints its own lines when it is imported
+    if backend() == "jax":  # TensorFlow prints its own lines when it is imported
         assert done.stderr == ""
 
 
@@ -92,7 +92,7 @@ def test_inspect_writes_the_four_figures(ti16_npz, photo, tmp_path):
 
 
 def test_export_writes_a_serving_artefact(tmp_path):
-    fmt = "onnx" if keras_vit_backend() == "torch" else "tf_saved_model"
+    fmt = "onnx" if backend() == "torch" else "tf_saved_model"
     model = tmp_path / "tiny.keras"
     keras_vit.VisionTransformer(**TINY).save(model)
     out = tmp_path / "served"
@@ -118,9 +118,3 @@ def test_a_saved_model_reloads_when_keras_is_imported_after_keras_vit(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "ViTModel"
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), model.predict(x, verbose=0), atol=1e-6, rtol=0)
-
-
-def keras_vit_backend():
-    import keras
-
-    return keras.backend.backend()
