@@ -98,7 +98,6 @@ class MaskedPatchPredictor(KeepsStateOnError, keras.Model):
         self.outputs_per_patch = {"mean_color": 1, "downsized_color": self.targets.size ** 2}.get(target)
         width = p * p * 3 if target == "pixels" else self.outputs_per_patch * self.classes
         self.head = keras.layers.Dense(width, name="prediction_head", dtype="float32")
-        self.dropout = encoder.get_layer("dropout")
         self.encoder_norm = encoder.get_layer("encoder_norm")
         self.build()
 
@@ -117,13 +116,10 @@ class MaskedPatchPredictor(KeepsStateOnError, keras.Model):
             x = parts.resnet(x, training=training)
         x = parts.embedding(x)
         x, corrupted = self.corruption(x)
-        if parts.cls is not None:
-            x = parts.cls(x)
+        x = parts.embed(x, training=training)
         for i, block in enumerate(parts.blocks):
-            if parts.block_posembeds[i] is not None:
+            if i and parts.block_posembeds[i] is not None:
                 x = parts.block_posembeds[i](x)
-            if i == 0:
-                x = self.dropout(x, training=training)
             x = block(x, training=training)
         x = self.encoder_norm(x)[:, parts.num_prefix_tokens:]
         predictions = self.head(x)

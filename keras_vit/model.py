@@ -6,8 +6,9 @@ from keras_vit import layers as L
 from keras_vit.calls import KeepsStateOnError
 from keras_vit.configs import pair, resnet_stride
 from keras_vit.layers.attention import check_attention_implementation
+from keras_vit.layers.mlp import check_mlp_activation
 
-CLASSIFIERS = ("token", "gap")
+CLASSIFIERS = ("token", "gap", "map")
 POOLINGS = ("representation", None, "token", "avg")
 # paper appendix D.4 / Table 8: what encodes position, and where it is added
 POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "relative", "none")
@@ -104,6 +105,13 @@ def build_vit(
     layer_norm_epsilon=1e-6,
     input_dtype="float32",
     attention_implementation="auto",
+    distillation_token=False,
+    num_register_tokens=0,
+    prefix_position_embedding=True,
+    layer_scale=None,
+    pre_norm=False,
+    fc_norm=False,
+    mlp_activation="gelu",
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -116,8 +124,9 @@ def build_vit(
         patch_size: P, the side of the square patches.
         hidden_size, mlp_dim, num_heads, num_layers: D, MLP width, heads and depth of the encoder.
         classes: width of the classification head.
-        classifier: "token" (the [class] token's output, paper Eq. 4) or "gap" (mean of all tokens,
-            no class token).
+        classifier: "token" (the [class] token's output, paper Eq. 4), "gap" (mean of all tokens,
+            no class token) or "map" (SigLIP: multihead attention pooling, a learned probe
+            attending over the patch tokens then a residual MLP; no class token).
         representation_size: None, or the width of the pre-logits Dense + tanh layer.
         resnet: None, or a dict `{"num_layers": (3, 4, 9), "width_factor": 1}` for a hybrid.
         dropout_rate, attention_dropout_rate: as the paper's Appendix B.1.
@@ -155,6 +164,26 @@ def build_vit(
         attention_implementation: "auto", "flash" or "standard": whether the encoder's attention
             runs the GPU's fused kernel (see `keras_vit.layers.MultiHeadDotProductAttention`);
             "flash" where it cannot run is a ValueError here, before anything is compiled.
+
+    The options below make the ViTs of later papers from the same builder; each is off by default
+    (the paper's model) and is one named difference:
+
+        distillation_token: DeiT's second token after the class token; with `include_top` a second
+            head `head_dist` reads it and the two heads' logits are averaged (DeiT's inference);
+            the representation is the mean of the two tokens.
+        num_register_tokens: learned tokens after the class (and distillation) token that get no
+            position embedding and are dropped by every pooling (DINOv2 with registers).
+        prefix_position_embedding: True: the position embeddings cover the class/distillation
+            token too (the paper's); False: the patch tokens only, added before the class token is
+            prepended (DeiT III, timm's DINOv2 with registers: timm's `no_embed_class`).
+        layer_scale: None, or the initial value of a learned per-channel scale on every residual
+            branch (DeiT III, DINOv2; see `keras_vit.layers.TransformerBlock`).
+        pre_norm: a LayerNorm `pre_norm` on the tokens before the first block (CLIP's `norm_pre`
+            / `pre_layrnorm`).
+        fc_norm: the final LayerNorm after pooling instead of on every token (timm's `fc_norm`:
+            its average-pooled models); the feature map (`pooling=None`) is then un-normalised.
+        mlp_activation: "gelu" (with `approximate_gelu`), "quick_gelu" (OpenAI CLIP) or "swiglu"
+            (DINOv2-giant; `mlp_dim` is the width after gating).
     """
     if position_embedding not in POSITION_EMBEDDINGS:
         raise ValueError(f"unknown position_embedding {position_embedding!r}; expected one of {POSITION_EMBEDDINGS}")
@@ -188,7 +217,27 @@ def build_vit(
         raise ValueError('pooling="token" needs a class token; this model has classifier="gap" (use "avg")')
     if pooling != "representation" and representation_size is not None:
         raise ValueError(f"representation_size (pre-logits) goes with pooling='representation', got pooling={pooling!r}")
-    prefix = int(classifier == "token")
+    check_mlp_activation(mlp_activation)
+    if isinstance(num_register_tokens, bool) or not isinstance(num_register_tokens, int) or num_register_tokens < 0:
+        raise ValueError(f"num_register_tokens must be a non-negative int, got {num_register_tokens!r}")
+    layout = [f"num_register_tokens={num_register_tokens}"] if num_register_tokens else []
+    layout += [] if prefix_position_embedding else ["prefix_position_embedding=False"]
+    if position_placement != "once" and layout:
+        raise ValueError(f"position_placement={position_placement!r} adds position embeddings to every block's "
+                         f"tokens, which {', '.join(layout)} does not lay out; use position_placement='once'")
+    if not prefix_position_embedding and not position_embedding.startswith("learned"):
+        raise ValueError(f"prefix_position_embedding=False is about learned position embeddings, got "
+                         f"position_embedding={position_embedding!r}")
+    if distillation_token and classifier != "token":
+        raise ValueError(f"distillation_token=True sits beside a class token (classifier='token'), got "
+                         f"classifier={classifier!r}")
+    if distillation_token and (representation_size is not None or fc_norm):
+        raise ValueError("distillation_token=True takes no representation_size (pre-logits) and no fc_norm "
+                         "(DeiT has neither)")
+    if classifier == "map" and pooling == "token":
+        raise ValueError('pooling="token" needs a class token; this model has classifier="map" (use "representation")')
+    cls_tokens = int(classifier == "token") + int(bool(distillation_token))
+    prefix = cls_tokens + num_register_tokens  # tokens before the patch grid
     if input_tensor is not None and not keras.utils.is_keras_tensor(input_tensor):
         input_tensor = keras.Input(tensor=input_tensor)
     stride = patch_size * resnet_stride(resnet and resnet["num_layers"])
@@ -213,17 +262,27 @@ def build_vit(
     if resnet is not None:
         x = L.ResNetStem(tuple(resnet["num_layers"]), resnet.get("width_factor", 1), name="resnet")(x)
     x = L.PatchEncoder(patch_size, hidden_size, name="embedding")(x)
-    if classifier == "token":
-        x = L.ClassToken(name="cls")(x)
     posemb = {"learned_1d": L.AddPositionEmbs, "learned_2d": L.AddPositionEmbs2D}.get(position_embedding, L.NoPositionEmbs)
-    posemb_args = dict(grid_size=grid, num_prefix_tokens=prefix)
+    posemb_args = dict(grid_size=grid, num_prefix_tokens=cls_tokens if prefix_position_embedding else 0)
     if runtime and position_embedding == "learned_1d":
         posembed = L.AddPositionEmbs(**posemb_args, stride=stride, name="posembed_input")
-        x = posembed(x, images)
+        add_positions = lambda x: posembed(x, images)  # noqa: E731
     else:
         posembed = posemb(**posemb_args, name="posembed_input")
-        x = posembed(x)
+        add_positions = posembed
+    if not prefix_position_embedding:
+        x = add_positions(x)
+    if classifier == "token":
+        x = L.ClassToken(name="cls")(x)
+    if distillation_token:
+        x = L.PrefixTokens(1, index=1, name="dist")(x)
+    if prefix_position_embedding:
+        x = add_positions(x)
+    if num_register_tokens:
+        x = L.PrefixTokens(num_register_tokens, index=cls_tokens, name="registers")(x)
     x = keras.layers.Dropout(dropout_rate, name="dropout")(x)
+    if pre_norm:
+        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="pre_norm")(x)
     block = L.RelativeTransformerBlock if position_embedding == "relative" else L.TransformerBlock
     for i in range(num_layers):
         if i and position_placement == "every_layer_shared":
@@ -232,20 +291,37 @@ def build_vit(
             x = posemb(**posemb_args, name=f"posembed_{i}")(x)
         x = block(num_heads, mlp_dim, dropout_rate, attention_dropout_rate, remat=remat, approximate_gelu=approximate_gelu,
                   layer_norm_epsilon=layer_norm_epsilon, attention_implementation=attention_implementation,
-                  name=f"encoderblock_{i}")(x)
-    x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")(x)
+                  mlp_activation=mlp_activation, layer_scale=layer_scale, name=f"encoderblock_{i}")(x)
+    if not fc_norm:
+        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")(x)
     if pooling is None:
         if runtime:
             x = L.TokensToMap(num_prefix_tokens=prefix, stride=stride, name="feature_map")(x, images)
         else:
             x = L.TokensToMap(grid, num_prefix_tokens=prefix, name="feature_map")(x)
+    elif pooling == "representation" and distillation_token:
+        x, dist = (L.SequencePooling("token", token_index=i, name=n)(x) for i, n in ((0, "pool"), (1, "pool_dist")))
+        if include_top:  # DeiT's inference: the mean of the two heads' logits
+            heads = (keras.layers.Dense(classes, kernel_initializer="zeros", name=n, dtype="float32")
+                     for n in ("head", "head_dist"))
+            x = keras.layers.Average(name="head_average", dtype="float32")([h(t) for h, t in zip(heads, (x, dist))])
+        else:
+            x = keras.layers.Average(name="pool_average")([x, dist])
+    elif pooling == "representation" and classifier == "map":
+        x = L.MAPHead(num_heads, mlp_dim, num_prefix_tokens=prefix, layer_norm_epsilon=layer_norm_epsilon,
+                      approximate_gelu=approximate_gelu, mlp_activation=mlp_activation, name="map_head")(x)
     elif pooling == "representation":
-        x = L.SequencePooling(classifier, name="pool")(x)
+        x = L.SequencePooling(classifier, num_prefix_tokens=prefix, name="pool")(x)
     else:
         x = L.SequencePooling("token" if pooling == "token" else "gap", num_prefix_tokens=prefix, name="pool")(x)
+    if fc_norm and pooling is not None:
+        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="fc_norm")(x)
     if representation_size is not None:
         x = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(x)
-    if include_top:
+    if include_top and distillation_token:
+        if classifier_activation is not None:
+            x = keras.layers.Activation(classifier_activation, name="predictions", dtype="float32")(x)
+    elif include_top:
         x = keras.layers.Dense(classes, kernel_initializer="zeros", name="head", dtype="float32")(x)
         if classifier_activation is not None:
             x = keras.layers.Activation(classifier_activation, name="predictions", dtype="float32")(x)

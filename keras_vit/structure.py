@@ -16,11 +16,14 @@ class ViTParts:
         path: human-readable location of ``container`` inside the inspected model.
         resnet: the hybrid stem (``resnet`` layer) or None.
         embedding: the patch embedding (``embedding``).
-        cls: the class-token layer (``cls``) or None (``classifier="gap"``).
+        cls: the class-token layer (``cls``) or None (``classifier="gap"``/``"map"``).
         posembed: the position embedding (``posembed_input``).
+        dist, registers: DeiT's distillation token and the register tokens (``PrefixTokens``
+            layers ``dist`` / ``registers``), or None.
+        pre_norm: the LayerNorm before the first block (``pre_norm``, CLIP) or None.
         blocks: the encoder blocks ``encoderblock_0 ... encoderblock_{L-1}``.
         grid_size: ``(gh, gw)`` patch grid.
-        num_prefix_tokens: 1 with a class token, 0 without.
+        num_prefix_tokens: tokens before the patch grid: the class, distillation and register tokens.
         stride: pixels per token along each axis (patch size times ResNet stride).
         image_size: ``(H, W)`` the ViT expects, ``grid_size * stride``.
         block_posembeds: per block, the position embedding added right before it (None for none);
@@ -28,8 +31,10 @@ class ViTParts:
             "every_layer" (``posembed_i``) or "every_layer_shared" (``posembed`` again).
     """
 
-    def __init__(self, container, path, resnet, embedding, cls, posembed, blocks, block_posembeds=None):
+    def __init__(self, container, path, resnet, embedding, cls, posembed, blocks, block_posembeds=None, dist=None,
+                 registers=None, pre_norm=None, dropout=None):
         self.container = container
+        self.dist, self.registers, self.pre_norm, self.dropout = dist, registers, pre_norm, dropout
         self.path = path
         self.resnet = resnet
         self.embedding = embedding
@@ -38,9 +43,30 @@ class ViTParts:
         self.blocks = blocks
         self.block_posembeds = list(block_posembeds or [posembed] + [None] * (len(blocks) - 1))
         self.grid_size = tuple(int(v) for v in posembed.grid_size)
-        self.num_prefix_tokens = int(posembed.num_prefix_tokens)
+        self.num_prefix_tokens = (int(cls is not None) + int(dist is not None)
+                                  + (0 if registers is None else int(registers.num_tokens)))
         self.stride = int(embedding.patch_size) * _stem_stride(resnet)
         self.image_size = (self.grid_size[0] * self.stride, self.grid_size[1] * self.stride)
+
+    def embed(self, x, pixels=None, training=None):
+        """The tokens entering block 0, from the patch embedding's output `x`: the prefix tokens
+        and position embeddings in the order the builder lays them out (`pixels`: the images, for
+        a position embedding of runtime resolution), then the dropout and `pre_norm` if any."""
+        def add_positions(x):
+            return self.posembed(x, pixels) if getattr(self.posembed, "stride", None) else self.posembed(x)
+
+        covers_prefix = int(self.posembed.num_prefix_tokens) > 0 or self.cls is None
+        if not covers_prefix:
+            x = add_positions(x)
+        for layer in (self.cls, self.dist):
+            x = x if layer is None else layer(x)
+        if covers_prefix:
+            x = add_positions(x)
+        if self.registers is not None:
+            x = self.registers(x)
+        if self.dropout is not None:
+            x = self.dropout(x, training=training)
+        return x if self.pre_norm is None else self.pre_norm(x)
 
     @property
     def num_layers(self):
@@ -108,18 +134,21 @@ def _parts_of(container, path):
         )
     blocks = [by_name[f"encoderblock_{i}"] for i in indices]
     cls = by_name.get("cls")
-    if int(posembed.num_prefix_tokens) > 0 and cls is None:
+    dist = by_name.get("dist")
+    if int(posembed.num_prefix_tokens) != int(cls is not None) + int(dist is not None) and (
+            cls is None or int(posembed.num_prefix_tokens) != 0):
         raise ValueError(
             f"{path}: posembed_input expects {posembed.num_prefix_tokens} prefix token(s) "
-            "but there is no 'cls' layer"
+            f"but the model has {'a' if cls is not None else 'no'} 'cls' and {'a' if dist is not None else 'no'} "
+            "'dist' layer"
         )
-    if int(posembed.num_prefix_tokens) == 0:
-        cls = None
     # a position embedding shared by every block is one layer called once per block in the graph
     nodes = [n for depth in getattr(container, "_nodes_by_depth", {}).values() for n in depth]
     shared = sum(node.operation is posembed for node in nodes) > 1
     block_posembeds = [posembed] + [posembed if shared else by_name.get(f"posembed_{i}") for i in indices[1:]]
-    return ViTParts(container, path, by_name.get("resnet"), embedding, cls, posembed, blocks, block_posembeds)
+    return ViTParts(container, path, by_name.get("resnet"), embedding, cls, posembed, blocks, block_posembeds, dist=dist,
+                     registers=by_name.get("registers"), pre_norm=by_name.get("pre_norm"),
+                     dropout=by_name.get("dropout"))
 
 
 def find_vit(model):

@@ -82,13 +82,11 @@ def _run_vit(parts, images, layer_indices):
         x = pixels = _as_image_batch(x, None if runtime else parts.image_size, parts.path)
         if parts.resnet is not None:
             x = parts.resnet(x)
-        x = parts.embedding(x)
-        if parts.cls is not None:
-            x = parts.cls(x)
+        x = parts.embed(parts.embedding(x), pixels, training=False)
         for i, block in enumerate(parts.blocks[: last + 1]):
             posembed = parts.block_posembeds[i]
-            if posembed is not None:
-                x = posembed(x, pixels) if runtime and posembed is parts.posembed else posembed(x)
+            if i and posembed is not None:
+                x = posembed(x)
             x, attn = block(x, training=False, return_attention=True)
             if i in needed:
                 attentions[i] = keras.ops.convert_to_numpy(keras.ops.cast(attn, "float32"))

@@ -3,11 +3,13 @@
 from keras_vit.layers.attention import MultiHeadDotProductAttention
 from keras_vit.layers.class_token import ClassToken
 from keras_vit.layers.feature_map import TokensToMap
+from keras_vit.layers.map_head import MAPHead
 from keras_vit.layers.no_position_embedding import NoPositionEmbs
 from keras_vit.layers.patch_corruption import MaskedPatchCorruption
 from keras_vit.layers.patch_encoder import PatchEncoder
 from keras_vit.layers.patch_targets import MaskedPatchTargets
 from keras_vit.layers.pooling import SequencePooling
+from keras_vit.layers.prefix_tokens import PrefixTokens
 from keras_vit.layers.position_embedding import AddPositionEmbs, resize_position_embeddings
 from keras_vit.layers.position_embedding_2d import AddPositionEmbs2D
 from keras_vit.layers.relative_attention import RelativeMultiHeadDotProductAttention, RelativeTransformerBlock
@@ -20,11 +22,13 @@ __all__ = [
     "AddPositionEmbs2D",
     "BottleneckUnit",
     "ClassToken",
+    "MAPHead",
     "MaskedPatchCorruption",
     "MaskedPatchTargets",
     "MultiHeadDotProductAttention",
     "NoPositionEmbs",
     "PatchEncoder",
+    "PrefixTokens",
     "RelativeMultiHeadDotProductAttention",
     "RelativeTransformerBlock",
     "ResNetStem",

@@ -14,21 +14,24 @@ class SequencePooling(keras.layers.Layer):
         method: "token" or "gap".
         num_prefix_tokens: tokens "gap" leaves out of the mean (1 to average only the patch tokens
             of a class-token model).
+        token_index: the token "token" takes (1: DeiT's distillation token).
     """
 
-    def __init__(self, method="token", num_prefix_tokens=0, **kwargs):
+    def __init__(self, method="token", num_prefix_tokens=0, token_index=0, **kwargs):
         super().__init__(**kwargs)
         if method not in POOLING_METHODS:
             raise ValueError(f"unknown pooling/classifier {method!r}; expected one of {POOLING_METHODS}")
         self.method = method
         self.num_prefix_tokens = int(num_prefix_tokens)
+        self.token_index = int(token_index)
         self.input_spec = keras.InputSpec(ndim=3)
 
     def call(self, tokens):
-        return tokens[:, 0] if self.method == "token" else ops.mean(tokens[:, self.num_prefix_tokens:], axis=1)
+        return tokens[:, self.token_index] if self.method == "token" else ops.mean(tokens[:, self.num_prefix_tokens:], axis=1)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[2])
 
     def get_config(self):
-        return {**super().get_config(), "method": self.method, "num_prefix_tokens": self.num_prefix_tokens}
+        return {**super().get_config(), "method": self.method, "num_prefix_tokens": self.num_prefix_tokens,
+                "token_index": self.token_index}

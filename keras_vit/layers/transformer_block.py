@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, check_attention_implementation, dense
+from keras_vit.layers.mlp import activate, check_mlp_activation, hidden_width
 from keras_vit.layers.quantized import with_sublayer_policies
 from keras_vit.runtime import on_cpu
 
@@ -111,6 +112,12 @@ class TransformerBlock(keras.layers.Layer):
         attention_dropout_rate: dropout on the attention weights.
         approximate_gelu: the MLP's GELU as the tanh approximation (official) or the exact erf form.
         layer_norm_epsilon: epsilon of both LayerNorms.
+        mlp_activation: "gelu" (the paper's; `approximate_gelu` picks the form), "quick_gelu"
+            (OpenAI CLIP's x * sigmoid(1.702 x)) or "swiglu" (DINOv2-giant: the first dense layer is
+            2 * mlp_dim wide, silu of its first half times its second half).
+        layer_scale: None, or the initial value of a learned per-channel scale on each residual
+            branch (CaiT / DeiT III / DINOv2 layer scale: `x + ls * branch(x)`), parameters
+            `LayerScale_0/scale` (attention) and `LayerScale_1/scale` (MLP).
         remat: in training, recompute the block's activations in the backward pass instead of
             keeping them (gradient checkpointing: `keras.remat`; with JAX on a CPU, where that
             saves nothing, a custom gradient that does). The dropout masks are drawn
@@ -123,8 +130,12 @@ class TransformerBlock(keras.layers.Layer):
 
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, remat=False,
                  approximate_gelu=True, layer_norm_epsilon=LAYER_NORM_EPSILON, attention_implementation="auto",
-                 **kwargs):
+                 mlp_activation="gelu", layer_scale=None, **kwargs):
         super().__init__(**kwargs)
+        self.mlp_activation = check_mlp_activation(mlp_activation)
+        if layer_scale is not None and (isinstance(layer_scale, bool) or not isinstance(layer_scale, (int, float))):
+            raise ValueError(f"layer_scale must be None or a float (the initial scale), got {layer_scale!r}")
+        self.layer_scale = None if layer_scale is None else float(layer_scale)
         self.attention_implementation = check_attention_implementation(attention_implementation)
         self.approximate_gelu = bool(approximate_gelu)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
@@ -147,12 +158,18 @@ class TransformerBlock(keras.layers.Layer):
         self.attention = self.make_attention(input_shape)
         self.norm_2 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
         init = dict(kernel_initializer="glorot_uniform", bias_initializer=keras.initializers.RandomNormal(stddev=1e-6))
-        self.mlp_0 = keras.layers.Dense(self.mlp_dim, name="Dense_0", dtype=policy, **init)
+        self.mlp_0 = keras.layers.Dense(hidden_width(self.mlp_dim, self.mlp_activation), name="Dense_0", dtype=policy,
+                                        **init)
         self.mlp_1 = keras.layers.Dense(dim, name="Dense_1", dtype=policy, **init)
         self.dropout = keras.layers.Dropout(self.dropout_rate)
         for layer in (self.norm_0, self.attention, self.norm_2, self.mlp_0):
             layer.build(input_shape)
         self.mlp_1.build((*input_shape[:-1], self.mlp_dim))
+        self.scales = ()
+        if self.layer_scale is not None:
+            self.scales = tuple(self.add_weight(name=f"layer_scale_{i}", shape=(dim,),
+                                                initializer=keras.initializers.Constant(self.layer_scale))
+                                for i in range(2))
 
     def make_attention(self, input_shape):
         """The block's self-attention layer (a hook for subclasses)."""
@@ -185,21 +202,28 @@ class TransformerBlock(keras.layers.Layer):
             return self.dropout(y, training=training)
         return ops.where(keep[i], y / ops.cast(1.0 - self.dropout_rate, y.dtype), ops.zeros_like(y))
 
-    def _dense(self, layer, x, gelu=False):
+    def _dense(self, layer, x, activation=False):
+        fused = activation and self.mlp_activation == "gelu"  # the backends' fused dense + GELU
         if not _plain(layer):
             y = layer(x)
-            return ops.gelu(y, approximate=self.approximate_gelu) if gelu else y
-        return dense(x, ops.cast(layer.kernel, x.dtype), ops.cast(layer.bias, x.dtype), gelu=gelu,
-                     approximate=self.approximate_gelu)
+        else:
+            y = dense(x, ops.cast(layer.kernel, x.dtype), ops.cast(layer.bias, x.dtype), gelu=fused,
+                      approximate=self.approximate_gelu)
+            if fused:
+                return y
+        return activate(y, self.mlp_activation, self.approximate_gelu) if activation else y
+
+    def _scaled(self, y, i):
+        return y * ops.cast(self.scales[i], y.dtype) if self.scales else y
 
     def _forward(self, x, training, return_attention=False, keep=()):
         y = self.attention(self.norm_0(x), training=training, return_attention=return_attention)
         if return_attention:
             y, weights = y
-        x = x + self._drop(y, training, keep, 0)
-        y = self._dense(self.mlp_0, self.norm_2(x), gelu=True)
+        x = x + self._drop(self._scaled(y, 0), training, keep, 0)
+        y = self._dense(self.mlp_0, self.norm_2(x), activation=True)
         y = self._dense(self.mlp_1, self._drop(y, training, keep, 1))
-        x = x + self._drop(y, training, keep, 2)
+        x = x + self._drop(self._scaled(y, 1), training, keep, 2)
         return (x, weights) if return_attention else x
 
     def compute_output_shape(self, input_shape):
@@ -211,6 +235,7 @@ class TransformerBlock(keras.layers.Layer):
         params |= {f"LayerNorm_2/{k}": v for k, v in _norm_params(self.norm_2).items()}
         for name, layer in (("Dense_0", self.mlp_0), ("Dense_1", self.mlp_1)):
             params |= {f"MlpBlock_3/{name}/kernel": layer.kernel, f"MlpBlock_3/{name}/bias": layer.bias}
+        params |= {f"LayerScale_{i}/scale": scale for i, scale in enumerate(self.scales)}
         return params
 
     def get_config(self):
@@ -224,4 +249,6 @@ class TransformerBlock(keras.layers.Layer):
             "approximate_gelu": self.approximate_gelu,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "attention_implementation": self.attention_implementation,
+            "mlp_activation": self.mlp_activation,
+            "layer_scale": self.layer_scale,
         }

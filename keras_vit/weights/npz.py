@@ -18,11 +18,18 @@ _PREFIXES = {
     "resnet": "",
     "embedding": "embedding",
     "cls": "cls",
+    "dist": "dist",
+    "registers": "registers",
     "posembed_input": "Transformer/posembed_input",
+    "pre_norm": "Transformer/pre_norm",
     "encoder_norm": "Transformer/encoder_norm",
+    "map_head": "MAPHead_0",
+    "fc_norm": "fc_norm",
     "pre_logits": "pre_logits",
     "head": "head",
+    "head_dist": "head_dist",
 }
+HEADS = ("head/", "head_dist/")  # replaced together by a zero-initialised head of the model's classes
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 PATCH_KEY = "embedding/kernel"
 
@@ -137,7 +144,7 @@ def plan_npz(model, arrays):
 
     for key, var in targets.items():
         shape = _shape(var)
-        if key.startswith("head/") and replace_head:
+        if key.startswith(HEADS) and replace_head:
             assignments[key] = (var, np.zeros(shape, np.float32))
             continue
         if key not in arrays:
@@ -182,7 +189,7 @@ def plan_npz(model, arrays):
             continue
         assignments[key] = (var, value)
 
-    tolerated = ("pre_logits/", "head/")
+    tolerated = ("pre_logits/", *HEADS)
     unused = sorted(k for k in arrays if k not in targets)
     unexpected = [k for k in unused if not k.startswith(tolerated)]
     if missing or mismatched or unexpected:
