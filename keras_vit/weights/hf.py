@@ -1,114 +1,356 @@
-"""Hugging Face `ViTModel` / `ViTForImageClassification` folders (config.json + model.safetensors
-or pytorch_model.bin) -> official ViT keys, the architecture read from config.json."""
+"""Hugging Face folders (config.json + model.safetensors or pytorch_model.bin) of the ViT family ->
+official ViT keys, the architecture read from config.json.
+
+config.json `model_type` -> what the folder holds and how the builder makes it:
+
+    vit                    ViTModel / ViTForImageClassification: the paper's ViT (exact GELU, eps 1e-12)
+    deit                   DeiTModel / DeiTForImageClassification(WithTeacher): a distillation token
+                           after the class token; the teacher model's two heads -> head, head_dist
+    dinov2                 Dinov2Model / Dinov2Backbone: layer scale on both residual branches,
+                           a SwiGLU MLP with use_swiglu_ffn
+    dinov2_with_registers  the same plus register tokens after the class token (no position embedding)
+    clip_vision_model      CLIPVisionModel(WithProjection): a LayerNorm before block 0 (pre_layrnorm),
+                           QuickGELU; the projection (no bias) is the head, with a zero bias
+    siglip_vision_model    SiglipVisionModel: no class token, an attention-pooling (MAP) head
+    clip, siglip           a whole CLIPModel / SiglipModel: its vision tower; the text tower is dropped
+
+The folders are read as transformers' save_pretrained writes them (`encoder.layer.0.attention.
+attention.query`, `mlp.weights_in`, ...); the renamed modules of transformers 5 (`q_proj`,
+`o_proj`, `gate_proj`/`up_proj`/`down_proj`, `layers.0`) are read too.
+"""
 
 import json
+import logging
 import os
 import re
+from dataclasses import dataclass
+
+import numpy as np
 
 from keras_vit.weights.tensors import read_tensors
 from keras_vit.weights.timm import module_rules, transform
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-# config.json hidden_act -> approximate_gelu
-GELUS = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
+logger = logging.getLogger("keras_vit")
 
-_L = r"encoder\.layer\.(\d+)\."
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# config.json hidden_act -> approximate_gelu of the "gelu" MLP ("quick_gelu" is an MLP activation of its own)
+GELUS = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
+ACTIVATIONS = (*GELUS, "quick_gelu")
+
+
+@dataclass(frozen=True)
+class Family:
+    """One config.json model_type: what it is, transformers' config defaults (what a sparse config.json
+    means), and how its `interpolate_pos_encoding` resizes the position embeddings."""
+
+    what: str
+    defaults: dict
+    position_interpolation: str
+    vision_type: str = None  # a whole two-tower model: the model_type of its vision_config
+
+
+_VIT = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
+            layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3, qkv_bias=True, pooler_act="tanh")
+_DINOV2 = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, mlp_ratio=4, hidden_act="gelu",
+               layer_norm_eps=1e-6, image_size=224, patch_size=14, num_channels=3, qkv_bias=True,
+               layerscale_value=1.0, use_swiglu_ffn=False)
+_TOWER = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, image_size=224,
+              num_channels=3)
+# torch's F.interpolate as each model's interpolate_pos_encoding calls it (transformers 5): bicubic with
+# align_corners=False everywhere; DINOv2 with registers adds antialias=True
+FAMILIES = {
+    "vit": Family("a ViT", _VIT, "bicubic"),
+    "deit": Family("a DeiT (class and distillation tokens)", _VIT, "bicubic"),
+    "dinov2": Family("a DINOv2 ViT (layer scale)", _DINOV2, "bicubic"),
+    "dinov2_with_registers": Family("a DINOv2 ViT with registers",
+                                    {**_DINOV2, "patch_size": 16, "num_register_tokens": 4}, "bicubic_antialias"),
+    "clip_vision_model": Family("a CLIP vision tower", {**_TOWER, "patch_size": 32, "hidden_act": "quick_gelu",
+                                                        "layer_norm_eps": 1e-5, "projection_dim": 512}, "bicubic"),
+    "siglip_vision_model": Family("a SigLIP vision tower", {**_TOWER, "patch_size": 16, "layer_norm_eps": 1e-6,
+                                                            "hidden_act": "gelu_pytorch_tanh", "vision_use_head": True},
+                                  "bicubic"),
+    "clip": Family("a CLIP model", {}, "bicubic", vision_type="clip_vision_model"),
+    "siglip": Family("a SigLIP model", {}, "bicubic", vision_type="siglip_vision_model"),
+}
+# model types of the same neighbourhood that the builder does not make -> why
+OTHERS = {
+    "clip_text_model": "a CLIP text tower (no vision tower)",
+    "siglip_text_model": "a SigLIP text tower (no vision tower)",
+    "siglip2": "a SigLIP 2 model (NaFlex: linear patch embedding over variable-resolution patches)",
+    "siglip2_vision_model": "a SigLIP 2 vision tower (NaFlex: linear patch embedding over variable-resolution patches)",
+    "dinov3_vit": "a DINOv3 ViT (rotary position embeddings)",
+    "vit_mae": "a ViT-MAE (masked autoencoder with a decoder)",
+    "vit_msn": "a ViT-MSN", "beit": "a BEiT (relative position bias)",
+    "data2vec-vision": "a data2vec ViT (relative position bias)",
+    "vit_hybrid": "a hybrid ViT with a BiT backbone", "ijepa": "an I-JEPA ViT (no class token, no final pooling)",
+}
+
+# ---------------------------------------------------------------------------------------------------
+# key map: HF key (after the model prefix, see _local) -> official key template and transform
+
+# the model prefix of a head-bearing class (ViTForImageClassification: "vit.", CLIPModel: "vision_model.")
+_PREFIX = re.compile(r"^(?:vit|deit|dinov2|dinov2_with_registers|vision_model)\.")
+_VISION_MODEL = re.compile(r"^vision_model\.")
+# the other tower of a CLIP / SigLIP model and its contrastive scalars
+_TEXT = re.compile(r"^(?:text_model\.|text_projection\.|logit_scale$|logit_bias$)")
+# in the files but no parameter of the ViT: DINOv2/DeiT/ViT's masked-image-modelling token, the
+# position_ids buffer that older transformers saved
+_IGNORED = re.compile(r"^embeddings\.(?:mask_token|position_ids)$")
+
+_L = r"(?:encoder\.layers?|layers)\.(\d+)\."  # ViT/DINOv2: encoder.layer.i; CLIP/SigLIP: encoder.layers.i; v5: layers.i
 _B = "Transformer/encoderblock_{0}/"
 _A = _B + "MultiHeadDotProductAttention_1/"
-# HF key (regex, after an optional "vit." prefix) -> official key and transform (as timm.transform)
+_MAP = "MAPHead_0/"
+_QKV = {"q": "query", "k": "key", "v": "value"}
 _RULES = (
+    # the stem: ViT/DeiT/DINOv2 call the conv patch_embeddings.projection, CLIP/SigLIP patch_embedding
     *module_rules(r"embeddings\.patch_embeddings\.projection", "embedding", "conv"),
+    *module_rules(r"embeddings\.patch_embedding", "embedding", "conv"),
     (r"embeddings\.cls_token", "cls", "same"),
+    (r"embeddings\.class_embedding", "cls", "token"),  # CLIP: (D,)
+    (r"embeddings\.distillation_token", "dist", "same"),
+    (r"embeddings\.register_tokens", "registers", "same"),
     (r"embeddings\.position_embeddings", "Transformer/posembed_input/pos_embedding", "same"),
-    *module_rules(_L + "layernorm_before", _B + "LayerNorm_0", "norm"),
-    (_L + r"attention\.attention\.(query|key|value)\.weight", _A + "{1}/kernel", "heads_kernel"),
-    (_L + r"attention\.attention\.(query|key|value)\.bias", _A + "{1}/bias", "heads_bias"),
-    *module_rules(_L + r"attention\.output\.dense", _A + "out", "out_kernel"),
-    *module_rules(_L + "layernorm_after", _B + "LayerNorm_2", "norm"),
-    *module_rules(_L + r"intermediate\.dense", _B + "MlpBlock_3/Dense_0", "linear"),
-    *module_rules(_L + r"output\.dense", _B + "MlpBlock_3/Dense_1", "linear"),
-    *module_rules("layernorm", "Transformer/encoder_norm", "norm"),
+    (r"embeddings\.position_embedding\.weight", "Transformer/posembed_input/pos_embedding", "table"),  # nn.Embedding
+    *module_rules("pre_layrnorm", "Transformer/pre_norm", "norm"),
+    # encoder blocks
+    *module_rules(_L + "(?:layernorm_before|norm1|layer_norm1)", _B + "LayerNorm_0", "norm"),
+    (_L + r"(?:attention\.attention\.|attention\.|self_attn\.)(query|key|value|q|k|v)(?:_proj)?\.weight",
+     _A + "{1}/kernel", "heads_kernel"),
+    (_L + r"(?:attention\.attention\.|attention\.|self_attn\.)(query|key|value|q|k|v)(?:_proj)?\.bias",
+     _A + "{1}/bias", "heads_bias"),
+    *module_rules(_L + r"(?:attention\.output\.dense|attention\.o_proj|self_attn\.out_proj)", _A + "out", "out_kernel"),
+    (_L + r"layer_scale1\.lambda1", _B + "LayerScale_0/scale", "same"),  # DINOv2: attention branch
+    (_L + r"layer_scale2\.lambda1", _B + "LayerScale_1/scale", "same"),  # MLP branch
+    *module_rules(_L + "(?:layernorm_after|norm2|layer_norm2)", _B + "LayerNorm_2", "norm"),
+    # the MLP; DINOv2's SwiGLU packs [gate; value] in weights_in, as the builder's Dense_0 (silu on the first half)
+    *module_rules(_L + r"(?:intermediate\.dense|mlp\.fc1|mlp\.weights_in)", _B + "MlpBlock_3/Dense_0", "linear"),
+    (_L + r"mlp\.(gate|up)_proj\.weight", _B + "MlpBlock_3/Dense_0/kernel", "swiglu_half"),
+    (_L + r"mlp\.(gate|up)_proj\.bias", _B + "MlpBlock_3/Dense_0/bias", "swiglu_half"),
+    *module_rules(_L + r"(?:output\.dense|mlp\.fc2|mlp\.weights_out|mlp\.down_proj)", _B + "MlpBlock_3/Dense_1",
+                  "linear"),
+    # after the encoder
+    *module_rules("(?:layernorm|post_layernorm)", "Transformer/encoder_norm", "norm"),
     *module_rules(r"pooler\.dense", "pre_logits", "linear"),  # ViTModel's pooler: Dense + tanh on [class]
-    *module_rules("classifier", "head", "linear"),
+    *module_rules("(?:classifier|cls_classifier)", "head", "linear"),
+    *module_rules("distillation_classifier", "head_dist", "linear"),
+    (r"visual_projection\.weight", "head/kernel", "linear"),  # CLIP's projection (no bias)
+    # SigLIP's attention-pooling head: torch.nn.MultiheadAttention packs q, k, v in in_proj
+    (r"head\.probe", _MAP + "probe", "same"),
+    (r"head\.attention\.in_proj_weight", _MAP + "MultiHeadDotProductAttention_0/{{}}/kernel", "qkv_kernel"),
+    (r"head\.attention\.in_proj_bias", _MAP + "MultiHeadDotProductAttention_0/{{}}/bias", "qkv_bias"),
+    *module_rules(r"head\.attention\.out_proj", _MAP + "MultiHeadDotProductAttention_0/out", "out_kernel"),
+    *module_rules(r"head\.layernorm", _MAP + "LayerNorm_0", "norm"),
+    *module_rules(r"head\.mlp\.fc1", _MAP + "MlpBlock_0/Dense_0", "linear"),
+    *module_rules(r"head\.mlp\.fc2", _MAP + "MlpBlock_0/Dense_1", "linear"),
 )
-_COMPILED = tuple((re.compile(r"(?:vit\.)?" + p + "$"), t, h) for p, t, h in _RULES)
-# keys the ViT does not use and may be dropped (the masked-image-modelling token)
-IGNORED = re.compile(r"(?:vit\.)?embeddings\.mask_token$")
+_COMPILED = tuple((re.compile(p + "$"), t, h) for p, t, h in _RULES)
+# modules without a bias in HF whose builder layer has one: the bias is zero
+_NO_BIAS = (("embeddings.patch_embedding.weight", "embeddings.patch_embedding.bias", "embedding/bias"),
+            ("visual_projection.weight", None, "head/bias"))
 
 
 def is_hf_folder(path):
     return os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json"))
 
 
+def _supported():
+    return ", ".join(repr(k) for k in FAMILIES)
+
+
+def vision_config(config):
+    """(model_type, config of the vision tower with transformers' defaults filled in) of a config.json."""
+    kind = config.get("model_type")
+    family = FAMILIES.get(kind)
+    if family is None:
+        what = OTHERS.get(kind, f"model_type {kind!r}")
+        raise ValueError(f"a Hugging Face folder of {what}; keras_vit loads model_type {_supported()}")
+    if family.vision_type is not None:
+        vision = config.get("vision_config")
+        if not isinstance(vision, dict):
+            raise ValueError(f"{family.what} config without a vision_config: it describes no vision tower to load")
+        kind, family = family.vision_type, FAMILIES[family.vision_type]
+        config = vision
+    return kind, {**family.defaults, **config}
+
+
 def read_config(folder):
-    """config.json of a Hugging Face ViT folder, refused when it describes another model."""
+    """config.json of a Hugging Face folder of the ViT family, refused when the builder cannot make it."""
     path = os.path.join(folder, "config.json")
     try:
         with open(path) as f:
             config = json.load(f)
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is not a readable JSON model config: {err}") from None
-    kind = config.get("model_type")
-    if kind != "vit":
-        what = {"deit": "a DeiT (distillation token)", "clip_vision_model": "a CLIP vision tower",
-                "clip": "a CLIP model", "dinov2": "a DINOv2 ViT (layer scale, registers)",
-                "dinov2_with_registers": "a ViT with registers"}.get(kind, f"model_type {kind!r}")
-        raise ValueError(f"{folder} holds {what}; keras_vit loads Hugging Face ViT folders (model_type 'vit')")
-    act = config.get("hidden_act", "gelu")
-    if act not in GELUS:
-        raise ValueError(f"{path}: hidden_act {act!r} is not one the ViT builder makes; expected one of {list(GELUS)}")
-    if not config.get("qkv_bias", True) or config.get("num_channels", 3) != 3:
-        raise ValueError(f"{path}: expected qkv_bias true and 3 channels, got qkv_bias={config.get('qkv_bias')}, "
-                         f"num_channels={config.get('num_channels')}")
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} is not a model config (a JSON object), got {type(config).__name__}")
+    try:
+        kind, vision = vision_config(config)
+    except ValueError as err:
+        raise ValueError(f"{folder}: {err}") from None
+    act = vision.get("hidden_act")
+    if act not in ACTIVATIONS:
+        raise ValueError(f"{path}: hidden_act {act!r} is not one the ViT builder makes; "
+                         f"expected one of {list(ACTIVATIONS)}")
+    if not vision.get("qkv_bias", True) or vision.get("num_channels", 3) != 3:
+        raise ValueError(f"{path}: expected qkv_bias true and 3 channels, got qkv_bias={vision.get('qkv_bias')}, "
+                         f"num_channels={vision.get('num_channels')}")
+    if vision.get("pooler_act", "tanh") != "tanh":
+        raise ValueError(f"{path}: pooler_act {vision['pooler_act']!r}; the builder's pre-logits layer is Dense + tanh")
+    patch = _pair(vision.get("patch_size"))
+    if patch[0] != patch[1]:
+        raise ValueError(f"{path}: patch_size {list(patch)}; the builder's patches are square")
     return config
 
 
 def read_folder(folder):
-    """(config, {name: array}) of a Hugging Face ViT folder."""
+    """(config, {name: array}) of a Hugging Face folder.
+
+    The vision tower of a two-tower model (CLIPModel, SiglipModel, CLIPVisionModelWithProjection)
+    sits under `vision_model.`: its tensors are returned under the standalone tower's names (as
+    transformers itself loads a CLIPVisionModel), the text tower's as they are.
+    """
     config = read_config(folder)
     for name in WEIGHT_FILES:
         path = os.path.join(folder, name)
         if os.path.exists(path):
-            return config, read_tensors(path)
-    raise FileNotFoundError(f"{folder} has a config.json but no weights file (expected one of {', '.join(WEIGHT_FILES)})")
+            tensors = read_tensors(path)
+            return config, {_VISION_MODEL.sub("", k): v for k, v in tensors.items()}
+    raise FileNotFoundError(f"{folder} has a config.json but no weights file "
+                            f"(expected one of {', '.join(WEIGHT_FILES)})")
 
 
 def _pair(size):
     return tuple(size) if isinstance(size, (list, tuple)) else (size, size)
 
 
+def _local(tensors):
+    """{key without the model prefix: array} of the vision tower's tensors (the text tower left out)."""
+    return {_PREFIX.sub("", k): v for k, v in tensors.items() if not _TEXT.match(k)}
+
+
+def _swiglu_width(hidden_size, mlp_ratio):
+    """DINOv2's SwiGLU width: two thirds of the MLP's, rounded up to a multiple of 8."""
+    return (int(int(hidden_size * mlp_ratio) * 2 / 3) + 7) // 8 * 8
+
+
 def architecture(config, tensors):
-    """Builder arguments of the model a Hugging Face ViT folder holds."""
-    head = tensors.get("classifier.weight")
-    return dict(
-        patch_size=int(config["patch_size"]), hidden_size=int(config["hidden_size"]),
-        mlp_dim=int(config["intermediate_size"]), num_heads=int(config["num_attention_heads"]),
-        num_layers=int(config["num_hidden_layers"]), resnet=None, classifier="token",
-        classes=None if head is None else int(head.shape[0]),
-        image_size=_pair(config.get("image_size", 224)),
-        pre_logits=any(k.endswith("pooler.dense.weight") for k in tensors),
-        approximate_gelu=GELUS[config.get("hidden_act", "gelu")],
-        layer_norm_epsilon=float(config.get("layer_norm_eps", 1e-12)),
+    """Builder arguments of the model a Hugging Face folder holds (its vision tower for CLIP/SigLIP).
+
+    Besides the builder's arguments: `pre_logits` (a pooler to load as pre-logits) and
+    `position_interpolation` (how transformers' `interpolate_pos_encoding` resizes this model's
+    position embeddings: "bicubic" is torch's bicubic with align_corners=False).
+    """
+    kind, cfg = vision_config(config)
+    local = _local(tensors)
+    name = (config.get("architectures") or [kind])[0]
+    if not {"embeddings.patch_embeddings.projection.weight", "embeddings.patch_embedding.weight"} & set(local):
+        raise ValueError(f"{name}: the weights hold no vision tower (no patch embedding among {len(tensors)} tensors)")
+    hidden = int(cfg["hidden_size"])
+    act = cfg["hidden_act"]
+    dinov2 = kind.startswith("dinov2")
+    swiglu = dinov2 and bool(cfg.get("use_swiglu_ffn"))
+    if dinov2:
+        mlp_dim = _swiglu_width(hidden, cfg["mlp_ratio"]) if swiglu else int(hidden * cfg["mlp_ratio"])
+    else:
+        mlp_dim = int(cfg["intermediate_size"])
+    arch = dict(
+        patch_size=int(_pair(cfg["patch_size"])[0]), hidden_size=hidden, mlp_dim=mlp_dim,
+        num_heads=int(cfg["num_attention_heads"]), num_layers=int(cfg["num_hidden_layers"]), resnet=None,
+        classifier="token", classes=None, image_size=_pair(cfg["image_size"]), pre_logits=False,
+        approximate_gelu=GELUS.get(act, False), layer_norm_epsilon=float(cfg["layer_norm_eps"]),
+        distillation_token=False, num_register_tokens=0, prefix_position_embedding=True, layer_scale=None,
+        pre_norm=False, fc_norm=False,
+        mlp_activation="swiglu" if swiglu else "quick_gelu" if act == "quick_gelu" else "gelu",
+        position_interpolation=FAMILIES[kind].position_interpolation,
     )
+    head = local.get("classifier.weight")
+    if kind == "vit":
+        arch.update(classes=None if head is None else int(head.shape[0]), pre_logits="pooler.dense.weight" in local)
+    elif kind == "deit":
+        teacher = local.get("cls_classifier.weight")
+        # DeiTForImageClassification's head reads the class token alone while the distillation token
+        # stays in the sequence: no builder head; its backbone is the distillation model's
+        arch.update(distillation_token=True, classes=None if teacher is None else int(teacher.shape[0]))
+    elif dinov2:
+        if head is not None:
+            raise ValueError(f"{name}: Dinov2ForImageClassification's head reads the class token and the mean "
+                             "of the patch tokens side by side (2 x hidden); the builder has no such head. "
+                             "Save its Dinov2Model (model.dinov2) to load the backbone")
+        registers = local.get("embeddings.register_tokens")
+        arch.update(layer_scale=float(cfg["layerscale_value"]),
+                    num_register_tokens=0 if kind == "dinov2" else int(
+                        cfg["num_register_tokens"] if registers is None else registers.shape[1]))
+    elif kind == "clip_vision_model":
+        if head is not None:
+            raise ValueError(f"{name}: CLIPForImageClassification's head reads the mean of the patch tokens "
+                             "beside a class token; the builder has no such head. Save its vision_model "
+                             "(CLIPVisionModel) to load the tower")
+        projection = local.get("visual_projection.weight")
+        arch.update(pre_norm=True, classes=None if projection is None else int(projection.shape[0]))
+    else:  # siglip_vision_model
+        pooled = "map" if "head.probe" in local else "gap"
+        arch.update(classifier="gap" if head is not None else pooled,
+                    classes=None if head is None else int(head.shape[0]))
+    return arch
 
 
 def to_official(tensors, num_heads):
-    """(official arrays, HF keys no rule maps) of a Hugging Face ViT state dict."""
-    arrays, unmapped = {}, []
-    for key, value in tensors.items():
-        if IGNORED.match(key):
+    """(official arrays, HF keys no rule maps) of a Hugging Face state dict of the ViT family.
+
+    The text tower of a CLIP / SigLIP model is dropped (logged); so is the unused MAP head of a
+    SiglipForImageClassification, whose classifier reads the mean of the tokens.
+    """
+    text = sorted(k for k in tensors if _TEXT.match(k))
+    local = _local(tensors)
+    drop = set()
+    if "classifier.weight" in local and "head.probe" in local:  # SiglipForImageClassification
+        drop = {k for k in local if k.startswith("head.")}
+        logger.info("keras_vit: SiglipForImageClassification classifies the mean of the tokens; its vision "
+                    "tower's attention-pooling head (%d arrays) is not used", len(drop))
+    if text:
+        logger.info("keras_vit: dropped the text tower of a two-tower model (%d arrays: %s); keras_vit builds the "
+                    "vision tower", len(text), ", ".join(sorted({k.split(".")[0] for k in text})))
+    if "classifier.weight" in local and "embeddings.distillation_token" in local:
+        logger.info("keras_vit: DeiTForImageClassification's classifier reads the class token alone beside the "
+                    "distillation token; the builder has no such head: build with distillation_token=True, "
+                    "include_top=False, pooling='token' for the class token it reads (its classifier goes to "
+                    "'head', unused there)")
+    arrays, unmapped, halves = {}, [], {}
+    for key, value in local.items():
+        if _IGNORED.match(key) or key in drop:
             continue
         for pattern, template, how in _COMPILED:
             match = pattern.match(key)
             if match:
-                groups = match.groups()
-                official = re.sub(r"\{(\d)\}", lambda m: groups[int(m.group(1))], template)
-                if how == "heads_kernel":
+                groups = tuple(_QKV.get(g, g) for g in match.groups())
+                official = re.sub(r"\{(\d)\}", lambda m: groups[int(m.group(1))], template).replace("{{}}", "{}")
+                if how == "heads_kernel":  # (heads * head_dim, D) -> (D, heads, head_dim)
                     value, how = value.T.reshape(value.shape[1], num_heads, -1), "same"
                 elif how == "heads_bias":
                     value, how = value.reshape(num_heads, -1), "same"
-                arrays[official] = transform(how, value, num_heads)
+                if how == "swiglu_half":
+                    halves.setdefault(official, {})[groups[1]] = (key, value)
+                elif how == "token":
+                    arrays[official] = value.reshape(1, 1, -1)
+                elif how == "table":
+                    arrays[official] = value[None]
+                else:
+                    out = transform(how, value, num_heads)
+                    if isinstance(out, dict):
+                        arrays |= {official.format(n): v for n, v in out.items()}
+                    else:
+                        arrays[official] = out
                 break
         else:
             unmapped.append(key)
+    for official, parts in halves.items():  # transformers 5's gate_proj / up_proj: [gate; up] is weights_in
+        if set(parts) != {"gate", "up"}:
+            unmapped += [key for key, _ in parts.values()]
+            continue
+        packed = np.concatenate([parts["gate"][1], parts["up"][1]], axis=0)
+        arrays[official] = packed.T if official.endswith("kernel") else packed
+    for weight, bias, target in _NO_BIAS:
+        if weight in local and (bias is None or bias not in local):
+            arrays[target] = np.zeros(local[weight].shape[0], np.float32)
     return arrays, unmapped
