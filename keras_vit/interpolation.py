@@ -1,7 +1,30 @@
-"""Linear interpolation as matrices (pure numpy): resizing along one axis is a product with an
-(n_out, n_in) matrix, and 2-D bilinear resizing is one such product per axis."""
+"""Interpolation as matrices (pure numpy): resizing along one axis is a product with an
+(n_out, n_in) matrix, and 2-D resizing is one such product per axis.
+
+Position embeddings are resized by different rules depending on where the weights come from; each
+rule is one name of `POSITION_INTERPOLATIONS`, and `resize_matrix` builds its matrix:
+
+- "bilinear": the official ViT rule, linear with the corners aligned (`scipy.ndimage.zoom(order=1)`).
+- "bilinear_half_pixel": linear on cell centres, edges clamped (torch `F.interpolate(mode="bilinear",
+  align_corners=False)`, timm's loader of official .npz files).
+- "bicubic": torch `F.interpolate(mode="bicubic", align_corners=False)`: Keys' cubic with A=-0.75
+  on cell centres, taps past an edge clamped to it (Hugging Face ViT, DeiT, DINOv2, CLIP, SigLIP).
+- "bicubic_antialias": the same call with `antialias=True` (timm's default, Hugging Face's
+  DINOv2-with-registers): a PIL-style filter, A=-0.5, widened by the factor when downsampling, its
+  taps cut off at the edges and the remaining weights renormalised.
+"""
 
 import numpy as np
+
+POSITION_INTERPOLATIONS = ("bilinear", "bilinear_half_pixel", "bicubic", "bicubic_antialias")
+
+
+def check_interpolation(method, what="interpolation"):
+    """`method` if it names a rule of `POSITION_INTERPOLATIONS`, else a ValueError listing them."""
+    if method not in POSITION_INTERPOLATIONS:
+        choices = ", ".join(repr(m) for m in POSITION_INTERPOLATIONS)
+        raise ValueError(f"{what} must be one of {choices}; got {method!r}")
+    return method
 
 
 def linear_resize_matrix(n_in, n_out, align_corners=True, method="linear"):
@@ -32,9 +55,50 @@ def linear_resize_matrix(n_in, n_out, align_corners=True, method="linear"):
     return matrix
 
 
-def resize_2d(grid, size, align_corners=True, method="linear"):
-    """Resizes the two leading axes of `grid` ((h, w, ...) array) to `size` = (new_h, new_w)."""
+def cubic_kernel(x, a):
+    """Keys' cubic convolution kernel with parameter `a` at offsets `x` (zero from |x| = 2 on)."""
+    x = np.abs(np.asarray(x, dtype=np.float64))
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return np.where(x < 1, near, np.where(x < 2, far, 0.0))
+
+
+def resize_matrix(n_in, n_out, method="bilinear"):
+    """(n_out, n_in) matrix of the position-embedding rule `method` (see `POSITION_INTERPOLATIONS`)."""
+    check_interpolation(method)
+    n_in, n_out = int(n_in), int(n_out)
+    if n_in < 1 or n_out < 1:
+        raise ValueError(f"sizes must be positive, got {n_in} -> {n_out}")
+    if method in ("bilinear", "bilinear_half_pixel"):
+        return linear_resize_matrix(n_in, n_out, align_corners=method == "bilinear")
+    scale = n_in / n_out
+    rows = np.arange(n_out)
+    if method == "bicubic_antialias":
+        # every input sample j sits at j + 0.5, output i covers [i, i + 1) * scale around its centre
+        stretch = max(scale, 1.0)
+        offsets = (np.arange(n_in)[None, :] + 0.5 - (rows[:, None] + 0.5) * scale) / stretch
+        weights = cubic_kernel(offsets, -0.5)
+        return weights / weights.sum(axis=1, keepdims=True)
+    pos = (rows + 0.5) * scale - 0.5
+    taps = np.floor(pos).astype(int)[:, None] + np.arange(-1, 3)[None, :]
+    matrix = np.zeros((n_out, n_in), dtype=np.float64)
+    np.add.at(matrix, (np.repeat(rows, 4), np.clip(taps, 0, n_in - 1).ravel()),
+              cubic_kernel(pos[:, None] - taps, -0.75).ravel())
+    return matrix
+
+
+def resize_2d(grid, size, align_corners=None, method="linear"):
+    """Resizes the two leading axes of `grid` ((h, w, ...) array) to `size` = (new_h, new_w).
+
+    method "linear" or "nearest" resamples images (`linear_resize_matrix`, align_corners True when
+    None); a name of `POSITION_INTERPOLATIONS` applies that rule, which fixes its own alignment.
+    """
     grid = np.asarray(grid, dtype=np.float64)
-    rows = linear_resize_matrix(grid.shape[0], size[0], align_corners, method)
-    cols = linear_resize_matrix(grid.shape[1], size[1], align_corners, method)
+    if method in POSITION_INTERPOLATIONS:
+        if align_corners is not None:
+            raise ValueError(f"interpolation {method!r} fixes its own alignment; leave align_corners=None")
+        rows, cols = (resize_matrix(n, m, method) for n, m in zip(grid.shape[:2], size))
+    else:
+        align_corners = True if align_corners is None else align_corners
+        rows, cols = (linear_resize_matrix(n, m, align_corners, method) for n, m in zip(grid.shape[:2], size))
     return np.einsum("ih,hw...,jw->ij...", rows, grid, cols)

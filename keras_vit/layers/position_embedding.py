@@ -6,24 +6,28 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit.interpolation import resize_2d
+from keras_vit.interpolation import check_interpolation, resize_2d
 
 
-def resize_position_embeddings(posemb, new_grid, old_grid=None, num_prefix_tokens=1):
+def resize_position_embeddings(posemb, new_grid, old_grid=None, num_prefix_tokens=1, method="bilinear"):
     """Resizes (1, prefix + gh*gw, D) position embeddings to a (new_h, new_w) patch grid.
 
-    The official rule: the prefix ([class] token) entries are kept as they are; the grid part is
-    zoomed bilinearly with corners aligned, each axis by its own factor (what
-    `scipy.ndimage.zoom(order=1)` does), and flattened row-major again.
+    The prefix ([class] token) entries are kept as they are; the grid part is resampled, each axis
+    by its own factor, and flattened row-major again. method "bilinear" is the official rule
+    (corners aligned, what `scipy.ndimage.zoom(order=1)` does); the other names of
+    `keras_vit.interpolation.POSITION_INTERPOLATIONS` are the rules of timm ("bicubic_antialias")
+    and Hugging Face ("bicubic"; DINOv2 with registers: "bicubic_antialias"), exact to theirs.
 
     Args:
         posemb: array (1, T, D).
         new_grid: (new_h, new_w) patch grid of the target model.
         old_grid: (gh, gw) of `posemb`; inferred as square when None.
         num_prefix_tokens: 1 with a class token, 0 for `classifier="gap"` models.
+        method: a name of `POSITION_INTERPOLATIONS`, the rule of the weights' source.
     Returns:
         float array (1, num_prefix_tokens + new_h * new_w, D) in posemb's dtype.
     """
+    check_interpolation(method, what="method")
     posemb = np.asarray(posemb)
     if posemb.ndim != 3 or posemb.shape[0] != 1:
         raise ValueError(f"position embeddings must have shape (1, T, D), got {posemb.shape}")
@@ -42,7 +46,7 @@ def resize_position_embeddings(posemb, new_grid, old_grid=None, num_prefix_token
         raise ValueError(f"old_grid {old_grid} holds {gh * gw} positions but the embeddings have {n}")
     if (gh, gw) == (nh, nw):
         return posemb.copy()
-    out = resize_2d(grid.reshape(gh, gw, -1), (nh, nw))
+    out = resize_2d(grid.reshape(gh, gw, -1), (nh, nw), method=method)
     out = out.reshape(1, nh * nw, -1).astype(posemb.dtype)
     return np.concatenate([prefix, out], axis=1)
 
@@ -51,11 +55,49 @@ def _linear_resize_matrix_ops(old, new):
     """`linear_resize_matrix(old, new)` (corners aligned) with keras.ops, for sizes known only at call
     time (float32)."""
     step = ops.cast(old - 1, "float32") / ops.cast(ops.maximum(new - 1, 1), "float32")
-    pos = ops.cast(ops.arange(new), "float32") * step
+    return _linear_taps_ops(ops.cast(ops.arange(new), "float32") * step, old)
+
+
+def _linear_taps_ops(pos, old):
+    """(n, old) matrix that reads each of the n positions `pos` (float32, in [0, old - 1]) linearly
+    between its two neighbouring inputs."""
     lo = ops.clip(ops.cast(ops.floor(pos), "int32"), 0, old - 1)
     hi = ops.minimum(lo + 1, old - 1)
     frac = ops.expand_dims(pos - ops.cast(lo, "float32"), 1)
     return ops.one_hot(lo, old) * (1.0 - frac) + ops.one_hot(hi, old) * frac
+
+
+def _cubic_kernel_ops(x, a):
+    """`keras_vit.interpolation.cubic_kernel` with keras.ops."""
+    x = ops.abs(x)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return ops.where(x < 1, near, ops.where(x < 2, far, ops.zeros_like(x)))
+
+
+def _resize_matrix_ops(old, new, method):
+    """`keras_vit.interpolation.resize_matrix(old, new, method)` with keras.ops (float32): `old` is an
+    int, `new` an int or a scalar tensor known only at call time."""
+    if method == "bilinear":
+        return _linear_resize_matrix_ops(old, new)
+    scale = float(old) / ops.cast(new, "float32")
+    rows = ops.cast(ops.arange(new), "float32")
+    if method == "bicubic_antialias":  # dense: the kernel at every input, zero outside its support
+        stretch = ops.maximum(scale, 1.0)
+        inputs = ops.cast(ops.arange(old), "float32")
+        offsets = (ops.expand_dims(inputs + 0.5, 0) - ops.expand_dims((rows + 0.5) * scale, 1)) / stretch
+        weights = _cubic_kernel_ops(offsets, -0.5)
+        return weights / ops.sum(weights, axis=1, keepdims=True)
+    pos = (rows + 0.5) * scale - 0.5
+    if method == "bilinear_half_pixel":
+        return _linear_taps_ops(ops.clip(pos, 0.0, float(old - 1)), old)
+    floor = ops.floor(pos)  # "bicubic": four taps around pos, the ones past an edge clamped onto it
+    first = ops.cast(floor, "int32") - 1
+    matrix = 0.0
+    for k in range(4):
+        weight = ops.expand_dims(_cubic_kernel_ops(pos - floor + float(1 - k), -0.75), 1)
+        matrix = matrix + ops.one_hot(ops.clip(first + k, 0, old - 1), old) * weight
+    return matrix
 
 
 def runtime_grid(images, stride):
@@ -77,18 +119,22 @@ class AddPositionEmbs(keras.layers.Layer):
 
     With `stride` set, the layer serves any resolution: called as `layer(tokens, images)`, it
     resizes the stored (gh, gw) grid at call time to the images' (H / stride, W / stride) grid by
-    the official rule of `resize_position_embeddings` (prefix entries kept, bilinear with corners
-    aligned, each axis by its own factor), as two interpolation matrices applied with keras.ops.
+    the rule `interpolation` of `resize_position_embeddings` (prefix entries kept, each axis by its
+    own factor), as two interpolation matrices applied with keras.ops.
 
     Args:
         grid_size: (gh, gw), the patch grid the embeddings are laid out on (the trained grid).
         num_prefix_tokens: tokens before the grid (1 for the [class] token, 0 for "gap" models).
         stride: None (fixed resolution), or the pixels per token along each axis of the images
             passed as the second argument (patch size times the ResNet stride).
+        interpolation: how the grid is resized, at load time (`resize_official`) and at call time:
+            a name of `keras_vit.interpolation.POSITION_INTERPOLATIONS`, the rule of the source of
+            the weights ("bilinear": official; "bicubic_antialias": timm; "bicubic": Hugging Face).
     """
 
-    def __init__(self, grid_size, num_prefix_tokens=1, stride=None, **kwargs):
+    def __init__(self, grid_size, num_prefix_tokens=1, stride=None, interpolation="bilinear", **kwargs):
         super().__init__(**kwargs)
+        self.interpolation = check_interpolation(interpolation, what="AddPositionEmbs interpolation")
         self.grid_size = tuple(int(v) for v in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.stride = None if stride is None else int(stride)
@@ -135,9 +181,8 @@ class AddPositionEmbs(keras.layers.Layer):
             return self.pos_embedding
         posemb = ops.cast(self.pos_embedding, "float32")
         table = ops.reshape(posemb[0, prefix:], (gh, gw, -1))
-        table = ops.einsum(
-            "ih,hwd,jw->ijd", _linear_resize_matrix_ops(gh, grid[0]), table, _linear_resize_matrix_ops(gw, grid[1])
-        )
+        rows, cols = (_resize_matrix_ops(old, new, self.interpolation) for old, new in zip((gh, gw), grid))
+        table = ops.einsum("ih,hwd,jw->ijd", rows, table, cols)
         table = ops.reshape(table, (1, -1, ops.shape(posemb)[-1]))
         return ops.concatenate([posemb[:, :prefix], table], axis=1)
 
@@ -149,7 +194,8 @@ class AddPositionEmbs(keras.layers.Layer):
 
     def resize_official(self, name, value):
         """`value` of the official array `name` from another grid, resized to this layer's grid."""
-        return resize_position_embeddings(value, self.grid_size, num_prefix_tokens=self.num_prefix_tokens)
+        return resize_position_embeddings(value, self.grid_size, num_prefix_tokens=self.num_prefix_tokens,
+                                          method=self.interpolation)
 
     def get_config(self):
         return {
@@ -157,4 +203,5 @@ class AddPositionEmbs(keras.layers.Layer):
             "grid_size": self.grid_size,
             "num_prefix_tokens": self.num_prefix_tokens,
             "stride": self.stride,
+            "interpolation": self.interpolation,
         }
