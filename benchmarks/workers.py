@@ -445,7 +445,8 @@ def _import_timm():
     """Imports timm; without torchvision installed, stands in an empty `torchvision` module.
 
     timm imports torchvision at module level in a few norm helpers that a ViT never uses; an empty
-    stand-in avoids installing torchvision (whose wheels pin another torch build).
+    stand-in, there while timm imports and gone after (transformers would take it for an installed
+    torchvision), avoids installing torchvision (whose wheels pin another torch build).
     """
     import importlib.abc
     import importlib.machinery
@@ -478,7 +479,14 @@ def _import_timm():
             def exec_module(self, module):
                 module.__path__ = []
 
-        sys.meta_path.insert(0, _Finder())
+        finder = _Finder()
+        sys.meta_path.insert(0, finder)
+        try:
+            import timm
+        finally:  # the stand-in lives only while timm imports: transformers must not find a torchvision
+            sys.meta_path.remove(finder)
+            for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+                del sys.modules[name]
     import timm
 
     return timm

@@ -207,11 +207,14 @@ def parser():
                    help="embedding-filter principal components to draw (default 28)")
     p.set_defaults(func=_inspect)
 
-    p = sub.add_parser("convert", help="a timm .safetensors/.pth/.bin file or a Hugging Face ViT folder -> .keras")
-    p.add_argument("source", help="timm state dict file, or a Hugging Face folder (config.json + model.safetensors)")
+    p = sub.add_parser("convert", help="a timm .safetensors/.pth/.bin file or a Hugging Face folder of a ViT, DeiT, "
+                       "DINOv2, CLIP or SigLIP image tower -> .keras")
+    p.add_argument("source", help="timm state dict file, a Hugging Face folder (config.json + model.safetensors), "
+                   "or a timm model name in the Hugging Face hub cache (e.g. vit_small_patch14_dinov2.lvd142m)")
     p.add_argument("out", help="output .keras file")
     p.add_argument("--model", default=None, help="variant factory name (timm files do not record the head count)")
-    p.add_argument("--num-heads", type=int, default=None, help="head count of a timm file of no listed variant")
+    p.add_argument("--num-heads", type=int, default=None, help="head count of a timm file whose width is no "
+                   "timm ViT's (default: the variant's, else timm's for the width)")
     p.add_argument("--image-size", type=int, nargs="+", default=None, help="input size (h [w]); default: the file's")
     p.set_defaults(func=_convert)
 

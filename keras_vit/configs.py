@@ -110,3 +110,38 @@ def pair(value, what):
     if len(out) != 2 or not all(whole(v) for v in out):
         raise ValueError(f"{what} must be a positive int or an (h, w) pair of positive ints, got {value!r}")
     return tuple(int(v) for v in out)
+
+
+# The builder's options for the ViTs of later papers (keras_vit.model.build_vit), at their defaults:
+# the paper's model. A timm / Hugging Face file's architecture names its values; `family_name`
+# says which published model a set of them is.
+FAMILY_DEFAULTS = dict(distillation_token=False, num_register_tokens=0, prefix_position_embedding=True,
+                       layer_scale=None, pre_norm=False, fc_norm=False, mlp_activation="gelu")
+
+
+def family_options(config):
+    """The family options of `config` (builder arguments, or a file's architecture), defaults filled in."""
+    return {k: v if config.get(k) is None else config[k] for k, v in FAMILY_DEFAULTS.items()}
+
+
+def family_name(config):
+    """Which ViT a configuration is, in words, e.g. "a DINOv2-style ViT (layer scale, 4 registers)"."""
+    opts = family_options(config)
+    traits = [t for t, on in (
+        ("distillation token", opts["distillation_token"]),
+        (f"{opts['num_register_tokens']} register tokens", opts["num_register_tokens"]),
+        ("layer scale", opts["layer_scale"] is not None),
+        ("position embeddings on the patches only", not opts["prefix_position_embedding"]),
+        ("pre-norm", opts["pre_norm"]),
+        ("fc_norm", opts["fc_norm"]),
+        (opts["mlp_activation"], opts["mlp_activation"] != "gelu"),
+        ("attention-pool head", config.get("classifier") == "map"),
+    ) if on]
+    if not traits:
+        return "a ViT of the paper's layout"
+    kind = next((k for k, on in (
+        ("SigLIP-style", config.get("classifier") == "map"), ("CLIP-style", opts["pre_norm"]),
+        ("DeiT", opts["distillation_token"]), ("DINOv2-style", opts["num_register_tokens"]),
+        ("DeiT III-style", opts["layer_scale"] is not None and not opts["prefix_position_embedding"]),
+        ("DINOv2-style", opts["layer_scale"] is not None)) if on), "")
+    return f"a {kind + ' ' if kind else ''}ViT ({', '.join(traits)})"

@@ -1,59 +1,128 @@
-"""timm / Hugging Face weights -> a `.keras` file of the same ViT (`keras-vit convert`)."""
+"""timm / Hugging Face weights -> the same ViT as a keras_vit model (`from_timm`, `from_huggingface`) and
+as a `.keras` file (`keras-vit convert`)."""
 
 import os
 
-from keras_vit.configs import VARIANTS, find_variant, get_variant, resnet_stride
+from keras_vit.configs import VARIANTS, find_variant, get_variant, pair, resnet_stride
 from keras_vit.fileio import atomic_write
 from keras_vit.variants import VisionTransformer
 from keras_vit.weights import load_weights
-from keras_vit.weights.foreign import describe
+from keras_vit.weights.foreign import describe, file_image_size, file_options, is_foreign
+from keras_vit.weights.timm import TIMM_HEADS, name_options
 
 _ARCH = ("patch_size", "hidden_size", "mlp_dim", "num_layers", "resnet")
 
 
-def build_from(path, variant=None, num_heads=None, image_size=None, classifier_activation="softmax"):
-    """The ViT of a timm file or a Hugging Face folder, with its weights loaded.
-
-    The head count is read from a Hugging Face config.json; a timm state dict does not hold it, so
-    it comes from `variant` (e.g. "ViT_B16"), `num_heads`, or the variant table entry whose
-    patch, width, MLP and depth match the file.
-    """
-    arch = describe(path)
-    heads = arch.get("num_heads") or num_heads
-    name = variant
-    if heads is None:
-        if variant is None:
-            variant = next((v for v in VARIANTS if all(get_variant(v).build_args()[k] == arch[k] for k in _ARCH[:-1])
-                            and (get_variant(v).resnet is None) == (arch["resnet"] is None)), None)
-            if variant is None:
-                raise ValueError(
-                    f"{path}: no variant has patch {arch['patch_size']}, width {arch['hidden_size']}, MLP "
-                    f"{arch['mlp_dim']}, depth {arch['num_layers']}, and a timm file does not record its head "
-                    "count: pass num_heads (--num-heads)")
+def _head_count(path, arch, variant, num_heads):
+    """The file's head count: its config's, `num_heads`, `variant`'s, the variant whose dimensions the file
+    has, else timm's head count for the file's width (`keras_vit.weights.timm.TIMM_HEADS`)."""
+    if arch.get("num_heads") or num_heads:
+        return arch.get("num_heads") or num_heads
+    if variant is None:
+        variant = next((v for v in VARIANTS if all(get_variant(v).build_args()[k] == arch[k] for k in _ARCH[:-1])
+                        and (get_variant(v).resnet is None) == (arch["resnet"] is None)), None)
+    if variant is not None:
         config = get_variant(variant).build_args()
         mismatch = [k for k in _ARCH[:-1] if config[k] != arch[k]]
         if mismatch:
             raise ValueError(f"{path} does not fit {variant}: " + ", ".join(
                 f"{k} {arch[k]} in the file, {config[k]} in {variant}" for k in mismatch))
-        heads = config["num_heads"]
-    size = image_size or arch.get("image_size")
+        return config["num_heads"]
+    if arch["hidden_size"] in TIMM_HEADS:
+        return TIMM_HEADS[arch["hidden_size"]]
+    raise ValueError(
+        f"{path}: no variant has patch {arch['patch_size']}, width {arch['hidden_size']}, MLP {arch['mlp_dim']}, "
+        f"depth {arch['num_layers']}, no timm ViT has width {arch['hidden_size']}, and a timm file does not record "
+        "its head count: pass num_heads (--num-heads)")
+
+
+def build_from(path, variant=None, num_heads=None, image_size=None, classifier_activation="softmax", **overrides):
+    """The ViT of a timm file or a Hugging Face folder, with its weights loaded.
+
+    Everything the file says is taken from it: dimensions, classes, numerics and the family options
+    (distillation / register tokens, layer scale, pre-norm, fc_norm, MLP, attention-pool head,
+    position-embedding resize rule). The head count is read from a Hugging Face config.json; a
+    timm state dict does not hold it, so it comes from `variant` (e.g. "ViT_B16"), `num_heads`, the
+    variant table entry whose patch, width, MLP and depth match the file, or timm's head count for
+    the file's width. `image_size` builds the model at another resolution (position embeddings
+    resized by the source's rule); `overrides` are further `build_vit` arguments (e.g.
+    `include_top=False, pooling=None`, or `mlp_activation="quick_gelu"` for an OpenAI CLIP file
+    whose name does not say quickgelu).
+    """
+    arch = describe(path)
+    heads = _head_count(path, arch, variant, num_heads)
+    stride = arch["patch_size"] * resnet_stride(arch["resnet"] and arch["resnet"]["num_layers"])
+    size = image_size or file_image_size(arch, stride)
     if size is None:
-        prefix = int(arch["classifier"] == "token")
-        side = int(round((arch["tokens"] - prefix) ** 0.5))
-        if side * side != arch["tokens"] - prefix:
-            raise ValueError(f"{path}: {arch['tokens']} position embeddings are no square grid; pass image_size")
-        stride = arch["patch_size"] * resnet_stride(arch["resnet"] and arch["resnet"]["num_layers"])
-        size = side * stride
-    model = VisionTransformer(
+        raise ValueError(f"{path}: {arch['tokens']} position embeddings are no square grid; pass image_size")
+    if image_size is not None:  # the layout of a non-square grid's embeddings is read for this grid
+        arch = describe(path, tuple(v // stride for v in pair(image_size, "image_size")))
+    args = dict(
         image_size=size, num_heads=heads, classes=arch["classes"] or 1000, classifier=arch["classifier"],
         representation_size=arch["hidden_size"] if arch["pre_logits"] else None,
         include_top=arch["classes"] is not None, classifier_activation=classifier_activation,
-        approximate_gelu=arch["approximate_gelu"], layer_norm_epsilon=arch["layer_norm_epsilon"],
-        name=name or find_variant({**{k: arch[k] for k in _ARCH}, "num_heads": heads}) or "vit",
-        **{k: arch[k] for k in _ARCH},
+        name=variant or find_variant({**{k: arch[k] for k in _ARCH}, "num_heads": heads}) or "vit",
+        **{k: arch[k] for k in _ARCH}, **file_options(arch),
     )
+    args.update(overrides)
+    if args.get("pooling", "representation") != "representation":
+        args["representation_size"] = None  # pre-logits belong to the pooled representation
+    model = VisionTransformer(**args)
     load_weights(model, path)
     return model
+
+
+def from_timm(name_or_file, num_heads=None, image_size=None, classifier_activation="softmax", **overrides):
+    """A timm ViT, DeiT, DeiT III, DINOv2, CLIP or SigLIP image tower as a keras_vit model, weights loaded.
+
+    Args:
+        name_or_file: a timm `.safetensors` / `.pth` / `.bin` file, or a timm model name with its
+            pretrained tag (e.g. "vit_small_patch14_dinov2.lvd142m"), whose `model.safetensors`
+            is taken from the Hugging Face hub cache (`huggingface_hub.hf_hub_download` of
+            "timm/<name>": downloaded once where there is a network). The name also tells what a
+            state dict does not: QuickGELU (`*_quickgelu_*`).
+        num_heads: the head count when the file's width is not one of timm's ViTs'.
+        image_size: build at another resolution (position embeddings resized by timm's rule).
+        classifier_activation, overrides: as `build_from`.
+    """
+    path = os.fspath(name_or_file)
+    if not is_foreign(path) and not os.path.exists(path):
+        overrides = {**name_options(path), **overrides}
+        path = _hub_file(f"timm/{path}", "model.safetensors", path)
+    return build_from(path, None, num_heads, image_size, classifier_activation, **overrides)
+
+
+def from_huggingface(folder, image_size=None, classifier_activation="softmax", **overrides):
+    """A Hugging Face ViT, DeiT, DINOv2 (with registers), CLIP or SigLIP vision model as a keras_vit model.
+
+    Args:
+        folder: a folder written by `save_pretrained` (config.json + model.safetensors or
+            pytorch_model.bin); of a whole CLIP / SigLIP model the vision tower is taken.
+        image_size, classifier_activation, overrides: as `build_from`.
+    """
+    if not os.path.isdir(folder):
+        raise ValueError(f"{folder} is not a folder; expected a Hugging Face model folder with config.json "
+                         "(use from_timm for a single weights file)")
+    return build_from(folder, None, None, image_size, classifier_activation, **overrides)
+
+
+def _hub_file(repo, filename, name):
+    """`filename` of the Hugging Face hub repository `repo`, from the local cache or downloaded."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise ImportError(f"{name!r} is no file here; fetching a timm model by name needs huggingface_hub "
+                          "(pip install huggingface_hub), or pass the path of its .safetensors file") from None
+    try:
+        return hf_hub_download(repo, filename, local_files_only=True)  # cached: no network round trip
+    except Exception:
+        pass
+    try:
+        return hf_hub_download(repo, filename)
+    except Exception as err:  # offline and not cached, unknown repository, ...
+        raise ValueError(f"{name!r} is no file here and {repo}/{filename} could not be fetched from the Hugging Face "
+                         f"hub ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); pass the "
+                         "path of the model's .safetensors file") from None
 
 
 def save_keras(model, out):
@@ -67,5 +136,9 @@ def save_keras(model, out):
 
 
 def convert(src, out, variant=None, num_heads=None, image_size=None):
-    """Writes the ViT of a timm file / Hugging Face folder `src` as the `.keras` file `out`."""
-    return save_keras(build_from(src, variant, num_heads, image_size), out)
+    """Writes the ViT of a timm file / Hugging Face folder `src` (or a timm model name, see
+    `from_timm`) as the `.keras` file `out`."""
+    src = os.fspath(src)
+    if os.path.exists(src) or is_foreign(src):
+        return save_keras(build_from(src, variant, num_heads, image_size), out)
+    return save_keras(from_timm(src, num_heads, image_size), out)

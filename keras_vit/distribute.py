@@ -29,7 +29,10 @@ BATCH_AXIS, MODEL_AXIS = "batch", "model"
 # position embeddings and output biases are small; the patch embedding (P*P*3 x D, a few percent of
 # a /32 model, less of the others) would cost an all-gather of every token before the first
 # LayerNorm split by columns, and by rows needs a model axis dividing P*P*3 (588 for ViT-H/14);
-# a hybrid's ResNet convolutions keep the batch split only.
+# a hybrid's ResNet convolutions keep the batch split only. Of the ViT family's parameters, DeiT's
+# head_dist is split as the head; a SigLIP attention-pool head's q/k/v/out are not (one probe token:
+# little to gain), its MLP is split as the blocks'; distillation and register tokens, layer scales and
+# the extra LayerNorms are replicated.
 _PREFIX = r"(?:.*/)?"
 _SPLITS = (
     (_PREFIX + r"MultiHeadDotProductAttention_1/(?:query|key|value)/kernel", 1, "heads"),
@@ -40,7 +43,7 @@ _SPLITS = (
     (_PREFIX + r"Dense_1/kernel", 0, "MLP width"),
     (_PREFIX + r"pre_logits/kernel", 1, "representation size"),
     (_PREFIX + r"pre_logits/bias", 0, "representation size"),
-    (_PREFIX + r"head/kernel", 0, "head input width"),
+    (_PREFIX + r"head(?:_dist)?/kernel", 0, "head input width"),
 )
 _RANKS = (3, 2, 3, 2, 1, 2, 2, 1, 2)
 

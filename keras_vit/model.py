@@ -5,6 +5,7 @@ import keras
 from keras_vit import layers as L
 from keras_vit.calls import KeepsStateOnError
 from keras_vit.configs import pair, resnet_stride
+from keras_vit.interpolation import check_interpolation
 from keras_vit.layers.attention import check_attention_implementation
 from keras_vit.layers.mlp import check_mlp_activation
 
@@ -112,6 +113,7 @@ def build_vit(
     pre_norm=False,
     fc_norm=False,
     mlp_activation="gelu",
+    position_interpolation="bilinear",
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -184,6 +186,11 @@ def build_vit(
             its average-pooled models); the feature map (`pooling=None`) is then un-normalised.
         mlp_activation: "gelu" (with `approximate_gelu`), "quick_gelu" (OpenAI CLIP) or "swiglu"
             (DINOv2-giant; `mlp_dim` is the width after gating).
+        position_interpolation: how the learned 1-D position embeddings are resized to another
+            grid (when weights of another resolution are loaded, or at call time): "bilinear" (the
+            paper's rule, corners aligned), or the rule of another source of weights:
+            "bicubic_antialias" (timm), "bicubic" (most Hugging Face models), "bilinear_half_pixel"
+            (see `keras_vit.interpolation.POSITION_INTERPOLATIONS`).
     """
     if position_embedding not in POSITION_EMBEDDINGS:
         raise ValueError(f"unknown position_embedding {position_embedding!r}; expected one of {POSITION_EMBEDDINGS}")
@@ -218,6 +225,7 @@ def build_vit(
     if pooling != "representation" and representation_size is not None:
         raise ValueError(f"representation_size (pre-logits) goes with pooling='representation', got pooling={pooling!r}")
     check_mlp_activation(mlp_activation)
+    check_interpolation(position_interpolation, "position_interpolation")
     if isinstance(num_register_tokens, bool) or not isinstance(num_register_tokens, int) or num_register_tokens < 0:
         raise ValueError(f"num_register_tokens must be a non-negative int, got {num_register_tokens!r}")
     layout = [f"num_register_tokens={num_register_tokens}"] if num_register_tokens else []
@@ -265,9 +273,12 @@ def build_vit(
     posemb = {"learned_1d": L.AddPositionEmbs, "learned_2d": L.AddPositionEmbs2D}.get(position_embedding, L.NoPositionEmbs)
     posemb_args = dict(grid_size=grid, num_prefix_tokens=cls_tokens if prefix_position_embedding else 0)
     if runtime and position_embedding == "learned_1d":
-        posembed = L.AddPositionEmbs(**posemb_args, stride=stride, name="posembed_input")
+        posembed = L.AddPositionEmbs(**posemb_args, stride=stride, interpolation=position_interpolation,
+                                     name="posembed_input")
         add_positions = lambda x: posembed(x, images)  # noqa: E731
     else:
+        if posemb is L.AddPositionEmbs:
+            posemb_args["interpolation"] = position_interpolation
         posembed = posemb(**posemb_args, name="posembed_input")
         add_positions = posembed
     if not prefix_position_embedding:

@@ -68,6 +68,21 @@ class ViTParts:
             x = self.dropout(x, training=training)
         return x if self.pre_norm is None else self.pre_norm(x)
 
+    def family(self):
+        """The builder's family options this ViT was built with (see `keras_vit.configs.FAMILY_DEFAULTS`),
+        and its `classifier`."""
+        block = self.blocks[0]
+        names = {layer.name for layer in _direct_sublayers(self.container)}
+        return dict(
+            distillation_token=self.dist is not None,
+            num_register_tokens=0 if self.registers is None else int(self.registers.num_tokens),
+            prefix_position_embedding=int(self.posembed.num_prefix_tokens) > 0 or self.cls is None,
+            layer_scale=getattr(block, "layer_scale", None), pre_norm=self.pre_norm is not None,
+            fc_norm="encoder_norm" not in names, mlp_activation=getattr(block, "mlp_activation", "gelu"),
+            # None: a feature-map model (pooling=None) has no pooling to tell
+            classifier="map" if "map_head" in names else None if not names & {"pool", "pool_average"}
+            else "token" if self.cls is not None else "gap")
+
     @property
     def num_layers(self):
         return len(self.blocks)

@@ -5,10 +5,10 @@ import inspect
 import math
 import os
 
-from keras_vit.configs import VARIANTS, get_variant, resnet_stride
+from keras_vit.configs import VARIANTS, get_variant, pair, resnet_stride
 from keras_vit.model import build_vit
 from keras_vit.weights import KERAS_SUFFIXES, fetch, get_weights, is_path, list_weights, load_weights, peek_npz
-from keras_vit.weights.foreign import describe, is_foreign
+from keras_vit.weights.foreign import describe, file_image_size, file_options, is_foreign
 
 
 def VisionTransformer(*args, weights=None, **kwargs):
@@ -48,16 +48,13 @@ def weights_file(variant, weights, image_size=None):
 OFFICIAL_NUMERICS = dict(approximate_gelu=True, layer_norm_epsilon=1e-6)
 
 
-def _foreign_facts(variant, path):
-    """(image_size, classes, has_pre_logits, classifier, numerics) of a timm file / HF folder."""
-    arch = describe(path)
-    size = arch.get("image_size")
-    if size is None and arch.get("tokens"):
-        grid = arch["tokens"] - int(arch["classifier"] == "token")
-        side = math.isqrt(grid)
-        size = side * variant.stride if side * side == grid else None
-    numerics = {k: arch[k] for k in OFFICIAL_NUMERICS}
-    return size, arch["classes"], arch["pre_logits"], arch["classifier"], numerics
+def _foreign_facts(variant, path, image_size=None):
+    """(image_size, classes, has_pre_logits, classifier, options) of a timm file / HF folder; options are the
+    numerics and family options it dictates (`keras_vit.weights.foreign.file_options`)."""
+    grid = None if image_size is None else tuple(v // variant.stride for v in pair(image_size, "image_size"))
+    arch = describe(path, grid)
+    return file_image_size(arch, variant.stride), arch["classes"], arch["pre_logits"], arch["classifier"], \
+        file_options(arch)
 
 
 def _file_facts(variant, weights, image_size):
@@ -68,7 +65,7 @@ def _file_facts(variant, weights, image_size):
         raise TypeError(f"weights must be None, a registry tag or a path, got {type(weights).__name__}")
     weights = os.fspath(weights)
     if is_foreign(weights) and os.path.exists(weights):
-        return _foreign_facts(variant, weights)
+        return _foreign_facts(variant, weights, image_size)
     return (*_official_facts(variant, weights, image_size), None, OFFICIAL_NUMERICS)
 
 
@@ -94,7 +91,8 @@ def _npz_image_size(peek, stride):
 def resolve_build_args(variant, weights, image_size, classes, include_top, representation_size="auto",
                        classifier=None):
     """Fills `image_size`, `classes`, `representation_size` and `classifier` from the weights when
-    not given, and the numerics (`approximate_gelu`, `layer_norm_epsilon`) of timm / Hugging Face files."""
+    not given, and the numerics (`approximate_gelu`, `layer_norm_epsilon`) and family options
+    (layer scale, registers, ...) of timm / Hugging Face files."""
     config = get_variant(variant)
     if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 1):
         raise ValueError(f"classes must be a positive int (or None for the weights' classes), got {classes!r}")
@@ -115,9 +113,11 @@ _DOC = """Builds {checkpoint} ({arch}), the `{name}` variant of the paper.
         include_top: with the classification head; without it the model returns what `pooling`
             says, by default the pooled representation (B, {dim}).
         weights: None (random init), {tags}, or a path to an official `.npz`, a Keras
-            `.weights.h5`, a timm `.safetensors` / `.pth` / `.bin` file or a Hugging Face ViT
-            folder (config.json + model.safetensors; the GELU and LayerNorm epsilon follow the
-            file). Position embeddings are resized to `image_size` when the file's
+            `.weights.h5`, a timm `.safetensors` / `.pth` / `.bin` file or a Hugging Face
+            folder (config.json + model.safetensors) of a ViT, DeiT, DeiT III, DINOv2, CLIP or
+            SigLIP image tower of this size: the GELU, LayerNorm epsilon and family options
+            (distillation / register tokens, layer scale, pre-norm, attention-pool head, ...)
+            follow the file. Position embeddings are resized to `image_size` when the file's
             grid differs; a `classes` other than the file's gives a new zero-initialised head.
         input_tensor: optional Keras tensor (NHWC, in [-1, 1]) to build on.
         classes: head width; None takes the weights' classes (1000 without weights).

@@ -164,4 +164,17 @@ for name, config in keras_vit.VARIANTS.items():
             "params": int(sum(math.prod(v.shape) for v in vit.variables)),
         }
 
+# 7. the ViT family's options at ViT-S/16's size under the same layout
+keras.distribution.set_distribution(None)
+distribute.model_parallel((4, 2))
+out["families"] = {}
+for name, family in {"deit_registers_clip": dict(distillation_token=True, num_register_tokens=4, layer_scale=1e-5,
+                                                 prefix_position_embedding=False, pre_norm=True),
+                     "siglip": dict(classifier="map", fc_norm=True)}.items():
+    with keras.StatelessScope(initialize_variables=False):
+        vit = keras_vit.VisionTransformer(**keras_vit.get_variant("ViT_S16").build_args(), classes=1000, **family)
+        layouts = {v.path: keras.distribution.distribution().get_variable_layout(v).axes for v in vit.variables}
+    out["families"][name] = {"split": sorted(p for p, axes in layouts.items() if "model" in axes),
+                             "replicated": sorted(p for p, axes in layouts.items() if "model" not in axes)}
+
 json.dump(out, open(sys.argv[1], "w"), indent=1)

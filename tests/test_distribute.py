@@ -105,6 +105,22 @@ def test_layout_covers_every_variant(jax8):
 
 @pytest.mark.backend_independent
 @pytest.mark.slow
+def test_layout_of_the_vit_family(jax8):
+    """DeiT's second head is split as the head; distillation and register tokens, layer scales, the
+    extra LayerNorms and the attention-pool probe are replicated; every block kernel is split."""
+    deit, siglip = jax8["families"]["deit_registers_clip"], jax8["families"]["siglip"]
+    assert {"head/kernel", "head_dist/kernel"} <= set(deit["split"])
+    assert {"dist/tokens", "registers/tokens", "pre_norm/gamma", "encoderblock_0/layer_scale_0",
+            "encoderblock_11/layer_scale_1"} <= set(deit["replicated"])
+    assert {"map_head/probe", "map_head/query/kernel", "fc_norm/gamma"} <= set(siglip["replicated"])
+    assert "map_head/Dense_0/kernel" in siglip["split"]
+    for info in (deit, siglip):
+        for kind in ("query/kernel", "key/kernel", "value/kernel", "out/kernel", "Dense_0/kernel", "Dense_1/kernel"):
+            assert sum(p.startswith("encoderblock_") and p.endswith(kind) for p in info["split"]) == 12, kind
+
+
+@pytest.mark.backend_independent
+@pytest.mark.slow
 def test_model_parallel_refuses_what_does_not_fit(jax8):
     errors = jax8["errors"]
     assert "mesh_shape (3, 2)" in errors["mesh"] and "8 devices" in errors["mesh"]

@@ -169,10 +169,13 @@ def _unchanged(model, before):
 
 @pytest.mark.backend_independent
 @pytest.mark.parametrize("kind, match", [
-    ("deit", "distillation token"),
-    ("registers", "register tokens"),
-    ("clip", "CLIP"),
-    ("layer_scale", "layer scale"),
+    ("deit", r"holds a DeiT ViT \(distillation token\); model 'vit' is a ViT of the paper's layout: "
+             r"distillation_token=True in the file, False in the model"),
+    ("registers", "position embeddings cover the 4 register tokens too"),
+    ("clip", r"CLIP-style ViT \(pre-norm\).*pre_norm=True in the file, False in the model"),
+    ("layer_scale", "layer_scale=1e-05 in the file, None in the model"),
+    ("beit", "BEiT-style ViT"),
+    ("eva", "EVA-style ViT"),
     ("hybrid", "timm's ResNetV2 stem"),
     ("missing", "missing from the file"),
     ("extra", "has no place for"),
@@ -194,6 +197,10 @@ def test_other_architectures_and_broken_state_dicts_are_refused_whole(kind, matc
         state = _timm().state_dict()
         if kind == "missing":
             del state["blocks.1.mlp.fc2.weight"]
+        elif kind == "beit":
+            state["blocks.0.attn.q_bias"] = torch.zeros(32)
+        elif kind == "eva":
+            state["rope.freqs"] = torch.zeros(8)
         elif kind == "extra":
             state["blocks.0.attn.extra.weight"] = torch.zeros(3)
         elif kind == "hybrid":  # the stem keys of timm's vit_*_r50_* / r26 files
@@ -240,7 +247,9 @@ def test_truncated_safetensors_and_a_clip_folder_are_refused(tmp_path):
     clip = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8))
     clip.save_pretrained(str(tmp_path / "clip"))
-    with pytest.raises(ValueError, match="CLIP vision tower"):
+    with pytest.raises(ValueError, match=r"holds a CLIP-style ViT \(pre-norm, quick_gelu\); model 'vit' is a ViT of "
+                                         r"the paper's layout: pre_norm=True in the file, False in the model, "
+                                         r"mlp_activation='quick_gelu' in the file, 'gelu' in the model"):
         keras_vit.load_weights(_tiny_model()[0], str(tmp_path / "clip"))
     json.dump({"model_type": "vit", "hidden_act": "relu"}, open(tmp_path / "config.json", "w"))
     with pytest.raises(ValueError, match="hidden_act 'relu'"):

@@ -122,7 +122,8 @@ def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max
     if parts.posembed.pos_embedding is None:  # position_embedding "none" or "relative"
         paths["position_embedding"] = None
     else:
-        similarity = position_embedding_similarity(_to_numpy(parts.posembed.pos_embedding), grid, prefix)
+        similarity = position_embedding_similarity(_to_numpy(parts.posembed.pos_embedding), grid,
+                                                   parts.posembed.num_prefix_tokens)
         plots.plot_position_similarity(
             similarity, paths["position_embedding"], title=f"{tag}: position embedding similarity"
         )

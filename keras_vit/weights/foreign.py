@@ -2,8 +2,12 @@
 and load through the official loader (all or nothing)."""
 
 import logging
+import math
 import os
 
+import numpy as np
+
+from keras_vit.configs import FAMILY_DEFAULTS, family_name
 from keras_vit.structure import find_vit
 from keras_vit.weights import hf, timm
 from keras_vit.weights.npz import load_arrays
@@ -29,7 +33,7 @@ def read(path):
     tensors = read_tensors(path)
     _refuse(path, tensors)
     if timm.is_timm(tensors):
-        return "timm", timm.architecture(tensors), tensors, timm.to_official
+        return "timm", timm.architecture(tensors, name=path), tensors, timm.to_official
     if any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in tensors):
         raise ValueError(f"{path} holds Hugging Face ViT weights: pass the folder with its config.json instead")
     shown = ", ".join(sorted(tensors)[:6])
@@ -45,9 +49,43 @@ def _refuse(path, tensors):
         raise ValueError(f"{path} holds another architecture than the paper's ViT: " + "; ".join(found))
 
 
-def describe(path):
-    """The architecture (builder arguments, `tokens` for the position embeddings) of a foreign file."""
-    return read(path)[1]
+# what a timm file / Hugging Face folder dictates beyond the dimensions: numerics, family options, resize rule
+FILE_OPTIONS = ("approximate_gelu", "layer_norm_epsilon", "position_interpolation", *FAMILY_DEFAULTS)
+
+
+def file_options(arch):
+    """The builder arguments of FILE_OPTIONS that a file's architecture names (None: it does not say)."""
+    return {k: arch[k] for k in FILE_OPTIONS if k in arch and (arch[k] is not None or k == "layer_scale")}
+
+
+def file_image_size(arch, stride):
+    """A file's resolution: its config's, else its square position-embedding grid times `stride` (None if not square)."""
+    if arch.get("image_size"):
+        return arch["image_size"]
+    if not arch.get("tokens"):
+        return None
+    covered = int(arch["classifier"] == "token") + int(arch.get("distillation_token", False))
+    grid = arch["tokens"] - (covered if arch.get("prefix_position_embedding", True) else 0)
+    side = math.isqrt(grid)
+    return side * stride if side * side == grid else None
+
+
+def settle_layout(arch, grid):
+    """`arch` with `prefix_position_embedding` read off its position-embedding count for a known patch
+    `grid` (gh, gw): a timm count alone is ambiguous when the grid may be non-square (4x6 + a class token
+    = 25 = 5x5)."""
+    prefix = int(arch["classifier"] == "token") + int(arch.get("distillation_token", False))
+    if arch.get("tokens") and prefix and grid:
+        exact = timm.covers_prefix(arch["tokens"], prefix, arch.get("num_register_tokens", 0), grid=grid[0] * grid[1])
+        if exact is not None:
+            arch = {**arch, "prefix_position_embedding": exact}
+    return arch
+
+
+def describe(path, grid=None):
+    """The architecture (builder arguments, `tokens` for the position embeddings) of a foreign file,
+    its layout settled for the patch `grid` when known (`settle_layout`)."""
+    return settle_layout(read(path)[1], grid)
 
 
 def numerics(model):
@@ -56,15 +94,43 @@ def numerics(model):
     return block.approximate_gelu, block.layer_norm_epsilon
 
 
+def _same(key, ours, theirs):
+    if key == "layer_scale":
+        return (ours is None) == (theirs is None)
+    # None: the file does not say (timm's GELU form, the layout of a non-square grid), or a feature-map model's pooling
+    if theirs is None or ours is None:
+        return True
+    return ours == theirs
+
+
+def family_mismatch(model, arch, path):
+    """One error naming the file's ViT, the model's, and the options that differ; None when they agree."""
+    ours = find_vit(model).family()
+    differ = [k for k in ours if k in arch and not _same(k, ours[k], arch[k])]
+    if not differ:
+        return None
+    show = ", ".join(f"{k}={arch[k]!r} in the file, {ours[k]!r} in the model" for k in differ)
+    return ValueError(f"{path} holds {family_name(arch)}; model {model.name!r} is {family_name(ours)}: {show}. "
+                      "Build the model with the file's options (keras_vit.from_timm / from_huggingface, or a factory "
+                      "with weights=..., read them from the file); the model's weights were left unchanged")
+
+
 def load_foreign(model, path):
     """Loads a timm file or a Hugging Face folder into `model`: all or nothing, like `load_npz`."""
     source, arch, tensors, to_official = read(path)
+    arch = settle_layout(arch, find_vit(model).grid_size)
+    mismatch = family_mismatch(model, arch, path)
+    if mismatch:
+        raise mismatch
     block = find_vit(model).blocks[0]
     heads = arch.get("num_heads")
     if heads is not None and heads != block.num_heads:
         raise ValueError(f"{path} has {heads} attention heads, model {model.name!r} has {block.num_heads}; "
                          "the model's weights were left unchanged")
     arrays, unmapped = to_official(tensors, block.num_heads)
+    kernel = arrays.get("embedding/kernel")
+    if kernel is not None and "embedding/bias" not in arrays:  # CLIP's patch embedding has no bias: a zero one
+        arrays["embedding/bias"] = np.zeros(kernel.shape[-1], kernel.dtype)
     if unmapped:
         raise ValueError(f"{path}: {len(unmapped)} {source} keys that the ViT has no place for: "
                          + ", ".join(unmapped[:8]) + (" ..." if len(unmapped) > 8 else "")

@@ -154,9 +154,7 @@ def plan_npz(model, arrays):
         if key == POSEMB_KEY and value.shape != shape and value.ndim == 3 and value.shape[-1] == shape[-1]:
             layer = posembed
             try:
-                from keras_vit.layers import resize_position_embeddings  # imports Keras: only when needed
-
-                value = resize_position_embeddings(value, layer.grid_size, num_prefix_tokens=layer.num_prefix_tokens)
+                value = layer.resize_official(key, value)  # by the layer's rule (the paper's, timm's, ...)
             except ValueError as err:
                 mismatched.append(f"{key}: cannot resize {value.shape} to {shape}: {err}")
                 continue
@@ -189,7 +187,7 @@ def plan_npz(model, arrays):
             continue
         assignments[key] = (var, value)
 
-    tolerated = ("pre_logits/", *HEADS)
+    tolerated = ("pre_logits/", *HEADS, "MAPHead_0/", "fc_norm/")  # what a model without the head or pooling leaves
     unused = sorted(k for k in arrays if k not in targets)
     unexpected = [k for k in unused if not k.startswith(tolerated)]
     if missing or mismatched or unexpected:

@@ -2,26 +2,29 @@
 transforms as small functions. timm keeps q, k, v as one fused `qkv` Linear; it is split into the
 official per-head kernels here. timm models use the exact erf GELU and LayerNorm epsilon 1e-6."""
 
+import math
+import os
 import re
 
 import numpy as np
 
-# Keys of architectures that are not the paper's ViT -> what they are.
+# Keys of architectures the builder does not make -> what they are.
 UNSUPPORTED = (
-    (r"^dist_token$|^head_dist\.", "a DeiT with a distillation token (dist_token / head_dist)"),
-    (r"^reg_token$", "a ViT with register tokens (reg_token)"),
-    (r"^norm_pre\.", "a CLIP-style ViT (a LayerNorm before the encoder: norm_pre)"),
-    (r"^fc_norm\.", "a ViT whose final LayerNorm follows the pooling (fc_norm)"),
-    (r"\.ls[12]\.gamma$|\.gamma_[12]$", "a ViT with layer scale (ls1/ls2)"),
     (r"\.attn\.[qk]_norm\.", "a ViT with q/k normalisation (q_norm/k_norm)"),
-    (r"\.attn\.[qv]_bias$", "a BEiT-style ViT (separate q/v biases)"),
-    (r"^attn_pool\.", "a ViT with an attention-pooling (MAP) head"),
-    (r"^(visual|vision_model)\.", "a CLIP vision tower"),
+    (r"\.attn\.[qv]_bias$|relative_position_bias_table$", "a BEiT-style ViT (separate q/v biases, relative position "
+     "bias)"),
+    (r"(^|\.)rope\.|\.freqs", "an EVA-style ViT (rotary position embeddings)"),
+    (r"\.mlp\.(fc1_g|fc1_x|ffn_ln|norm)\.", "a ViT whose MLP is gated unpacked or normalised (EVA / SwiGLU fc1_g, "
+     "ffn_ln)"),
+    (r"^attn_pool\.(q_norm|k_norm|pos_embed)", "an attention-pooling head with q/k norms or position embeddings"),
+    (r"^(visual|vision_model)\.", "a CLIP tower in OpenAI / open_clip layout (use timm's or Hugging Face's layout)"),
     (r"^patch_embed\.backbone\.", "a hybrid with timm's ResNetV2 stem (patch_embed.backbone), whose weight "
      "standardisation (w - mean) / sqrt(var + 1e-8) and GroupNorm epsilon 1e-5 are not the official stem's "
      "(w - mean) / (std + 1e-5) and 1e-6: its outputs would not be timm's; load the official R50/R26 .npz instead"),
 )
-
+# Embedding widths of timm's ViTs -> their head counts (a state dict does not record them; the model
+# definitions in timm/models/vision_transformer.py and deit.py do)
+TIMM_HEADS = {192: 3, 384: 6, 512: 8, 640: 10, 768: 12, 1024: 16, 1152: 16, 1280: 16, 1408: 16, 1536: 24, 1664: 16}
 
 
 def module_rules(src, dst, how):
@@ -33,20 +36,37 @@ def module_rules(src, dst, how):
 
 _BLOCK, _T = r"blocks\.(\d+)\.", "Transformer/encoderblock_{0}/"
 _ATTN = _T + "MultiHeadDotProductAttention_1/"
+_MAP = "MAPHead_0/"
 # timm key (regex) -> official key (template) and how the array is transformed.
 _RULES = (
     *module_rules(r"patch_embed\.proj", "embedding", "conv"),
     (r"cls_token", "cls", "same"),
+    (r"dist_token", "dist", "same"),
+    (r"reg_token", "registers", "same"),
     (r"pos_embed", "Transformer/posembed_input/pos_embedding", "same"),
+    *module_rules("norm_pre", "Transformer/pre_norm", "norm"),
     *module_rules(_BLOCK + "norm1", _T + "LayerNorm_0", "norm"),
     (_BLOCK + r"attn\.qkv\.weight", _ATTN + "{{}}/kernel", "qkv_kernel"),
     (_BLOCK + r"attn\.qkv\.bias", _ATTN + "{{}}/bias", "qkv_bias"),
     *module_rules(_BLOCK + r"attn\.proj", _ATTN + "out", "out_kernel"),
+    (_BLOCK + r"ls1\.gamma", _T + "LayerScale_0/scale", "same"),
     *module_rules(_BLOCK + "norm2", _T + "LayerNorm_2", "norm"),
     *module_rules(_BLOCK + r"mlp\.fc1", _T + "MlpBlock_3/Dense_0", "linear"),
     *module_rules(_BLOCK + r"mlp\.fc2", _T + "MlpBlock_3/Dense_1", "linear"),
+    (_BLOCK + r"ls2\.gamma", _T + "LayerScale_1/scale", "same"),
     *module_rules("norm", "Transformer/encoder_norm", "norm"),
+    (r"attn_pool\.latent", _MAP + "probe", "same"),
+    (r"attn_pool\.q\.weight", _MAP + "MultiHeadDotProductAttention_0/query/kernel", "heads_kernel"),
+    (r"attn_pool\.q\.bias", _MAP + "MultiHeadDotProductAttention_0/query/bias", "heads_bias"),
+    (r"attn_pool\.kv\.weight", _MAP + "MultiHeadDotProductAttention_0/{{}}/kernel", "kv_kernel"),
+    (r"attn_pool\.kv\.bias", _MAP + "MultiHeadDotProductAttention_0/{{}}/bias", "kv_bias"),
+    *module_rules(r"attn_pool\.proj", _MAP + "MultiHeadDotProductAttention_0/out", "out_kernel"),
+    *module_rules(r"attn_pool\.norm", _MAP + "LayerNorm_0", "norm"),
+    *module_rules(r"attn_pool\.mlp\.fc1", _MAP + "MlpBlock_0/Dense_0", "linear"),
+    *module_rules(r"attn_pool\.mlp\.fc2", _MAP + "MlpBlock_0/Dense_1", "linear"),
+    *module_rules("fc_norm", "fc_norm", "norm"),
     *module_rules("head", "head", "linear"),
+    *module_rules("head_dist", "head_dist", "linear"),
 )
 _COMPILED = tuple((re.compile(pattern + "$"), template, how) for pattern, template, how in _RULES)
 
@@ -70,10 +90,16 @@ def transform(how, value, num_heads):
         return value.T
     if how == "conv":  # (out, in, kh, kw) -> (kh, kw, in, out)
         return value.transpose(2, 3, 1, 0)
-    if how == "qkv_kernel":
-        return dict(zip(("query", "key", "value"), (_per_head(w, num_heads) for w in np.split(value, 3, axis=0))))
-    if how == "qkv_bias":
-        return dict(zip(("query", "key", "value"), (b.reshape(num_heads, -1) for b in np.split(value, 3))))
+    if how in ("qkv_kernel", "kv_kernel"):
+        names = ("query", "key", "value")[3 - len(how.split("_")[0]):]
+        return dict(zip(names, (_per_head(w, num_heads) for w in np.split(value, len(names), axis=0))))
+    if how in ("qkv_bias", "kv_bias"):
+        names = ("query", "key", "value")[3 - len(how.split("_")[0]):]
+        return dict(zip(names, (b.reshape(num_heads, -1) for b in np.split(value, len(names)))))
+    if how == "heads_kernel":  # one (D_out, D_in) projection -> (D_in, heads, head_dim)
+        return _per_head(value, num_heads)
+    if how == "heads_bias":
+        return value.reshape(num_heads, -1)
     if how == "out_kernel":  # (D, D_in = heads * head_dim) -> (heads, head_dim, D)
         return value.T.reshape(num_heads, -1, value.shape[0])
     raise ValueError(f"unknown transform {how!r}")
@@ -112,16 +138,63 @@ def to_official(tensors, num_heads):
     return arrays, unmapped
 
 
-def architecture(tensors):
-    """Builder arguments readable from a timm state dict (the head count is not among them)."""
+def _square(n):
+    return n > 0 and math.isqrt(n) ** 2 == n
+
+
+def covers_prefix(tokens, prefix, registers=0, grid=None):
+    """Whether `tokens` position embeddings cover the `prefix` class/distillation tokens (timm's
+    no_embed_class=False) or the patch grid only, read from their count: the grid (gh * gw, or any
+    square count when `grid` is None) plus the prefix, or the grid alone. None when the count does
+    not say (a non-square grid: pass the image size)."""
+    fits = (lambda n: n == grid) if grid else _square
+    if prefix and fits(tokens - prefix):
+        return True
+    if fits(tokens):
+        return False
+    if registers and fits(tokens - prefix - registers):
+        raise ValueError(f"{tokens} position embeddings cover the {registers} register tokens too; keras_vit's "
+                         "registers carry no position embedding (as timm's released register models, "
+                         "no_embed_class=True, and Hugging Face's DINOv2 with registers)")
+    return None
+
+
+def name_options(name):
+    """What a timm model or file name tells that its state dict does not: OpenAI CLIP's QuickGELU
+    (timm's `*_quickgelu_*` models; its `*_clip_*` models without it compute the exact GELU)."""
+    return {"mlp_activation": "quick_gelu"} if "quickgelu" in os.path.basename(str(name)) else {}
+
+
+def architecture(tensors, name=""):
+    """Builder arguments readable from a timm state dict (the head count is not among them).
+
+    `name` (a timm model name or file name) tells what a state dict does not: OpenAI CLIP's
+    QuickGELU (timm's `*_quickgelu_*` models)."""
     kernel = tensors["patch_embed.proj.weight"]
     depth = sum(1 for k in tensors if re.fullmatch(r"blocks\.\d+\.norm1\.weight", k))
     head = tensors.get("head.weight")
+    has_cls, has_dist = "cls_token" in tensors, "dist_token" in tensors
+    registers = int(tensors["reg_token"].shape[1]) if "reg_token" in tensors else 0
+    fc1, fc2 = (tensors.get(f"blocks.0.mlp.fc{i}.weight") for i in (1, 2))
+    swiglu = fc1 is not None and fc2 is not None and fc1.shape[0] == 2 * fc2.shape[1]
+    tokens = int(tensors["pos_embed"].shape[1]) if "pos_embed" in tensors else None
+    fc_norm = "fc_norm.weight" in tensors
+    if fc_norm and has_cls:
+        raise ValueError("a ViT with a class token pooled by average (fc_norm with cls_token: timm's global_pool='avg', "
+                         "as MAE / BEiT fine-tuned): keras_vit's average-pooled models have no class token")
+    clip = "norm_pre.weight" in tensors  # timm's only pre-norm ViTs are its CLIP towers, LayerNorm eps 1e-5
+    prefix = int(has_cls) + int(has_dist)
     return dict(
         patch_size=int(kernel.shape[-1]), hidden_size=int(kernel.shape[0]), num_layers=depth,
-        mlp_dim=int(tensors["blocks.0.mlp.fc1.weight"].shape[0]) if depth else None, resnet=None,
-        classifier="token" if "cls_token" in tensors else "gap",
+        mlp_dim=None if fc2 is None else int(fc2.shape[1]), resnet=None,
+        classifier="map" if "attn_pool.latent" in tensors else "token" if has_cls else "gap",
         classes=None if head is None else int(head.shape[0]),
-        tokens=int(tensors["pos_embed"].shape[1]) if "pos_embed" in tensors else None,
-        pre_logits=False, approximate_gelu=False, layer_norm_epsilon=1e-6,
+        tokens=tokens, pre_logits=False, approximate_gelu=False, layer_norm_epsilon=1e-5 if clip else 1e-6,
+        distillation_token=has_dist, num_register_tokens=registers,
+        # without a class token there is nothing to skip: True, as the builder takes it then
+        prefix_position_embedding=True if tokens is None else covers_prefix(tokens, prefix, registers) or not prefix,
+        layer_scale=1e-5 if "blocks.0.ls1.gamma" in tensors else None, pre_norm=clip, fc_norm=fc_norm,
+        # GELU or QuickGELU a state dict does not say (None: the builder's GELU), its name may
+        mlp_activation="swiglu" if swiglu else name_options(name).get("mlp_activation"),
+        position_interpolation="bicubic_antialias",
     )

@@ -1,0 +1,247 @@
+"""The ViT family from timm's files (DeiT, DeiT III, DINOv2 with and without registers and SwiGLU,
+CLIP, SigLIP, average pooling with fc_norm): parity with timm's own random-initialised models,
+the features a user takes, another resolution by timm's rule, and a file of one family refused by
+a model of another."""
+
+import os
+import sys
+from functools import partial
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from workers import _import_timm  # noqa: E402
+
+timm = _import_timm()
+from timm.layers import LayerNorm, SwiGLUPacked  # noqa: E402
+from timm.models.deit import VisionTransformerDistilled  # noqa: E402
+from timm.models.vision_transformer import VisionTransformer as TimmViT  # noqa: E402
+
+TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2)
+# family -> (timm constructor, its arguments, file name): the arguments of timm's own model
+# definitions (vision_transformer.py, deit.py) at a tiny size
+FAMILIES = {
+    "deit_distilled": (VisionTransformerDistilled, dict(num_classes=10), "deit_tiny_distilled.safetensors"),
+    "deit3": (TimmViT, dict(no_embed_class=True, init_values=1e-6, num_classes=10), "deit3_tiny.safetensors"),
+    "dinov2": (TimmViT, dict(init_values=1e-5, num_classes=0), "vit_tiny_dinov2.safetensors"),
+    "dinov2_reg4": (TimmViT, dict(init_values=1e-5, reg_tokens=4, no_embed_class=True, num_classes=0),
+                    "vit_tiny_reg4_dinov2.pth"),
+    "dinov2_swiglu": (TimmViT, dict(init_values=1e-5, mlp_layer=SwiGLUPacked, act_layer=torch.nn.SiLU, mlp_ratio=4,
+                                    num_classes=0), "vit_giantish_dinov2.safetensors"),
+    "clip": (TimmViT, dict(pre_norm=True, norm_layer=partial(LayerNorm, eps=1e-5), num_classes=16),
+             "vit_tiny_clip.safetensors"),
+    "clip_quickgelu": (TimmViT, dict(pre_norm=True, norm_layer=partial(LayerNorm, eps=1e-5), act_layer="quick_gelu",
+                                     num_classes=16), "vit_tiny_clip_quickgelu.bin"),
+    "siglip": (TimmViT, dict(class_token=False, global_pool="map", num_classes=10), "vit_tiny_siglip.safetensors"),
+    "gap_fc_norm_reg": (TimmViT, dict(class_token=False, global_pool="avg", reg_tokens=4, no_embed_class=True,
+                                      num_classes=10), "vit_tiny_reg4_gap.safetensors"),
+}
+
+
+def _timm(family, seed=0, **kw):
+    cls, args, _ = FAMILIES[family]
+    module = cls(**{**TINY, **args, **kw})
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # every parameter off its initial value: zero heads, unit scales would hide mistakes
+        for p in module.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return module.eval()
+
+
+def _file(module, family, folder):
+    path = str(folder / FAMILIES[family][2])
+    if path.endswith(".safetensors"):
+        safetensors_torch.save_file({k: v.contiguous() for k, v in module.state_dict().items()}, path)
+    else:
+        torch.save(module.state_dict(), path)
+    return path
+
+
+def _images(h, w, n=2, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, (n, h, w, 3)).astype("float32")
+
+
+def _nchw(x):
+    return torch.from_numpy(x).permute(0, 3, 1, 2)
+
+
+def _np(y):
+    return keras.ops.convert_to_numpy(y)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_timm_family_outputs_and_features_equal_timm(family, tmp_path):
+    ref = _timm(family)
+    path = _file(ref, family, tmp_path)
+    x = _images(32, 32)
+    with torch.no_grad():
+        tokens = ref.forward_features(_nchw(x))
+        expected = ref.forward_head(tokens).numpy()
+        pooled = ref.forward_head(tokens, pre_logits=True).numpy()
+    model = keras_vit.from_timm(path, num_heads=2, classifier_activation=None)
+    np.testing.assert_allclose(_np(model(x)), expected, atol=1e-5, rtol=0)
+    assert np.abs(expected).max() > 0.1  # a real signal
+    # the representation a user takes: DeiT's mean of two tokens, CLIP's embedding before the projection, MAP's
+    features = keras_vit.from_timm(path, num_heads=2, include_top=False)
+    np.testing.assert_allclose(_np(features(x)), pooled, atol=1e-5, rtol=0)
+    # patch tokens on their grid (DINOv2's dense features)
+    prefix = ref.num_prefix_tokens
+    grid = keras_vit.from_timm(path, num_heads=2, include_top=False, pooling=None)
+    patches = tokens[:, prefix:].numpy().reshape(2, 4, 4, -1)
+    if not keras_vit.structure.find_vit(grid).family()["fc_norm"]:  # with fc_norm, timm's tokens are un-normalised
+        np.testing.assert_allclose(_np(grid(x)), patches, atol=1e-5, rtol=0)
+    if ref.cls_token is not None:
+        token = keras_vit.from_timm(path, num_heads=2, include_top=False, pooling="token")
+        np.testing.assert_allclose(_np(token(x)), tokens[:, 0].numpy(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["deit_distilled", "dinov2_reg4", "siglip", "clip_quickgelu"])
+def test_families_save_reload_extract_and_inspect(family, tmp_path):
+    """What the zoo builds on applies to the family: `.keras` reload in safe mode, feature
+    extraction, attention rollout over several prefix tokens."""
+    ref = _timm(family)
+    model = keras_vit.from_timm(_file(ref, family, tmp_path), num_heads=2, classifier_activation=None)
+    x = _images(32, 32)
+    model.save(tmp_path / "m.keras")
+    again = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+    np.testing.assert_allclose(_np(again(x)), _np(model(x)), atol=1e-6, rtol=0)
+    maps = keras_vit.feature_extractor(again, blocks=[0, -1], output="maps")(x)
+    assert [tuple(m.shape) for m in maps] == [(2, 4, 4, 32)] * 2
+    with torch.no_grad():  # the residual stream after the last block, before the final norm: timm's blocks
+        t = ref.patch_embed(_nchw(x))
+        t = ref.norm_pre(ref._pos_embed(t))
+        stream = ref.blocks(t)[:, ref.num_prefix_tokens:].numpy().reshape(2, 4, 4, -1)
+    np.testing.assert_allclose(_np(maps[1]), stream, atol=1e-5, rtol=0)
+    from keras_vit.inspection import attention_maps, attention_rollout
+
+    parts = keras_vit.structure.find_vit(model)
+    attentions = attention_maps(model, x)
+    assert attentions[0].shape == (2, 2, parts.num_prefix_tokens + 16, parts.num_prefix_tokens + 16)
+    rollout = attention_rollout(attentions, parts.num_prefix_tokens, parts.grid_size)
+    assert rollout.shape == (2, 4, 4) and np.isfinite(rollout).all()
+
+
+@pytest.mark.backend_independent
+def test_a_file_of_one_family_into_a_model_of_another_is_one_error(tmp_path):
+    path = _file(_timm("dinov2_reg4"), "dinov2_reg4", tmp_path)
+    plain = keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2,
+                                        num_layers=2, include_top=False, approximate_gelu=False)
+    before = [w.numpy().copy() for w in plain.weights]
+    with pytest.raises(ValueError, match=r"holds a DINOv2-style ViT \(4 register tokens, layer scale, position "
+                                         r"embeddings on the patches only\); model 'vit' is a ViT of the paper's "
+                                         r"layout: num_register_tokens=4 in the file, 0 in the model, .*layer_scale=1e-05 in the file, "
+                                         r"None in the model\. Build the model with the file's options"):
+        keras_vit.load_weights(plain, path)
+    assert all(np.array_equal(w.numpy(), b) for w, b in zip(plain.weights, before))
+    with pytest.raises(ValueError, match="no timm ViT has width 32.*pass num_heads"):
+        keras_vit.from_timm(path)
+
+
+def test_from_timm_takes_a_model_name_from_the_hugging_face_cache(tmp_path, monkeypatch):
+    """A timm name resolves through huggingface_hub's cache (where timm itself keeps its downloads),
+    here a cache laid out as the hub client writes it; offline, an uncached name is one error."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # what HF_HUB_CACHE / HF_HUB_OFFLINE set
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    snapshot = tmp_path / "hub" / "models--timm--vit_tiny_clip_quickgelu.test" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    ref = _timm("clip_quickgelu")
+    safetensors_torch.save_file({k: v.contiguous() for k, v in ref.state_dict().items()},
+                                str(snapshot / "model.safetensors"))
+    model = keras_vit.from_timm("vit_tiny_clip_quickgelu.test", num_heads=2, classifier_activation=None)
+    assert model.get_layer("encoderblock_0").mlp_activation == "quick_gelu"  # from the name
+    x = _images(32, 32)
+    with torch.no_grad():
+        expected = ref(_nchw(x)).numpy()
+    np.testing.assert_allclose(_np(model(x)), expected, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="'vit_nothing_here' is no file here and timm/vit_nothing_here/model.safetensors "
+                                         "could not be fetched"):
+        keras_vit.from_timm("vit_nothing_here")
+
+
+# every family option at once in two models (a class token and an attention-pool head cannot share one)
+COMPOSITES = {
+    "deit_registers_clip": dict(distillation_token=True, num_register_tokens=2, prefix_position_embedding=False,
+                                layer_scale=0.5, pre_norm=True, mlp_activation="quick_gelu"),
+    "siglip_fc_norm_registers": dict(classifier="map", fc_norm=True, num_register_tokens=1),
+}
+
+
+@pytest.mark.parametrize("composite", COMPOSITES)
+def test_family_models_export_to_every_format_of_the_backend(composite, tmp_path):
+    from keras_vit.export import export, formats, run
+    from test_export import RUNTIMES, _photos
+
+    model = keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2,
+                                        num_layers=2, classes=10, **COMPOSITES[composite])
+    for i, var in enumerate(model.weights):  # a head and embeddings that spread the probabilities
+        var.assign(np.random.default_rng(i).normal(0, 0.3, var.shape).astype("float32"))
+    photos = _photos((32, 32))
+    expected = _np(model(keras_vit.preprocess_input(photos.astype("float32"))))
+    assert expected.max() - expected.min() > 0.05
+    for format in formats(keras.backend.backend()):
+        pytest.importorskip(RUNTIMES[format])
+        path = export(model, tmp_path / format, format, top_k=3)
+        for n in (1, 3):
+            got = run(path, format, photos[:n])
+            np.testing.assert_allclose(got["probabilities"], expected[:n], atol=1e-4, rtol=0, err_msg=format)
+            np.testing.assert_array_equal(got["top_k_classes"], np.argsort(-expected[:n], axis=-1)[:, :3])
+
+
+def test_a_factory_builds_the_family_of_its_file(tmp_path):
+    """`ViT_Ti16(weights=<a DeiT III file of ViT-Ti/16's size>)` is a DeiT III: layer scale and
+    position embeddings on the patches only, read from the file."""
+    ref = _timm("deit3", img_size=32, patch_size=16, embed_dim=192, depth=12, num_heads=3, mlp_ratio=4, num_classes=7)
+    model = keras_vit.ViT_Ti16(weights=_file(ref, "deit3", tmp_path), classifier_activation=None)
+    family = keras_vit.structure.find_vit(model).family()
+    assert family["layer_scale"] is not None and family["prefix_position_embedding"] is False
+    x = _images(32, 32, n=1)
+    with torch.no_grad():
+        expected = ref(_nchw(x)).numpy()
+    np.testing.assert_allclose(_np(model(x)), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["dinov2", "dinov2_reg4"])
+def test_another_resolution_follows_timms_resize_rule(family, tmp_path):
+    """At 48 px (upsampled grid) and 24 px (downsampled), built at that size or taking any size,
+    the model equals timm's own model resizing its position embeddings (bicubic, antialiased)."""
+    ref = _timm(family, dynamic_img_size=True)
+    path = _file(ref, family, tmp_path)
+    anysize = keras_vit.from_timm(path, num_heads=2, input_shape=(None, None, 3), include_top=False)
+    for size in (48, 24):
+        x = _images(size, size)
+        with torch.no_grad():
+            expected = ref(_nchw(x)).numpy()
+        fixed = keras_vit.from_timm(path, num_heads=2, image_size=size, include_top=False)
+        np.testing.assert_allclose(_np(fixed(x)), expected, atol=1e-5, rtol=0, err_msg=f"built at {size}")
+        np.testing.assert_allclose(_np(anysize(x)), expected, atol=1e-5, rtol=0, err_msg=f"any size, {size}")
+
+
+def test_hugging_face_dinov2_at_another_resolution(tmp_path):
+    """transformers' DINOv2 resizes its position embeddings by its own rule (bicubic, no antialias)
+    whenever the grid differs; a model built from the folder at 48 px gives its outputs."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Dinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, patch_size=8,
+                                       image_size=32, mlp_ratio=2)
+    torch.manual_seed(0)
+    ref = transformers.Dinov2Model(config)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    ref.eval().save_pretrained(str(tmp_path / "hf"))
+    model = keras_vit.from_huggingface(str(tmp_path / "hf"), image_size=48, include_top=False)
+    x = _images(48, 48)
+    with torch.no_grad():
+        expected = ref(pixel_values=_nchw(x)).pooler_output.numpy()
+    np.testing.assert_allclose(_np(model(x)), expected, atol=1e-5, rtol=0)
