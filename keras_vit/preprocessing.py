@@ -16,6 +16,15 @@ import numpy as np
 from keras_vit.fileio import load_image  # noqa: F401  (public here too)
 from keras_vit.configs import IMAGENET1K_CLASSES, IMAGENET21K_CLASSES
 
+# Each source's input normalisation, (mean, std) per RGB channel of [0, 1] images: the official ViT
+# and SigLIP take [-1, 1]; DeiT, DeiT III and DINOv2 ImageNet's statistics; CLIP its own (the
+# pretrained configs of timm and Hugging Face).
+NORMALIZATIONS = {
+    "vit": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "clip": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
+}
+
 _CLASS_FILES = {
     IMAGENET1K_CLASSES: "imagenet1k.txt",
     IMAGENET21K_CLASSES: "imagenet21k.txt.gz",
@@ -45,13 +54,17 @@ def _check_image_shape(shape):
         )
 
 
-def preprocess_input(x):
-    """Scales RGB images from [0, 255] to [-1, 1]: ``(x - 127.5) / 127.5``, in float32.
+def preprocess_input(x, mode="vit"):
+    """Scales RGB images from [0, 255] as the weights' source did, in float32: by default to
+    [-1, 1], ``(x - 127.5) / 127.5`` (the official ViT, SigLIP).
 
     Args:
         x: uint8 or float images with values in [0, 255], shape ``(H, W, 3)`` or
             ``(N, H, W, 3)``. A NumPy array (or nested list), a backend tensor, or a
             symbolic ``keras.KerasTensor``.
+        mode: a key of `NORMALIZATIONS`: "vit" ([-1, 1]), "imagenet" (ImageNet's mean and std:
+            DeiT, DeiT III, DINOv2) or "clip" (CLIP's mean and std):
+            ``(x / 255 - mean) / std`` per channel.
 
     Returns:
         float32 values in [-1, 1], of the same kind as `x` (NumPy in, NumPy out;
@@ -61,6 +74,11 @@ def preprocess_input(x):
         ValueError: the rank is not 3 or 4, or the last axis is known and is not 3.
         TypeError: `x` is not one of those kinds, or does not hold numbers.
     """
+    if mode not in NORMALIZATIONS:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {tuple(NORMALIZATIONS)}")
+    mean, std = (np.asarray(v, np.float32) * np.float32(255) for v in NORMALIZATIONS[mode])
+    if len(set(mean)) == len(set(std)) == 1:  # one scale for all channels: a symbolic input keeps its channel axis
+        mean, std = mean[0], std[0]
     if isinstance(x, (np.ndarray, np.generic, list, tuple)):
         array = np.asarray(x)
         if array.dtype.kind not in "uif":
@@ -68,8 +86,7 @@ def preprocess_input(x):
                 f"preprocess_input expects integer or float images, got dtype {array.dtype}"
             )
         _check_image_shape(array.shape)
-        scale = np.float32(127.5)
-        return (array.astype(np.float32) - scale) / scale
+        return (array.astype(np.float32) - mean) / std
 
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(
@@ -80,7 +97,7 @@ def preprocess_input(x):
 
     _check_image_shape(_static_shape(x))
     x = keras.ops.cast(x, "float32")
-    return keras.ops.divide(keras.ops.subtract(x, 127.5), 127.5)
+    return keras.ops.divide(keras.ops.subtract(x, mean), std)
 
 
 @functools.lru_cache(maxsize=None)

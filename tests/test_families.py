@@ -245,3 +245,20 @@ def test_hugging_face_dinov2_at_another_resolution(tmp_path):
     with torch.no_grad():
         expected = ref(pixel_values=_nchw(x)).pooler_output.numpy()
     np.testing.assert_allclose(_np(model(x)), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_preprocess_input_modes_are_the_sources_normalisations():
+    """DINOv2 / DeiT take ImageNet's mean and std, CLIP its own: timm's constants, on real photos."""
+    from skimage import data
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+
+    photo = data.astronaut()[:64, :64]
+    for mode, mean, std in (("imagenet", IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD),
+                            ("clip", OPENAI_CLIP_MEAN, OPENAI_CLIP_STD), ("vit", (0.5,) * 3, (0.5,) * 3)):
+        expected = (photo / 255.0 - np.array(mean)) / np.array(std)
+        np.testing.assert_allclose(keras_vit.preprocess_input(photo, mode=mode), expected, atol=1e-5, rtol=0)
+        tensor = keras_vit.preprocess_input(keras.ops.convert_to_tensor(photo[None]), mode=mode)
+        np.testing.assert_allclose(_np(tensor)[0], expected, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="unknown mode 'dino'"):
+        keras_vit.preprocess_input(photo, mode="dino")

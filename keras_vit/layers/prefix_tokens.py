@@ -34,6 +34,8 @@ class PrefixTokens(keras.layers.Layer):
 
     def call(self, x):
         tokens = ops.broadcast_to(ops.cast(self.tokens, x.dtype), (ops.shape(x)[0], self.num_tokens, x.shape[-1]))
+        if not self.index:  # no empty slice: LiteRT's XNNPack delegate fails to reshape one at a new batch size
+            return ops.concatenate([tokens, x], axis=1)
         return ops.concatenate([x[:, :self.index], tokens, x[:, self.index:]], axis=1)
 
     def compute_output_shape(self, input_shape):
