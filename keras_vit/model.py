@@ -221,7 +221,7 @@ def build_vit(
     if include_top and pooling != "representation":
         raise ValueError(f"pooling={pooling!r} is for include_top=False (the head reads the representation)")
     if pooling == "token" and classifier != "token":
-        raise ValueError('pooling="token" needs a class token; this model has classifier="gap" (use "avg")')
+        raise ValueError(f'pooling="token" needs a class token; this model has classifier={classifier!r} (use "avg")')
     if pooling != "representation" and representation_size is not None:
         raise ValueError(f"representation_size (pre-logits) goes with pooling='representation', got pooling={pooling!r}")
     check_mlp_activation(mlp_activation)
@@ -242,8 +242,6 @@ def build_vit(
     if distillation_token and (representation_size is not None or fc_norm):
         raise ValueError("distillation_token=True takes no representation_size (pre-logits) and no fc_norm "
                          "(DeiT has neither)")
-    if classifier == "map" and pooling == "token":
-        raise ValueError('pooling="token" needs a class token; this model has classifier="map" (use "representation")')
     cls_tokens = int(classifier == "token") + int(bool(distillation_token))
     prefix = cls_tokens + num_register_tokens  # tokens before the patch grid
     if input_tensor is not None and not keras.utils.is_keras_tensor(input_tensor):

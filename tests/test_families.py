@@ -262,3 +262,42 @@ def test_preprocess_input_modes_are_the_sources_normalisations():
         np.testing.assert_allclose(_np(tensor)[0], expected, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="unknown mode 'dino'"):
         keras_vit.preprocess_input(photo, mode="dino")
+
+
+def test_convert_cli_writes_a_family_model_that_reloads(tmp_path):
+    """`keras-vit convert` of a DINOv2-with-registers file in a fresh interpreter: the `.keras` file
+    reloads in safe mode with the family's layers and timm's outputs."""
+    import subprocess
+
+    ref = _timm("dinov2_reg4")
+    path = _file(ref, "dinov2_reg4", tmp_path)
+    out = tmp_path / "out" / "dino.keras"
+    done = subprocess.run([sys.executable, "-m", "keras_vit.cli", "convert", path, str(out), "--num-heads", "2"],
+                          env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == f"wrote {out}"
+    model = keras.saving.load_model(out, safe_mode=True)
+    assert keras_vit.structure.find_vit(model).family()["num_register_tokens"] == 4
+    x = _images(32, 32)
+    with torch.no_grad():
+        expected = ref(_nchw(x)).numpy()
+    np.testing.assert_allclose(_np(model(x)), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("options, match", [
+    (dict(distillation_token=True, classifier="gap"), "distillation_token=True sits beside a class token"),
+    (dict(distillation_token=True, fc_norm=True), "no representation_size .* and no fc_norm"),
+    (dict(num_register_tokens=2, position_placement="every_layer"), "num_register_tokens=2 does not lay out"),
+    (dict(prefix_position_embedding=False, position_embedding="relative"), "is about learned position embeddings"),
+    (dict(num_register_tokens=-1), "num_register_tokens must be a non-negative int"),
+    (dict(mlp_activation="relu"), r"unknown mlp_activation 'relu'; expected one of \('gelu', 'quick_gelu', 'swiglu'\)"),
+    (dict(position_interpolation="cubic"), "position_interpolation"),
+    (dict(layer_scale="small"), "layer_scale must be None or a float"),
+    (dict(classifier="map", mlp_activation="swiglu"), "MAPHead's MLP is a plain two-layer MLP"),
+    (dict(classifier="map", include_top=False, pooling="token"), "needs a class token; this model has classifier='map'"),
+])
+def test_family_options_that_do_not_go_together_are_refused(options, match):
+    with pytest.raises(ValueError, match=match):
+        keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2,
+                                    num_layers=1, **options)
