@@ -188,8 +188,8 @@ def test_remat_trains_like_the_plain_model():
     np.testing.assert_allclose(loss_remat, loss_plain, rtol=1e-6)
     moved = [not np.allclose(a, b) for a, b in zip(after_plain, before)]
     assert sum(moved) > len(moved) // 2
-    for a, b in zip(after_remat, after_plain):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    for a, b in zip(after_remat, after_plain):  # float32 rounding of a recomputation, relative to weights up to ~12
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_remat_reaches_the_factories_and_survives_saving(tmp_path):
@@ -241,6 +241,7 @@ def test_remat_step_with_dropout_equals_the_plain_step_under_the_same_masks(monk
     x = rng.uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
     y = np.array([0, 1, 2, 3])
     config = {**TINY, "classifier_activation": None, "remat": True, "dropout_rate": 0.3}
+    keras.utils.set_random_seed(0)  # the same weights every run
     init = keras_vit.VisionTransformer(**config).get_weights()
     init[-2] = rng.normal(0, 0.5, init[-2].shape).astype("float32")  # a non-zero head: every weight moves
 
@@ -262,8 +263,8 @@ def test_remat_step_with_dropout_equals_the_plain_step_under_the_same_masks(monk
     assert n_remat > n_plain  # the first step did recompute, the second did not
     assert abs(loss_plain - loss_nodrop) > 1e-3 * abs(loss_nodrop)
     np.testing.assert_allclose(loss_remat, loss_plain, rtol=1e-6)
-    for a, b in zip(after_remat, after_plain):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    for a, b in zip(after_remat, after_plain):  # float32 rounding of a recomputation, relative to weights up to ~12
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_remat_refuses_attention_dropout():
