@@ -121,6 +121,33 @@ def test_int8_onnx_is_quantized_and_close_to_keras(calibrated, model, tmp_path):
     np.testing.assert_allclose(got, expected, atol=0.05, rtol=0)
 
 
+@pytest.mark.skipif("onnx" not in SUPPORTED, reason="ONNX graph rewrites")
+def test_onnx_weights_are_folded_and_int8_quantizes_every_projection(tmp_path):
+    """Kernels above the exporters' folding limit (8192 values, so every real ViT) become
+    initializers: nothing is computed from constants alone at load time, and onnxruntime's int8
+    quantizer, which only quantizes a MatMul whose weight is an initializer, quantizes all of them.
+    On torch the attention's fused q/k/v matmul becomes three, with no slicing left."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    m = keras_vit.VisionTransformer(**dict(TINY, hidden_size=64, mlp_dim=128))  # q/k/v kernels: 12,288 values
+    for i, var in enumerate(m.weights):
+        var.assign(np.random.default_rng(i).normal(0, 0.3, var.shape).astype("float32"))
+    graph = onnx.load(export(m, tmp_path / "float", "onnx")).graph
+    constants = {i.name for i in graph.initializer}
+    assert [n.op_type for n in graph.node if n.input and all(i in constants for i in n.input if i)] == []
+    weighted = [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in constants]
+    ops = [n.op_type for n in graph.node]
+    if BACKEND == "torch":
+        assert len(weighted) == 2 + TINY["num_layers"] * 6  # patches, head; q, k, v, out, MLP in and out per block
+        assert "Split" not in ops and ops.count("Gather") == 1  # the class token's only
+    photos = _photos((TINY["image_size"], TINY["image_size"]))
+    expected = keras.ops.convert_to_numpy(m(keras_vit.preprocess_input(photos.astype("float32"))))
+    np.testing.assert_allclose(run(str(tmp_path / "float" / "model.onnx"), "onnx", photos)["probabilities"],
+                               expected, atol=1e-4, rtol=0)
+    int8 = [n.op_type for n in onnx.load(export(m, tmp_path / "int8", "onnx", quantize="int8")).graph.node]
+    assert int8.count("MatMulInteger") == len(weighted) and int8.count("MatMul") == ops.count("MatMul") - len(weighted)
+
+
 @pytest.mark.backend_independent
 def test_int8_bad_requests_are_refused_before_writing(tmp_path):
     from keras_vit.export import calibration_images, check_format
