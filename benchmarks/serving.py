@@ -5,12 +5,14 @@ session options and under OpenVINO, and against timm eager.
     KERAS_BACKEND=torch python benchmarks/serving.py --models ViT_B16 ViT_S16 --batches 1 8 32
 
 Exports each model at 224 px (random weights: speed does not depend on them), both with a dynamic
-batch: keras-vit's with its serving signature (`keras_vit.export.export`: uint8 images in,
-preprocessing and softmax inside), timm's
-`vit_*_patch16_224` through torch's dynamo exporter (float NCHW in, logits out; exact GELU, like
-keras-vit's timm-converted models, which the keras-vit model here is built as). Each round calls
-every runtime once, in an order that alternates between rounds, so all see the same machine load;
-two warm-up rounds. Prints, per batch, the median and 90th percentile seconds per call, images/s,
+batch and the same signature, so that the two files do the same work: uint8 NHWC images in,
+scaling to [-1, 1] and the softmax inside, probabilities out. keras-vit's through
+`keras_vit.export.export`, timm's `vit_*_patch16_224` wrapped in that signature through torch's
+dynamo exporter (exact GELU, like keras-vit's timm-converted models, which the keras-vit model
+here is built as); timm eager runs the same wrapper. Both files run under onnxruntime with
+ORT_ENABLE_ALL (the default, set explicitly) and the same thread count. Each round calls every
+runtime once, in an order that alternates between rounds, so all see the same machine load; two
+warm-up rounds. Prints, per batch, the median and 90th percentile seconds per call, images/s,
 and each keras-vit row's speed as a ratio to its peers in the same round set.
 """
 
@@ -41,12 +43,29 @@ def timm_like(name, image_size):
                                        approximate_gelu=False)
 
 
+def timm_serving(model):
+    """timm's `model` behind keras-vit's serving signature: uint8 (B, H, W, 3) images in, the same
+    scaling to [-1, 1] as keras-vit's serving model, probabilities out."""
+    import torch
+
+    class Serving(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, images):
+            x = images.permute(0, 3, 1, 2).float() / 127.5 - 1
+            return torch.softmax(self.model(x), dim=-1)
+
+    return Serving(model).eval()
+
+
 def _timm_onnx(model, path, image_size):
     import torch
 
-    example = torch.zeros((2, 3, image_size, image_size))
-    program = torch.onnx.export(model, (example,), dynamo=True, input_names=["images"],
-                                dynamic_shapes={"x": {0: torch.export.Dim("batch")}}, verbose=False)
+    example = torch.zeros((2, image_size, image_size, 3), dtype=torch.uint8)
+    program = torch.onnx.export(timm_serving(model), (example,), dynamo=True, input_names=["images"],
+                                dynamic_shapes={"images": {0: torch.export.Dim("batch")}}, verbose=False)
     program.optimize()
     program.save(path)
 
@@ -65,28 +84,26 @@ def _runners(args, name, folder):
              "timm": os.path.join(folder, f"{name}_timm.onnx")}
     _timm_onnx(timm_model, files["timm"], args.image_size)
     runners = {}
-
-    def nchw(images):
-        return np.ascontiguousarray(images.transpose(0, 3, 1, 2), dtype=np.float32) / 127.5 - 1
-
-    options = ort.SessionOptions()  # the same for every file: the defaults (all graph optimisations)
+    options = ort.SessionOptions()  # the same for every file
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if args.threads:
+        options.intra_op_num_threads = args.threads
     for label, path in files.items():
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        prepare = nchw if label == "timm" else (lambda images: images)
-        runners[f"{label} ONNX onnxruntime"] = (lambda s, p: lambda images: s.run(None, {"images": p(images)}))(
-            session, prepare)
+        runners[f"{label} ONNX onnxruntime"] = (lambda s: lambda images: s.run(None, {"images": images}))(session)
     if args.openvino:
         import openvino
 
         core = openvino.Core()
+        config = {"INFERENCE_NUM_THREADS": args.threads} if args.threads else {}
         for label in ("keras-vit", "timm"):
-            compiled = core.compile_model(files[label], "CPU")
-            prepare = nchw if label == "timm" else (lambda images: images)
-            runners[f"{label} ONNX OpenVINO"] = (lambda c, p: lambda images: c(p(images)))(compiled, prepare)
+            compiled = core.compile_model(files[label], "CPU", config)
+            runners[f"{label} ONNX OpenVINO"] = (lambda c: lambda images: c(images))(compiled)
+    serving = timm_serving(timm_model)
 
     def eager(images):
         with torch.inference_mode():
-            timm_model(torch.from_numpy(nchw(images)))
+            serving(torch.from_numpy(images))
 
     runners["timm eager"] = eager
     return runners
@@ -99,10 +116,15 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--no-openvino", dest="openvino", action="store_false")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="threads of every runtime (onnxruntime intra-op, OpenVINO, torch); 0: each one's default")
     args = parser.parse_args(argv)
     os.environ.setdefault("KERAS_BACKEND", "torch")
     import onnxruntime as ort
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     folder = tempfile.mkdtemp()
     rows = []
