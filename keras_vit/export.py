@@ -3,7 +3,9 @@ any batch size, preprocessing included, exported to a folder that appears only o
 
 Keras' `model.export` writes every artefact except ONNX from torch, which goes through torch's
 dynamo-based exporter directly (Keras' path for a dynamic batch, the TorchScript exporter, fails
-on LayerNorm). ONNX files can be quantized to int8 by onnxruntime's tools (see `export`).
+on LayerNorm), and LiteRT from torch, through litert-torch directly (fixed batch only). Every ONNX
+file is then rewritten to run faster (`_optimize_onnx`), and can be quantized to int8 by
+onnxruntime's tools (see `export`).
 
 """
 
@@ -23,8 +25,16 @@ UNSUPPORTED = {
     ("jax", "litert"): "Keras exports LiteRT from TensorFlow and torch only",
     ("torch", "tf_saved_model"): "Keras exports a SavedModel from torch through torch_xla, which has no CPU "
                                  "build for this torch",
-    ("torch", "litert"): "Keras exports LiteRT from torch through the litert-torch package, not in the export extra",
 }
+# (backend, format) pairs written at a fixed batch size only, and why
+FIXED_BATCH = {
+    ("torch", "litert"): "litert-torch 0.10 fails to lower a dynamic batch dimension here (torch 2.13, jax 0.10), "
+                         "even for a single Linear layer",
+}
+# the packages LiteRT from torch imports (litert-torch's own full requirements also pin typing-extensions<4.13
+# through xdsl, and bring transformers, kagglehub, sentencepiece, ...; none of that is needed to convert)
+LITERT_TORCH_INSTALL = ("pip install --no-deps litert-torch==0.10.0 litert-converter==0.5.0 torchao==0.18.0 "
+                        "ai-edge-quantizer==0.10.0 multipledispatch")
 # images read from a calibration folder for static int8 quantization, at most
 CALIBRATION_LIMIT = 1000
 
@@ -34,8 +44,9 @@ def formats(backend):
     return [f for f in FORMATS if (backend, f) not in UNSUPPORTED]
 
 
-def check_format(backend, format, quantize=None):
-    """Raises ValueError (one line) when `format` (with `quantize`) cannot be exported from `backend`."""
+def check_format(backend, format, quantize=None, batch_size=None):
+    """Raises ValueError (one line) when `format` (with `quantize`, at `batch_size`, None: any) cannot be
+    exported from `backend`, or when the package that writes it is not installed."""
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
     if (backend, format) in UNSUPPORTED:
@@ -43,6 +54,16 @@ def check_format(backend, format, quantize=None):
         raise ValueError(f"cannot export {format} from the {backend} backend ({UNSUPPORTED[backend, format]}); "
                          f"{backend} exports {', '.join(formats(backend))}; {format} exports from "
                          f"{', '.join(others)}")
+    if (backend, format) in FIXED_BATCH and batch_size is None:
+        anywhere = [b for b in BACKENDS if (b, format) not in UNSUPPORTED and (b, format) not in FIXED_BATCH]
+        raise ValueError(f"{format} from the {backend} backend needs a fixed batch size (--batch-size N): "
+                         f"{FIXED_BATCH[backend, format]}; {', '.join(anywhere)} exports {format} for any batch size")
+    if (backend, format) == ("torch", "litert"):
+        import importlib.util
+
+        if importlib.util.find_spec("litert_torch") is None:
+            raise ValueError(f"litert from the torch backend needs the litert-torch package, which the export "
+                             f"extra does not install: {LITERT_TORCH_INSTALL}")
     if quantize is not None:
         if quantize not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantize!r}; expected one of {', '.join(QUANTIZATIONS)}")
@@ -106,7 +127,8 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     """Exports `serving_model(model, top_k)` as `format` into the new folder `out`; returns the artefact's path.
 
     Written into a temporary folder beside `out` and renamed into place when complete; `out` must
-    not exist yet. `batch_size` fixes the batch dimension; None keeps it dynamic.
+    not exist yet. `batch_size` fixes the batch dimension; None keeps it dynamic (LiteRT from torch
+    needs one: FIXED_BATCH).
 
     `quantize="int8"` (ONNX only) quantizes the exported file with onnxruntime: the matrix products'
     weights and activations in int8, dynamically (activation ranges measured per call), or
@@ -116,7 +138,7 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     import keras
 
     backend = keras.backend.backend()
-    check_format(backend, format, quantize)
+    check_format(backend, format, quantize, batch_size)
     if calibration is not None and quantize is None:
         raise ValueError("calibration images are for quantize='int8'")
     out = os.path.abspath(os.fspath(out))
@@ -131,6 +153,8 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
         path = artefact(tmp, format)
         if backend == "torch" and format == "onnx":
             _torch_onnx(serving, path, batch_size)
+        elif backend == "torch" and format == "litert":
+            _torch_litert(serving, path, batch_size)
         else:
             spec = keras.InputSpec(shape=(batch_size, *model.input_shape[1:]), dtype="uint8", name="images")
             serving.export(path, format=format, input_signature=[spec], verbose=False)
@@ -180,11 +204,12 @@ def compare(model, path, format, images):
     return float(np.abs(got - expected).max()), float(np.mean(got.argmax(-1) == expected.argmax(-1)))
 
 
-def _torch_onnx(serving, path, batch_size):
-    """ONNX from the torch backend through torch's dynamo exporter, the batch dynamic unless fixed."""
+def _images_module(serving):
+    """`serving` (a Keras model on the torch backend) as a module whose forward takes one argument
+    named `images` (for dynamic_shapes and the artefact's input name), in eval mode."""
     import torch
 
-    class Images(torch.nn.Module):  # a forward with one named argument, for dynamic_shapes
+    class Images(torch.nn.Module):
         def __init__(self, model):
             super().__init__()
             self.model = model
@@ -192,13 +217,50 @@ def _torch_onnx(serving, path, batch_size):
         def forward(self, images):
             return self.model(images)
 
+    return Images(serving).eval()
+
+
+def _torch_onnx(serving, path, batch_size):
+    """ONNX from the torch backend through torch's dynamo exporter, the batch dynamic unless fixed."""
+    import torch
+
     # an example batch of 2: torch.export specialises a dimension it sees as 1
     example = torch.zeros((batch_size or 2, *serving.input_shape[1:]), dtype=torch.uint8)
     dynamic = None if batch_size else {"images": {0: torch.export.Dim("batch")}}
-    program = torch.onnx.export(Images(serving).eval(), (example,), dynamo=True, input_names=["images"],
+    program = torch.onnx.export(_images_module(serving), (example,), dynamo=True, input_names=["images"],
                                 dynamic_shapes=dynamic, verbose=False)
     program.optimize()
     program.save(path)
+
+
+def _torch_litert(serving, path, batch_size):
+    """LiteRT from the torch backend through litert-torch, at a fixed batch (FIXED_BATCH says why).
+
+    Called directly rather than through Keras' `model.export`, which traces with the batch set to
+    1 and names the input `args_0`; here the input is `images`, like the other artefacts'.
+    litert-torch turns JAX's 64-bit mode on when imported; it is restored after.
+    """
+    import contextlib
+    import io
+
+    import torch
+
+    try:
+        import jax
+
+        x64 = jax.config.jax_enable_x64
+    except ImportError:
+        jax = None
+    try:
+        import litert_torch
+
+        example = torch.zeros((batch_size, *serving.input_shape[1:]), dtype=torch.uint8)
+        with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
+            edge = litert_torch.convert(_images_module(serving), sample_kwargs={"images": example})
+        edge.export(path)
+    finally:
+        if jax is not None:
+            jax.config.update("jax_enable_x64", x64)
 
 
 def _fix_onnx(path, names):
