@@ -308,6 +308,9 @@ def _optimize_onnx(path):
     2. `_separate_qkv`: the attention of torch's exporter, one (D, 3D) matmul whose output is
        sliced three times, becomes three matmuls that write q, k^T and v in the layout the
        attention products read, the query scale folded into the query kernel.
+    3. `_einsum_to_matmul`: jax2onnx's projections, Einsum nodes of a constant kernel
+       ("btd,dnh->btnh"), become MatMul between Reshapes (onnxruntime quantizes MatMul, not
+       Einsum, and runs MatMul without Einsum's own transposes).
 
     The rewritten file is checked against the exporter's in onnxruntime on random images; where
     they differ (beyond 1e-5) the exporter's file is kept and a warning logged.
@@ -317,7 +320,7 @@ def _optimize_onnx(path):
 
     original = onnx.load(path)
     model = onnxscript.optimizer.optimize(original, input_size_limit=FOLD_LIMIT, output_size_limit=FOLD_LIMIT)
-    separated = _separate_qkv(model.graph)
+    separated = _separate_qkv(model.graph) + _einsum_to_matmul(model.graph)
     _remove_unused(model.graph)
     if separated:
         error = _max_difference(original, model)
@@ -325,8 +328,8 @@ def _optimize_onnx(path):
             import logging
 
             logging.getLogger("keras_vit").warning(
-                "keras_vit.export: the separated q/k/v projections changed the outputs (%s); "
-                "keeping the exporter's attention", "failed to run" if error is None else f"by {error:.1e}")
+                "keras_vit.export: the rewritten projections changed the outputs (%s); "
+                "keeping the exporter's graph (its weights folded)", "failed to run" if error is None else f"by {error:.1e}")
             model = onnxscript.optimizer.optimize(original, input_size_limit=FOLD_LIMIT,
                                                   output_size_limit=FOLD_LIMIT)
     onnx.save(model, path)
@@ -459,6 +462,47 @@ def _separate_qkv(graph):
         graph.node.extend(nodes)
         graph.initializer.extend(new_inits)
     return rewritten
+
+
+def _einsum_to_matmul(graph):
+    """In place: each Einsum `x . W` of a constant W whose equation contracts the trailing axes of x
+    with the leading axes of W, in order ("btd,dnh->btnh", "btnh,nhd->btd"), becomes
+    Reshape(x, [0, .., prod K]) @ W (prod K, prod N) -> Reshape([0, .., N...]). Returns how many."""
+    from onnx import helper, numpy_helper
+
+    done = 0
+    nodes = []
+    for node in graph.node:
+        kernel = _constant(graph, node.input[1]) if node.op_type == "Einsum" and len(node.input) == 2 else None
+        equation = _attr(node, "equation", b"")
+        equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
+        if kernel is None or "..." in equation or "->" not in equation or equation.count(",") != 1:
+            nodes.append(node)
+            continue
+        (lhs, rhs), out = equation.split("->")[0].split(","), equation.split("->")[1]
+        contracted = [c for c in lhs if c not in out]
+        batch = lhs[:len(lhs) - len(contracted)]
+        kept = rhs[len(contracted):]
+        if len(set(lhs)) != len(lhs) or len(set(rhs)) != len(rhs) or lhs[len(batch):] != "".join(contracted) \
+                or rhs[:len(contracted)] != "".join(contracted) or out != batch + kept or not contracted \
+                or any(c in rhs for c in batch) or kernel.ndim != len(rhs):
+            nodes.append(node)
+            continue
+        k = int(np.prod(kernel.shape[:len(contracted)]))
+        p = f"{node.name or node.output[0]}/matmul"
+        graph.initializer.extend([
+            numpy_helper.from_array(kernel.reshape(k, -1), f"{p}/kernel"),
+            numpy_helper.from_array(np.array([0] * len(batch) + [k], np.int64), f"{p}/in_shape"),
+            numpy_helper.from_array(np.array([0] * len(batch) + list(kernel.shape[len(contracted):]), np.int64),
+                                    f"{p}/out_shape")])
+        nodes += [helper.make_node("Reshape", [node.input[0], f"{p}/in_shape"], [f"{p}/x"], name=f"{p}/x"),
+                  helper.make_node("MatMul", [f"{p}/x", f"{p}/kernel"], [f"{p}/y"], name=p),
+                  helper.make_node("Reshape", [f"{p}/y", f"{p}/out_shape"], list(node.output), name=f"{p}/out")]
+        done += 1
+    if done:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return done
 
 
 def _remove_unused(graph):
