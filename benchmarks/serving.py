@@ -13,7 +13,10 @@ here is built as); timm eager runs the same wrapper. Both files run under onnxru
 ORT_ENABLE_ALL (the default, set explicitly) and the same thread count. Each round calls every
 runtime once, in an order that alternates between rounds, so all see the same machine load; two
 warm-up rounds. Prints, per batch, the median and 90th percentile seconds per call, images/s,
-and each keras-vit row's speed as a ratio to its peers in the same round set.
+and each keras-vit row's speed as a ratio to its peers in the same round set; also the median
+CPU time of the process per call and its ratios. With `--threads 1` the CPU time is the compute
+itself, whatever else the machine runs: the figure to compare graphs by on a shared machine
+(with more threads it also counts the thread pools' spinning).
 """
 
 import argparse
@@ -133,16 +136,19 @@ def main(argv=None):
         for batch in args.batches:
             images = np.random.default_rng(0).integers(0, 256, (batch, args.image_size, args.image_size, 3), np.uint8)
             times = {label: [] for label in runners}
+            cpu = {label: [] for label in runners}
             for r in range(args.repeats + 2):
                 for label, call in list(runners.items())[:: 1 if r % 2 else -1]:
-                    start = time.perf_counter()
+                    start, start_cpu = time.perf_counter(), time.process_time()
                     call(images)
                     if r >= 2:  # two warm-up rounds
                         times[label].append(time.perf_counter() - start)
+                        cpu[label].append(time.process_time() - start_cpu)
             for label, values in times.items():
                 median = statistics.median(values)
                 rows.append({"model": name, "runtime": label, "batch": batch, "seconds": median,
-                             "p90_seconds": float(np.percentile(values, 90)), "images_per_s": batch / median})
+                             "p90_seconds": float(np.percentile(values, 90)), "images_per_s": batch / median,
+                             "cpu_seconds": statistics.median(cpu[label])})
     _ratios(rows)
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
@@ -155,8 +161,10 @@ def main(argv=None):
     print(json.dumps({"versions": versions, "rows": rows}, indent=1))
     for row in rows:
         ratios = "  ".join(f"{v:.2f}x {k[9:]}" for k, v in row.items() if k.startswith("ratio_to_"))
+        cpu_ratios = "  ".join(f"{v:.2f}x" for k, v in row.items() if k.startswith("cpu_ratio_to_"))
         print(f"{row['model']:8s} {row['runtime']:30s} batch {row['batch']:2d}: median {row['seconds'] * 1e3:8.1f} ms"
-              f"  p90 {row['p90_seconds'] * 1e3:8.1f} ms  {row['images_per_s']:7.2f} img/s  {ratios}")
+              f"  p90 {row['p90_seconds'] * 1e3:8.1f} ms  {row['images_per_s']:7.2f} img/s  {ratios}"
+              f"  | CPU {row['cpu_seconds'] * 1e3:8.1f} ms {cpu_ratios}")
 
 
 def _ratios(rows):
@@ -171,6 +179,7 @@ def _ratios(rows):
             other = by_key.get((row["model"], row["batch"], peer))
             if other is not None:
                 row[f"ratio_to_{label}"] = other["seconds"] / row["seconds"]
+                row[f"cpu_ratio_to_{label}"] = other["cpu_seconds"] / row["cpu_seconds"]
 
 
 if __name__ == "__main__":
