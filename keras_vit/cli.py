@@ -144,7 +144,7 @@ def _export(args):
 
     from keras_vit.export import calibration_images, check_format, compare, export
 
-    check_format(keras.backend.backend(), args.format, args.quantize)  # before building a model
+    check_format(keras.backend.backend(), args.format, args.quantize, args.batch_size)  # before building
     if args.calibration is not None and args.quantize is None:
         raise ValueError("--calibration is for --quantize int8 (static quantization)")
     if os.path.exists(args.out):
@@ -218,9 +218,10 @@ def parser():
     p.add_argument("--image-size", type=int, nargs="+", default=None, help="input size (h [w]); default: the file's")
     p.set_defaults(func=_convert)
 
-    from keras_vit.export import BACKENDS, FORMATS, QUANTIZATIONS, formats
+    from keras_vit.export import BACKENDS, FIXED_BATCH, FORMATS, QUANTIZATIONS, formats
 
-    by_backend = "; ".join(f"{b}: {', '.join(formats(b))}" for b in BACKENDS)
+    by_backend = "; ".join(f"{b}: " + ", ".join(f + (" (with --batch-size)" if (b, f) in FIXED_BATCH else "")
+                                                 for f in formats(b)) for b in BACKENDS)
     p = sub.add_parser("export", help="export a model for serving (uint8 images in, probabilities out)",
                        description="Export a model for serving: uint8 images of any batch size in, probabilities "
                        f"out. Formats by KERAS_BACKEND: {by_backend}.")
@@ -232,7 +233,8 @@ def parser():
     p.add_argument("--format", required=True, help=f"{', '.join(FORMATS)} (which ones: see above)")
     p.add_argument("--out", required=True, help="output folder (must not exist)")
     p.add_argument("--top-k", type=int, default=None, help="also output the k best classes and their scores")
-    p.add_argument("--batch-size", type=int, default=None, help="fix the batch size (default: any)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="fix the batch size (default: any; litert from torch needs it)")
     p.add_argument("--quantize", default=None, choices=QUANTIZATIONS,
                    help="onnx only: quantize with onnxruntime (dynamic int8, or static with --calibration)")
     p.add_argument("--calibration", default=None, metavar="DIR",

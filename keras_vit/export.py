@@ -3,7 +3,9 @@ any batch size, preprocessing included, exported to a folder that appears only o
 
 Keras' `model.export` writes every artefact except ONNX from torch, which goes through torch's
 dynamo-based exporter directly (Keras' path for a dynamic batch, the TorchScript exporter, fails
-on LayerNorm). ONNX files can be quantized to int8 by onnxruntime's tools (see `export`).
+on LayerNorm), and LiteRT from torch, through litert-torch directly (fixed batch only). Every ONNX
+file is then rewritten to run faster (`_optimize_onnx`), and can be quantized to int8 by
+onnxruntime's tools (see `export`).
 
 """
 
@@ -23,8 +25,16 @@ UNSUPPORTED = {
     ("jax", "litert"): "Keras exports LiteRT from TensorFlow and torch only",
     ("torch", "tf_saved_model"): "Keras exports a SavedModel from torch through torch_xla, which has no CPU "
                                  "build for this torch",
-    ("torch", "litert"): "Keras exports LiteRT from torch through the litert-torch package, not in the export extra",
 }
+# (backend, format) pairs written at a fixed batch size only, and why
+FIXED_BATCH = {
+    ("torch", "litert"): "litert-torch 0.10 fails to lower a dynamic batch dimension here (torch 2.13, jax 0.10), "
+                         "even for a single Linear layer",
+}
+# the packages LiteRT from torch imports (litert-torch's own full requirements also pin typing-extensions<4.13
+# through xdsl, and bring transformers, kagglehub, sentencepiece, ...; none of that is needed to convert)
+LITERT_TORCH_INSTALL = ("pip install --no-deps litert-torch==0.10.0 litert-converter==0.5.0 torchao==0.18.0 "
+                        "ai-edge-quantizer==0.10.0 multipledispatch")
 # images read from a calibration folder for static int8 quantization, at most
 CALIBRATION_LIMIT = 1000
 
@@ -34,8 +44,9 @@ def formats(backend):
     return [f for f in FORMATS if (backend, f) not in UNSUPPORTED]
 
 
-def check_format(backend, format, quantize=None):
-    """Raises ValueError (one line) when `format` (with `quantize`) cannot be exported from `backend`."""
+def check_format(backend, format, quantize=None, batch_size=None):
+    """Raises ValueError (one line) when `format` (with `quantize`, at `batch_size`, None: any) cannot be
+    exported from `backend`, or when the package that writes it is not installed."""
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
     if (backend, format) in UNSUPPORTED:
@@ -43,6 +54,16 @@ def check_format(backend, format, quantize=None):
         raise ValueError(f"cannot export {format} from the {backend} backend ({UNSUPPORTED[backend, format]}); "
                          f"{backend} exports {', '.join(formats(backend))}; {format} exports from "
                          f"{', '.join(others)}")
+    if (backend, format) in FIXED_BATCH and batch_size is None:
+        anywhere = [b for b in BACKENDS if (b, format) not in UNSUPPORTED and (b, format) not in FIXED_BATCH]
+        raise ValueError(f"{format} from the {backend} backend needs a fixed batch size (--batch-size N): "
+                         f"{FIXED_BATCH[backend, format]}; {', '.join(anywhere)} exports {format} for any batch size")
+    if (backend, format) == ("torch", "litert"):
+        import importlib.util
+
+        if importlib.util.find_spec("litert_torch") is None:
+            raise ValueError(f"litert from the torch backend needs the litert-torch package, which the export "
+                             f"extra does not install: {LITERT_TORCH_INSTALL}")
     if quantize is not None:
         if quantize not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantize!r}; expected one of {', '.join(QUANTIZATIONS)}")
@@ -106,7 +127,8 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     """Exports `serving_model(model, top_k)` as `format` into the new folder `out`; returns the artefact's path.
 
     Written into a temporary folder beside `out` and renamed into place when complete; `out` must
-    not exist yet. `batch_size` fixes the batch dimension; None keeps it dynamic.
+    not exist yet. `batch_size` fixes the batch dimension; None keeps it dynamic (LiteRT from torch
+    needs one: FIXED_BATCH).
 
     `quantize="int8"` (ONNX only) quantizes the exported file with onnxruntime: the matrix products'
     weights and activations in int8, dynamically (activation ranges measured per call), or
@@ -116,7 +138,7 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     import keras
 
     backend = keras.backend.backend()
-    check_format(backend, format, quantize)
+    check_format(backend, format, quantize, batch_size)
     if calibration is not None and quantize is None:
         raise ValueError("calibration images are for quantize='int8'")
     out = os.path.abspath(os.fspath(out))
@@ -131,11 +153,14 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
         path = artefact(tmp, format)
         if backend == "torch" and format == "onnx":
             _torch_onnx(serving, path, batch_size)
+        elif backend == "torch" and format == "litert":
+            _torch_litert(serving, path, batch_size)
         else:
             spec = keras.InputSpec(shape=(batch_size, *model.input_shape[1:]), dtype="uint8", name="images")
             serving.export(path, format=format, input_signature=[spec], verbose=False)
         if format == "onnx":
             _fix_onnx(path, names)
+            _optimize_onnx(path)
         if quantize:
             _quantize_int8(path, calibration)
         os.replace(tmp, out)
@@ -179,11 +204,12 @@ def compare(model, path, format, images):
     return float(np.abs(got - expected).max()), float(np.mean(got.argmax(-1) == expected.argmax(-1)))
 
 
-def _torch_onnx(serving, path, batch_size):
-    """ONNX from the torch backend through torch's dynamo exporter, the batch dynamic unless fixed."""
+def _images_module(serving):
+    """`serving` (a Keras model on the torch backend) as a module whose forward takes one argument
+    named `images` (for dynamic_shapes and the artefact's input name), in eval mode."""
     import torch
 
-    class Images(torch.nn.Module):  # a forward with one named argument, for dynamic_shapes
+    class Images(torch.nn.Module):
         def __init__(self, model):
             super().__init__()
             self.model = model
@@ -191,13 +217,50 @@ def _torch_onnx(serving, path, batch_size):
         def forward(self, images):
             return self.model(images)
 
+    return Images(serving).eval()
+
+
+def _torch_onnx(serving, path, batch_size):
+    """ONNX from the torch backend through torch's dynamo exporter, the batch dynamic unless fixed."""
+    import torch
+
     # an example batch of 2: torch.export specialises a dimension it sees as 1
     example = torch.zeros((batch_size or 2, *serving.input_shape[1:]), dtype=torch.uint8)
     dynamic = None if batch_size else {"images": {0: torch.export.Dim("batch")}}
-    program = torch.onnx.export(Images(serving).eval(), (example,), dynamo=True, input_names=["images"],
+    program = torch.onnx.export(_images_module(serving), (example,), dynamo=True, input_names=["images"],
                                 dynamic_shapes=dynamic, verbose=False)
     program.optimize()
     program.save(path)
+
+
+def _torch_litert(serving, path, batch_size):
+    """LiteRT from the torch backend through litert-torch, at a fixed batch (FIXED_BATCH says why).
+
+    Called directly rather than through Keras' `model.export`, which traces with the batch set to
+    1 and names the input `args_0`; here the input is `images`, like the other artefacts'.
+    litert-torch turns JAX's 64-bit mode on when imported; it is restored after.
+    """
+    import contextlib
+    import io
+
+    import torch
+
+    try:
+        import jax
+
+        x64 = jax.config.jax_enable_x64
+    except ImportError:
+        jax = None
+    try:
+        import litert_torch
+
+        example = torch.zeros((batch_size, *serving.input_shape[1:]), dtype=torch.uint8)
+        with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
+            edge = litert_torch.convert(_images_module(serving), sample_kwargs={"images": example})
+        edge.export(path)
+    finally:
+        if jax is not None:
+            jax.config.update("jax_enable_x64", x64)
 
 
 def _fix_onnx(path, names):
@@ -227,6 +290,260 @@ def _fix_onnx(path, names):
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     onnx.save(model, path)
+
+
+# weights folded into initializers up to this many elements (onnxscript's default, 8192, leaves the
+# reshaped and concatenated kernels of any real ViT as nodes computed at load time)
+FOLD_LIMIT = 1 << 31
+
+
+def _optimize_onnx(path):
+    """Rewrites the ONNX file at `path` into a form that runs faster, outputs unchanged.
+
+    1. Every weight computed from constants (the q/k/v kernels concatenated at call time, the
+       patch and output kernels reshaped) is folded into one initializer (onnxscript's constant
+       folding, with no size limit). onnxruntime folds them too when it loads a float file, but
+       its int8 quantizer only quantizes a MatMul whose weight is an initializer: without this,
+       the q/k/v and output projections of every block stayed float32.
+    2. `_separate_qkv`: the attention of torch's exporter, one (D, 3D) matmul whose output is
+       sliced three times, becomes three matmuls that write q, k^T and v in the layout the
+       attention products read, the query scale folded into the query kernel.
+    3. `_einsum_to_matmul`: jax2onnx's projections, Einsum nodes of a constant kernel
+       ("btd,dnh->btnh"), become MatMul between Reshapes (onnxruntime quantizes MatMul, not
+       Einsum, and runs MatMul without Einsum's own transposes).
+
+    The rewritten file is checked against the exporter's in onnxruntime on random images; where
+    they differ (beyond 1e-5) the exporter's file is kept and a warning logged.
+    """
+    import onnx
+    import onnxscript.optimizer
+
+    original = onnx.load(path)
+    model = onnxscript.optimizer.optimize(original, input_size_limit=FOLD_LIMIT, output_size_limit=FOLD_LIMIT)
+    separated = _separate_qkv(model.graph) + _einsum_to_matmul(model.graph)
+    _remove_unused(model.graph)
+    if separated:
+        error = _max_difference(original, model)
+        if error is None or error > 1e-5:
+            import logging
+
+            logging.getLogger("keras_vit").warning(
+                "keras_vit.export: the rewritten projections changed the outputs (%s); "
+                "keeping the exporter's graph (its weights folded)", "failed to run" if error is None else f"by {error:.1e}")
+            model = onnxscript.optimizer.optimize(original, input_size_limit=FOLD_LIMIT,
+                                                  output_size_limit=FOLD_LIMIT)
+    onnx.save(model, path)
+
+
+def _consumers(graph):
+    uses = {}
+    for node in graph.node:
+        for name in node.input:
+            uses.setdefault(name, []).append(node)
+    return uses
+
+
+def _constant(graph, name):
+    """The initializer `name` as a numpy array, or None."""
+    import onnx
+
+    for init in graph.initializer:
+        if init.name == name:
+            return onnx.numpy_helper.to_array(init)
+    return None
+
+
+def _attr(node, name, default=None):
+    import onnx
+
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def _separate_qkv(graph):
+    """In place: each attention of the pattern torch's dynamo exporter writes for keras-vit,
+
+        X = Reshape(MatMul(h, W) + b, [-1, T, 3, heads, head_dim])
+        q, k, v = (Transpose(Gather(X, i, axis=2), [0, 2, 1, 3]) for i in 0, 1, 2)
+        softmax((q * s) @ (transpose(k, -1, -2) * s)) @ v
+
+    (k^T through Shape, Reshape, Transpose, Reshape), becomes three MatMul + Add + Reshape +
+    Transpose, q already scaled (s * s folded into its kernel and bias), k transposed in one step.
+    Returns how many attentions were rewritten; anything else is left as it is.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    uses = _consumers(graph)
+    producer = {o: n for n in graph.node for o in n.output}
+    new_nodes, new_inits, rewritten = {}, [], 0
+
+    def scalar(node, tensor):
+        """`node` = Mul(tensor, scalar constant): the scalar, else None."""
+        if node is None or node.op_type != "Mul" or tensor not in node.input:
+            return None
+        other = _constant(graph, node.input[1 - list(node.input).index(tensor)])
+        return None if other is None or other.size != 1 else float(other.reshape(()))
+
+    for softmax in [n for n in graph.node if n.op_type == "Softmax" and _attr(n, "axis", -1) in (-1, 3)]:
+        logits = producer.get(softmax.input[0])
+        after = uses.get(softmax.output[0], [])
+        if logits is None or logits.op_type != "MatMul" or len(after) != 1 or after[0].op_type != "MatMul" \
+                or after[0].input[0] != softmax.output[0]:
+            continue
+        # query side: Mul(Transpose(Gather(X, 0)), s)
+        q_mul = producer.get(logits.input[0])
+        q_t = producer.get(q_mul.input[0]) if q_mul is not None and q_mul.op_type == "Mul" else None
+        s_q = scalar(q_mul, q_t.output[0]) if q_t is not None else None
+        # key side: Mul(Reshape(Transpose[0,2,1](Reshape(Transpose(Gather(X, 1))))), s)
+        k_mul = producer.get(logits.input[1])
+        chain, node = [], producer.get(k_mul.input[0]) if k_mul is not None and k_mul.op_type == "Mul" else None
+        s_k = scalar(k_mul, node.output[0]) if node is not None else None
+        for op in ("Reshape", "Transpose", "Reshape"):
+            if node is None or node.op_type != op:
+                break
+            chain.append(node)
+            node = producer.get(node.input[0])
+        k_t = node
+        v_t = producer.get(after[0].input[1])
+        if s_q is None or s_k is None or len(chain) != 3 or _attr(chain[1], "perm") != [0, 2, 1]:
+            continue
+        gathers = []
+        for t in (q_t, k_t, v_t):
+            g = producer.get(t.input[0]) if t is not None and t.op_type == "Transpose" \
+                and _attr(t, "perm") == [0, 2, 1, 3] else None
+            index = _constant(graph, g.input[1]) if g is not None and g.op_type == "Gather" else None
+            if index is None or index.size != 1 or _attr(g, "axis", 0) != 2:
+                break
+            gathers.append((g, int(index.reshape(()))))
+        if len(gathers) != 3 or [i for _, i in gathers] != [0, 1, 2] or len({g.input[0] for g, _ in gathers}) != 1:
+            continue
+        reshape = producer.get(gathers[0][0].input[0])
+        shape = _constant(graph, reshape.input[1]) if reshape is not None and reshape.op_type == "Reshape" else None
+        add = producer.get(reshape.input[0]) if shape is not None else None
+        if shape is None or shape.size != 5 or shape[2] != 3 or add is None or add.op_type != "Add":
+            continue
+        matmul = producer.get(add.input[0])
+        bias = _constant(graph, add.input[1])
+        kernel = _constant(graph, matmul.input[1]) if matmul is not None and matmul.op_type == "MatMul" else None
+        tokens, heads, head_dim = int(shape[1]), int(shape[3]), int(shape[4])
+        width = heads * head_dim
+        if kernel is None or bias is None or kernel.ndim != 2 or kernel.shape[1] != 3 * width \
+                or bias.shape != (3 * width,) or tokens <= 0:
+            continue
+        prefix = f"{matmul.name or matmul.output[0]}/separate_qkv"
+        scale = s_q * s_k
+        kernels = [kernel[:, :width] * np.float32(scale), kernel[:, width:2 * width], kernel[:, 2 * width:]]
+        biases = [bias[:width] * np.float32(scale), bias[width:2 * width], bias[2 * width:]]
+        split_shape = f"{prefix}/shape"
+        new_inits.append(numpy_helper.from_array(np.array([-1, tokens, heads, head_dim], np.int64), split_shape))
+        # q replaces the scaled query, k^T the scaled key, v the value: the logits MatMul and the
+        # weights-times-values MatMul read them directly
+        targets = [(logits, 0, [0, 2, 1, 3]), (logits, 1, [0, 2, 3, 1]), (after[0], 1, [0, 2, 1, 3])]
+        nodes = []
+        for (name, w, b), (reader, slot, perm) in zip(zip("qkv", kernels, biases), targets):
+            p = f"{prefix}/{name}"
+            new_inits += [numpy_helper.from_array(w.astype(kernel.dtype), f"{p}/kernel"),
+                          numpy_helper.from_array(b.astype(bias.dtype), f"{p}/bias")]
+            nodes += [helper.make_node("MatMul", [matmul.input[0], f"{p}/kernel"], [f"{p}/matmul"], name=f"{p}/matmul"),
+                      helper.make_node("Add", [f"{p}/matmul", f"{p}/bias"], [f"{p}/add"], name=f"{p}/add"),
+                      helper.make_node("Reshape", [f"{p}/add", split_shape], [f"{p}/heads"], name=f"{p}/heads"),
+                      helper.make_node("Transpose", [f"{p}/heads"], [f"{p}/out"], name=f"{p}/out", perm=perm)]
+            reader.input[slot] = f"{p}/out"
+        new_nodes[id(matmul)] = nodes
+        rewritten += 1
+    if rewritten:
+        nodes = []
+        for node in graph.node:  # the new nodes where the fused matmul was: its input is defined there
+            nodes += new_nodes.get(id(node), []) + [node]
+        del graph.node[:]
+        graph.node.extend(nodes)
+        graph.initializer.extend(new_inits)
+    return rewritten
+
+
+def _einsum_to_matmul(graph):
+    """In place: each Einsum `x . W` of a constant W whose equation contracts the trailing axes of x
+    with the leading axes of W, in order ("btd,dnh->btnh", "btnh,nhd->btd"), becomes
+    Reshape(x, [0, .., prod K]) @ W (prod K, prod N) -> Reshape([0, .., N...]). Returns how many."""
+    from onnx import helper, numpy_helper
+
+    done = 0
+    nodes = []
+    for node in graph.node:
+        kernel = _constant(graph, node.input[1]) if node.op_type == "Einsum" and len(node.input) == 2 else None
+        equation = _attr(node, "equation", b"")
+        equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
+        if kernel is None or "..." in equation or "->" not in equation or equation.count(",") != 1:
+            nodes.append(node)
+            continue
+        (lhs, rhs), out = equation.split("->")[0].split(","), equation.split("->")[1]
+        contracted = [c for c in lhs if c not in out]
+        batch = lhs[:len(lhs) - len(contracted)]
+        kept = rhs[len(contracted):]
+        if len(set(lhs)) != len(lhs) or len(set(rhs)) != len(rhs) or lhs[len(batch):] != "".join(contracted) \
+                or rhs[:len(contracted)] != "".join(contracted) or out != batch + kept or not contracted \
+                or any(c in rhs for c in batch) or kernel.ndim != len(rhs):
+            nodes.append(node)
+            continue
+        k = int(np.prod(kernel.shape[:len(contracted)]))
+        p = f"{node.name or node.output[0]}/matmul"
+        graph.initializer.extend([
+            numpy_helper.from_array(kernel.reshape(k, -1), f"{p}/kernel"),
+            numpy_helper.from_array(np.array([0] * len(batch) + [k], np.int64), f"{p}/in_shape"),
+            numpy_helper.from_array(np.array([0] * len(batch) + list(kernel.shape[len(contracted):]), np.int64),
+                                    f"{p}/out_shape")])
+        nodes += [helper.make_node("Reshape", [node.input[0], f"{p}/in_shape"], [f"{p}/x"], name=f"{p}/x"),
+                  helper.make_node("MatMul", [f"{p}/x", f"{p}/kernel"], [f"{p}/y"], name=p),
+                  helper.make_node("Reshape", [f"{p}/y", f"{p}/out_shape"], list(node.output), name=f"{p}/out")]
+        done += 1
+    if done:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return done
+
+
+def _remove_unused(graph):
+    """Drops the nodes and initializers no graph output depends on."""
+    needed = {o.name for o in graph.output}
+    kept = []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(node.input)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    inits = [i for i in graph.initializer if i.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+    infos = [v for v in graph.value_info if v.name in needed]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
+
+
+def _max_difference(a, b, batch=2):
+    """Max |difference| of every float output of the ONNX models `a` and `b` (ModelProto) under
+    onnxruntime on `batch` random images (integer outputs must be equal); None when either fails."""
+    import onnxruntime as ort
+
+    try:
+        sessions = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]) for m in (a, b)]
+        spec = sessions[0].get_inputs()[0]
+        shape = [d if isinstance(d, int) else batch for d in spec.shape]
+        dtype = {"tensor(uint8)": np.uint8, "tensor(float)": np.float32}[spec.type]
+        images = np.random.default_rng(0).integers(0, 256, shape).astype(dtype)
+        outputs = [s.run(None, {spec.name: images}) for s in sessions]
+    except Exception:  # noqa: BLE001 - any failure keeps the exporter's file
+        return None
+    error = 0.0
+    for x, y in zip(*outputs):
+        if x.dtype.kind == "f":
+            error = max(error, float(np.abs(x - y).max()))
+        elif not np.array_equal(x, y):
+            return float("inf")
+    return error
 
 
 def _quantize_int8(path, calibration):

@@ -1,6 +1,7 @@
 """Serving artefacts run in their own runtimes (TensorFlow's loader, onnxruntime, the LiteRT
 interpreter) on real photographs give the Keras model's probabilities and top-k."""
 
+import importlib.util
 import os
 
 import keras
@@ -9,11 +10,18 @@ import pytest
 
 import keras_vit
 from conftest import TINY
-from keras_vit.export import FORMATS, UNSUPPORTED, artefact, export, formats, run
+from keras_vit.export import FIXED_BATCH, FORMATS, UNSUPPORTED, artefact, export, formats, run
 
 BACKEND = keras.backend.backend()
 SUPPORTED = formats(BACKEND)
 RUNTIMES = {"tf_saved_model": "tensorflow", "onnx": "onnxruntime", "litert": "ai_edge_litert"}
+
+
+def _runtime_or_skip(format):
+    pytest.importorskip(RUNTIMES[format])
+    if (BACKEND, format) == ("torch", "litert") and importlib.util.find_spec("litert_torch") is None:
+        # not "could not import" (a failure under CI=true): the export extra does not install it
+        pytest.skip("litert-torch is not installed (outside the export extra; README: Serving)")
 
 
 def _photos(size):
@@ -36,13 +44,19 @@ def model(request):
 @pytest.mark.parametrize("format", SUPPORTED)
 def test_artefact_in_its_runtime_equals_keras_on_photos(format, model, tmp_path):
     photos = _photos((TINY["image_size"], TINY["image_size"]))
-    pytest.importorskip(RUNTIMES[format])
+    _runtime_or_skip(format)
     expected = keras.ops.convert_to_numpy(model(keras_vit.preprocess_input(photos.astype("float32"))))
-    path = export(model, tmp_path / "out", format, top_k=3)
-    assert path == artefact(str(tmp_path / "out"), format)
-    assert os.listdir(tmp_path) == ["out"]  # no temp folder left
-    for n in (1, 3):  # one file, any batch size
-        got = run(path, format, photos[:n])
+    fixed = (BACKEND, format) in FIXED_BATCH
+    if fixed:  # one file per batch size
+        paths = {n: export(model, tmp_path / f"out{n}", format, top_k=3, batch_size=n) for n in (1, 3)}
+        assert sorted(os.listdir(tmp_path)) == ["out1", "out3"]
+    else:
+        path = export(model, tmp_path / "out", format, top_k=3)
+        assert path == artefact(str(tmp_path / "out"), format)
+        assert os.listdir(tmp_path) == ["out"]  # no temp folder left
+        paths = {1: path, 3: path}  # one file, any batch size
+    for n in (1, 3):
+        got = run(paths[n], format, photos[:n])
         np.testing.assert_allclose(got["probabilities"], expected[:n], atol=1e-4, rtol=0)
         np.testing.assert_array_equal(got["top_k_classes"], np.argsort(-expected[:n], axis=-1)[:, :3])
         np.testing.assert_allclose(got["top_k_scores"], np.sort(expected[:n], axis=-1)[:, ::-1][:, :3], atol=1e-4)
@@ -73,10 +87,13 @@ def test_interrupted_export_leaves_no_folder(format, model, tmp_path, monkeypatc
         open(path if path.endswith((".onnx", ".tflite")) else os.path.join(path, "part"), "w").write("half")
         raise KeyboardInterrupt
 
+    if (BACKEND, format) == ("torch", "litert"):
+        _runtime_or_skip(format)
     monkeypatch.setattr(keras.Model, "export", interrupted)
     monkeypatch.setattr(keras_vit.export, "_torch_onnx", interrupted)
+    monkeypatch.setattr(keras_vit.export, "_torch_litert", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        export(model, tmp_path / "out", format)
+        export(model, tmp_path / "out", format, batch_size=1 if (BACKEND, format) in FIXED_BATCH else None)
     assert os.listdir(tmp_path) == []
 
 
@@ -119,6 +136,36 @@ def test_int8_onnx_is_quantized_and_close_to_keras(calibrated, model, tmp_path):
     expected = keras.ops.convert_to_numpy(model(keras_vit.preprocess_input(photos.astype("float32"))))
     got = run(path, "onnx", photos)["probabilities"]
     np.testing.assert_allclose(got, expected, atol=0.05, rtol=0)
+
+
+@pytest.mark.skipif("onnx" not in SUPPORTED, reason="ONNX graph rewrites")
+def test_onnx_weights_are_folded_and_int8_quantizes_every_projection(tmp_path):
+    """Kernels above the exporters' folding limit (8192 values, so every real ViT) become
+    initializers: nothing is computed from constants alone at load time, and onnxruntime's int8
+    quantizer, which only quantizes a MatMul whose weight is an initializer, quantizes all of them.
+    On torch the attention's fused q/k/v matmul becomes three, with no slicing left; on JAX the
+    projections' Einsum nodes become MatMul."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    m = keras_vit.VisionTransformer(**dict(TINY, hidden_size=64, mlp_dim=128))  # q/k/v kernels: 12,288 values
+    for i, var in enumerate(m.weights):
+        var.assign(np.random.default_rng(i).normal(0, 0.3, var.shape).astype("float32"))
+    graph = onnx.load(export(m, tmp_path / "float", "onnx")).graph
+    constants = {i.name for i in graph.initializer}
+    assert [n.op_type for n in graph.node if n.input and all(i in constants for i in n.input if i)] == []
+    weighted = [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in constants]
+    ops = [n.op_type for n in graph.node]
+    # per block: q, k, v, out, MLP in and out (TensorFlow's graph keeps one q/k/v matmul, sliced after)
+    per_block = 4 if BACKEND == "tensorflow" else 6
+    assert len(weighted) == 2 + TINY["num_layers"] * per_block and "Einsum" not in ops  # + patches, head
+    if BACKEND == "torch":
+        assert "Split" not in ops and ops.count("Gather") == 1  # the class token's only
+    photos = _photos((TINY["image_size"], TINY["image_size"]))
+    expected = keras.ops.convert_to_numpy(m(keras_vit.preprocess_input(photos.astype("float32"))))
+    np.testing.assert_allclose(run(str(tmp_path / "float" / "model.onnx"), "onnx", photos)["probabilities"],
+                               expected, atol=1e-4, rtol=0)
+    int8 = [n.op_type for n in onnx.load(export(m, tmp_path / "int8", "onnx", quantize="int8")).graph.node]
+    assert int8.count("MatMulInteger") == len(weighted) and int8.count("MatMul") == ops.count("MatMul") - len(weighted)
 
 
 @pytest.mark.backend_independent
@@ -170,4 +217,9 @@ def test_export_cli_bad_requests_name_what_works_and_write_nothing(model, tmp_pa
         assert main([*base, "--format", format]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and f"{BACKEND} exports {', '.join(SUPPORTED)}" in err
+    for backend, format in FIXED_BATCH:
+        if backend == BACKEND:
+            assert main([*base, "--format", format]) == 2
+            err = capsys.readouterr().err
+            assert len(err.strip().splitlines()) == 1 and "needs a fixed batch size (--batch-size N)" in err
     assert sorted(os.listdir(tmp_path)) == ["empty", "tiny.keras"]
