@@ -256,8 +256,7 @@ def _torch_litert(serving, path, batch_size):
 
         example = torch.zeros((batch_size, *serving.input_shape[1:]), dtype=torch.uint8)
         with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
-            edge = litert_torch.convert(_images_module(serving), sample_kwargs={"images": example})
-        edge.export(path)
+            litert_torch.convert(_images_module(serving), sample_kwargs={"images": example}).export(path)
     finally:
         if jax is not None:
             jax.config.update("jax_enable_x64", x64)
