@@ -8,7 +8,8 @@ speed on ViT-B/16, accuracy and top-1 agreement on the offline demo's fine-tuned
 Speed: ViT-B/16 at 224 px (random weights: speed does not depend on them) exported float32, int8
 dynamic, and int8 static (calibrated on `--calibration-count` random-noise images: ranges, not
 accuracy, matter for speed), timed under onnxruntime at each batch, one call of each file in turn
-after two warm-up rounds; median seconds per batch and the ratio to float32.
+after two warm-up rounds; median seconds per batch and the ratio to float32, and the same for the
+process CPU time per call (with `--threads 1`, the compute itself whatever else the machine runs).
 Fidelity: the demo model exported the same three ways (static calibrated on its training digits),
 run in onnxruntime on its held-out test digits: accuracy and top-1 agreement with float32.
 """
@@ -53,6 +54,9 @@ def main(argv=None):
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--calibration-count", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="onnxruntime intra-op threads (0: its default); with 1, the per-call CPU time is the "
+                        "compute itself on a shared machine")
     args = parser.parse_args(argv)
     os.environ.setdefault("KERAS_BACKEND", "torch")
     import keras
@@ -88,22 +92,32 @@ def main(argv=None):
     vit = timm_like(args.model, 224)
     rng = np.random.default_rng(0)
     calibration = rng.integers(0, 256, (args.calibration_count, 224, 224, 3), np.uint8)
-    sessions = {label: ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-                for label, path in _files(vit, folder, args.model, calibration).items()}
+    options = ort.SessionOptions()
+    if args.threads:
+        options.intra_op_num_threads = args.threads
+    files = _files(vit, folder, args.model, calibration)
+    sessions = {label: ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+                for label, path in files.items()}
+    result["bytes"] = {label: os.path.getsize(path) for label, path in files.items()}
     speed = []
     for batch in args.batches:
         images = rng.integers(0, 256, (batch, 224, 224, 3), np.uint8)
         times = {label: [] for label in sessions}
+        cpu = {label: [] for label in sessions}
         for r in range(args.repeats + 2):
             for label, session in list(sessions.items())[:: 1 if r % 2 else -1]:
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 session.run(None, {"images": images})
                 if r >= 2:
                     times[label].append(time.perf_counter() - start)
+                    cpu[label].append(time.process_time() - start_cpu)
         medians = {label: statistics.median(values) for label, values in times.items()}
+        cpu_medians = {label: statistics.median(values) for label, values in cpu.items()}
         for label, median in medians.items():
             speed.append({"model": args.model, "file": label, "batch": batch, "seconds": median,
-                          "images_per_s": batch / median, "speed_over_float32": medians["float32"] / median})
+                          "images_per_s": batch / median, "speed_over_float32": medians["float32"] / median,
+                          "cpu_seconds": cpu_medians[label],
+                          "cpu_speed_over_float32": cpu_medians["float32"] / cpu_medians[label]})
     result["speed"] = speed
     result["load_average"] = os.getloadavg()
     print(json.dumps(result, indent=1))

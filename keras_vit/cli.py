@@ -221,7 +221,7 @@ def parser():
     from keras_vit.export import BACKENDS, FIXED_BATCH, FORMATS, QUANTIZATIONS, formats
 
     by_backend = "; ".join(f"{b}: " + ", ".join(f + (" (with --batch-size)" if (b, f) in FIXED_BATCH else "")
-                                                 for f in formats(b)) for b in BACKENDS)
+                                                 for f in formats(b, fixed_batch=True)) for b in BACKENDS)
     p = sub.add_parser("export", help="export a model for serving (uint8 images in, probabilities out)",
                        description="Export a model for serving: uint8 images of any batch size in, probabilities "
                        f"out. Formats by KERAS_BACKEND: {by_backend}.")

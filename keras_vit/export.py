@@ -39,9 +39,10 @@ LITERT_TORCH_INSTALL = ("pip install --no-deps litert-torch==0.10.0 litert-conve
 CALIBRATION_LIMIT = 1000
 
 
-def formats(backend):
-    """The formats `export` writes from `backend`."""
-    return [f for f in FORMATS if (backend, f) not in UNSUPPORTED]
+def formats(backend, fixed_batch=False):
+    """The formats `export` writes from `backend` for any batch size; with `fixed_batch`, also those
+    it writes at a fixed batch size only (FIXED_BATCH: LiteRT from torch)."""
+    return [f for f in FORMATS if (backend, f) not in UNSUPPORTED and (fixed_batch or (backend, f) not in FIXED_BATCH)]
 
 
 def check_format(backend, format, quantize=None, batch_size=None):
@@ -52,7 +53,7 @@ def check_format(backend, format, quantize=None, batch_size=None):
     if (backend, format) in UNSUPPORTED:
         others = [b for b in BACKENDS if (b, format) not in UNSUPPORTED]
         raise ValueError(f"cannot export {format} from the {backend} backend ({UNSUPPORTED[backend, format]}); "
-                         f"{backend} exports {', '.join(formats(backend))}; {format} exports from "
+                         f"{backend} exports {', '.join(formats(backend, fixed_batch=True))}; {format} exports from "
                          f"{', '.join(others)}")
     if (backend, format) in FIXED_BATCH and batch_size is None:
         anywhere = [b for b in BACKENDS if (b, format) not in UNSUPPORTED and (b, format) not in FIXED_BATCH]
@@ -256,8 +257,7 @@ def _torch_litert(serving, path, batch_size):
 
         example = torch.zeros((batch_size, *serving.input_shape[1:]), dtype=torch.uint8)
         with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
-            edge = litert_torch.convert(_images_module(serving), sample_kwargs={"images": example})
-        edge.export(path)
+            litert_torch.convert(_images_module(serving), sample_kwargs={"images": example}).export(path)
     finally:
         if jax is not None:
             jax.config.update("jax_enable_x64", x64)

@@ -13,7 +13,7 @@ from conftest import TINY
 from keras_vit.export import FIXED_BATCH, FORMATS, UNSUPPORTED, artefact, export, formats, run
 
 BACKEND = keras.backend.backend()
-SUPPORTED = formats(BACKEND)
+SUPPORTED = formats(BACKEND, fixed_batch=True)  # LiteRT from torch too, at a fixed batch
 RUNTIMES = {"tf_saved_model": "tensorflow", "onnx": "onnxruntime", "litert": "ai_edge_litert"}
 
 
@@ -166,6 +166,14 @@ def test_onnx_weights_are_folded_and_int8_quantizes_every_projection(tmp_path):
                                expected, atol=1e-4, rtol=0)
     int8 = [n.op_type for n in onnx.load(export(m, tmp_path / "int8", "onnx", quantize="int8")).graph.node]
     assert int8.count("MatMulInteger") == len(weighted) and int8.count("MatMul") == ops.count("MatMul") - len(weighted)
+
+
+@pytest.mark.backend_independent
+def test_formats_lists_fixed_batch_formats_only_when_asked():
+    """`formats(backend)` is what writes one file for any batch size (what callers iterating it
+    run at batch 1 and 3); LiteRT from torch is fixed-batch, listed with fixed_batch=True."""
+    assert formats("torch") == ["onnx"] and formats("torch", fixed_batch=True) == ["onnx", "litert"]
+    assert formats("tensorflow") == formats("tensorflow", fixed_batch=True) == list(FORMATS)
 
 
 @pytest.mark.backend_independent
