@@ -24,6 +24,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[all]"
 	$(PY) -m pip install --quiet --no-deps "timm>=1.0"  # not torchvision (pyproject's convert extra says why)
+	# LiteRT from torch: litert-torch and what converting imports, without its pins (keras_vit/export.py says why)
+	$(PY) -m $$($(PY) -c 'import keras_vit.export as e; print(e.LITERT_TORCH_INSTALL)') --quiet
 	touch $@
 
 venv: python $(VENV)/.installed
