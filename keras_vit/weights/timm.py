@@ -1,6 +1,7 @@
 """timm `VisionTransformer` state dicts -> official ViT keys: the key map as data, the array
 transforms as small functions. timm keeps q, k, v as one fused `qkv` Linear; it is split into the
-official per-head kernels here. timm models use the exact erf GELU and LayerNorm epsilon 1e-6."""
+official per-head kernels here. timm models use the exact erf GELU and LayerNorm epsilon 1e-6 (its
+CLIP towers 1e-5); `architecture` reads the family options (DeiT, DeiT III, DINOv2, CLIP, SigLIP) off the keys."""
 
 import math
 import os
