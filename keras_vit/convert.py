@@ -7,7 +7,7 @@ from keras_vit.configs import VARIANTS, find_variant, get_variant, pair, resnet_
 from keras_vit.fileio import atomic_write
 from keras_vit.variants import VisionTransformer
 from keras_vit.weights import load_weights
-from keras_vit.weights.foreign import describe, file_image_size, file_options, is_foreign
+from keras_vit.weights.foreign import describe, file_image_size, file_options, is_foreign, settle_layout
 from keras_vit.weights.timm import TIMM_HEADS, name_options
 
 _ARCH = ("patch_size", "hidden_size", "mlp_dim", "num_layers", "resnet")
@@ -56,7 +56,7 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
     if size is None:
         raise ValueError(f"{path}: {arch['tokens']} position embeddings are no square grid; pass image_size")
     if image_size is not None:  # the layout of a non-square grid's embeddings is read for this grid
-        arch = describe(path, tuple(v // stride for v in pair(image_size, "image_size")))
+        arch = settle_layout(arch, tuple(v // stride for v in pair(image_size, "image_size")))
     args = dict(
         image_size=size, num_heads=heads, classes=arch["classes"] or 1000, classifier=arch["classifier"],
         representation_size=arch["hidden_size"] if arch["pre_logits"] else None,

@@ -128,9 +128,10 @@ def load_foreign(model, path):
         raise ValueError(f"{path} has {heads} attention heads, model {model.name!r} has {block.num_heads}; "
                          "the model's weights were left unchanged")
     arrays, unmapped = to_official(tensors, block.num_heads)
-    kernel = arrays.get("embedding/kernel")
-    if kernel is not None and "embedding/bias" not in arrays:  # CLIP's patch embedding has no bias: a zero one
-        arrays["embedding/bias"] = np.zeros(kernel.shape[-1], kernel.dtype)
+    for layer in ("embedding", "head"):  # CLIP's patch embedding and projection have no bias: a zero one
+        kernel = arrays.get(f"{layer}/kernel")
+        if kernel is not None and f"{layer}/bias" not in arrays:
+            arrays[f"{layer}/bias"] = np.zeros(kernel.shape[-1], kernel.dtype)
     if unmapped:
         raise ValueError(f"{path}: {len(unmapped)} {source} keys that the ViT has no place for: "
                          + ", ".join(unmapped[:8]) + (" ..." if len(unmapped) > 8 else "")

@@ -134,7 +134,7 @@ _RULES = (
     *module_rules(r"pooler\.dense", "pre_logits", "linear"),  # ViTModel's pooler: Dense + tanh on [class]
     *module_rules("(?:classifier|cls_classifier)", "head", "linear"),
     *module_rules("distillation_classifier", "head_dist", "linear"),
-    (r"visual_projection\.weight", "head/kernel", "linear"),  # CLIP's projection (no bias)
+    (r"visual_projection\.weight", "head/kernel", "linear"),  # CLIP's projection (no bias: foreign.py's zero one)
     # SigLIP's attention-pooling head: torch.nn.MultiheadAttention packs q, k, v in in_proj
     (r"head\.probe", _MAP + "probe", "same"),
     (r"head\.attention\.in_proj_weight", _MAP + "MultiHeadDotProductAttention_0/{{}}/kernel", "qkv_kernel"),
@@ -145,9 +145,6 @@ _RULES = (
     *module_rules(r"head\.mlp\.fc2", _MAP + "MlpBlock_0/Dense_1", "linear"),
 )
 _COMPILED = tuple((re.compile(p + "$"), t, h) for p, t, h in _RULES)
-# modules without a bias in HF whose builder layer has one: the bias is zero
-_NO_BIAS = (("embeddings.patch_embedding.weight", "embeddings.patch_embedding.bias", "embedding/bias"),
-            ("visual_projection.weight", None, "head/bias"))
 
 
 def is_hf_folder(path):
@@ -325,10 +322,6 @@ def to_official(tensors, num_heads):
             if match:
                 groups = tuple(_QKV.get(g, g) for g in match.groups())
                 official = re.sub(r"\{(\d)\}", lambda m: groups[int(m.group(1))], template).replace("{{}}", "{}")
-                if how == "heads_kernel":  # (heads * head_dim, D) -> (D, heads, head_dim)
-                    value, how = value.T.reshape(value.shape[1], num_heads, -1), "same"
-                elif how == "heads_bias":
-                    value, how = value.reshape(num_heads, -1), "same"
                 if how == "swiglu_half":
                     halves.setdefault(official, {})[groups[1]] = (key, value)
                 elif how == "token":
@@ -350,7 +343,4 @@ def to_official(tensors, num_heads):
             continue
         packed = np.concatenate([parts["gate"][1], parts["up"][1]], axis=0)
         arrays[official] = packed.T if official.endswith("kernel") else packed
-    for weight, bias, target in _NO_BIAS:
-        if weight in local and (bias is None or bias not in local):
-            arrays[target] = np.zeros(local[weight].shape[0], np.float32)
     return arrays, unmapped
