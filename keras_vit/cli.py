@@ -218,13 +218,14 @@ def parser():
     p.add_argument("--image-size", type=int, nargs="+", default=None, help="input size (h [w]); default: the file's")
     p.set_defaults(func=_convert)
 
-    from keras_vit.export import BACKENDS, FIXED_BATCH, FORMATS, QUANTIZATIONS, formats
+    from keras_vit.export import FORMATS, QUANTIZATIONS, THROUGH_TENSORFLOW
 
-    by_backend = "; ".join(f"{b}: " + ", ".join(f + (" (with --batch-size)" if (b, f) in FIXED_BATCH else "")
-                                                 for f in formats(b, fixed_batch=True)) for b in BACKENDS)
+    through = "; ".join(f"{f} from {b}" for b, f in THROUGH_TENSORFLOW)
     p = sub.add_parser("export", help="export a model for serving (uint8 images in, probabilities out)",
                        description="Export a model for serving: uint8 images of any batch size in, probabilities "
-                       f"out. Formats by KERAS_BACKEND: {by_backend}.")
+                       f"out. Every KERAS_BACKEND writes every format: {', '.join(FORMATS)}. These are written from "
+                       f"the TensorFlow backend in a separate process (tensorflow must be installed): {through} "
+                       "(litert from torch at a --batch-size through litert-torch where it is installed).")
     p.add_argument("--model", default="ViT_B16", help="variant factory name (default ViT_B16)")
     p.add_argument("--weights", default=None,
                    help="registry tag, a path (.npz, .weights.h5, timm file, Hugging Face folder) or a .keras "
@@ -234,7 +235,7 @@ def parser():
     p.add_argument("--out", required=True, help="output folder (must not exist)")
     p.add_argument("--top-k", type=int, default=None, help="also output the k best classes and their scores")
     p.add_argument("--batch-size", type=int, default=None,
-                   help="fix the batch size (default: any; litert from torch needs it)")
+                   help="fix the batch size (default: any)")
     p.add_argument("--quantize", default=None, choices=QUANTIZATIONS,
                    help="onnx only: quantize with onnxruntime (dynamic int8, or static with --calibration)")
     p.add_argument("--calibration", default=None, metavar="DIR",

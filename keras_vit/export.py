@@ -1,16 +1,20 @@
 """Serving artefacts (`keras-vit export`): the model behind a signature that takes uint8 images of
 any batch size, preprocessing included, exported to a folder that appears only once complete.
 
-Keras' `model.export` writes every artefact except ONNX from torch, which goes through torch's
-dynamo-based exporter directly (Keras' path for a dynamic batch, the TorchScript exporter, fails
-on LayerNorm), and LiteRT from torch, through litert-torch directly (fixed batch only). Every ONNX
-file is then rewritten to run faster (`_optimize_onnx`), and can be quantized to int8 by
-onnxruntime's tools (see `export`).
+Every backend writes every format. Keras' `model.export` writes most of them; ONNX from torch goes
+through torch's dynamo-based exporter directly (Keras' path for a dynamic batch, the TorchScript
+exporter, fails on LayerNorm), and LiteRT from torch at a fixed batch through litert-torch where it
+is installed. What no exporter of a backend writes (THROUGH_TENSORFLOW) is written from the
+TensorFlow backend in a fresh process, from the model saved as `.keras`: the weights and the
+computation are the same in every backend. Every ONNX file is then rewritten to run faster
+(`_optimize_onnx`), and can be quantized to int8 by onnxruntime's tools (see `export`).
 
 """
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
@@ -20,51 +24,47 @@ BACKENDS = ("tensorflow", "jax", "torch")
 QUANTIZATIONS = ("int8",)
 # the artefact inside the output folder (a SavedModel is the folder itself)
 FILES = {"onnx": "model.onnx", "litert": "model.tflite"}
-# (backend, format) pairs this package cannot export, and why (README's table)
-UNSUPPORTED = {
+# (backend, format) pairs no exporter of that backend writes for any batch size, and why: written from
+# the TensorFlow backend in a fresh process instead (README's table)
+THROUGH_TENSORFLOW = {
     ("jax", "litert"): "Keras exports LiteRT from TensorFlow and torch only",
     ("torch", "tf_saved_model"): "Keras exports a SavedModel from torch through torch_xla, which has no CPU "
                                  "build for this torch",
+    ("torch", "litert"): "litert-torch 0.10 fails to lower a dynamic batch dimension (torch 2.13), even for a "
+                         "single Linear layer; with --batch-size N and litert-torch installed, it writes the file",
 }
-# (backend, format) pairs written at a fixed batch size only, and why
-FIXED_BATCH = {
-    ("torch", "litert"): "litert-torch 0.10 fails to lower a dynamic batch dimension here (torch 2.13, jax 0.10), "
-                         "even for a single Linear layer",
-}
-# the packages LiteRT from torch imports (litert-torch's own full requirements also pin typing-extensions<4.13
-# through xdsl, and bring transformers, kagglehub, sentencepiece, ...; none of that is needed to convert)
+# the packages LiteRT from torch at a fixed batch imports (litert-torch's own full requirements also pin
+# typing-extensions<4.13 through xdsl, and bring transformers, kagglehub, sentencepiece, ...; none of that
+# is needed to convert)
 LITERT_TORCH_INSTALL = ("pip install --no-deps litert-torch==0.10.0 litert-converter==0.5.0 torchao==0.18.0 "
                         "ai-edge-quantizer==0.10.0 multipledispatch")
 # images read from a calibration folder for static int8 quantization, at most
 CALIBRATION_LIMIT = 1000
 
 
-def formats(backend, fixed_batch=False):
-    """The formats `export` writes from `backend` for any batch size; with `fixed_batch`, also those
-    it writes at a fixed batch size only (FIXED_BATCH: LiteRT from torch)."""
-    return [f for f in FORMATS if (backend, f) not in UNSUPPORTED and (fixed_batch or (backend, f) not in FIXED_BATCH)]
+def writer(backend, format, batch_size=None):
+    """The backend that writes `format` for a model of `backend` (at `batch_size`, None: any): `backend`
+    itself, or "tensorflow" for the pairs of THROUGH_TENSORFLOW (LiteRT from torch at a fixed batch is
+    litert-torch's where it is installed)."""
+    import importlib.util
+
+    if (backend, format) == ("torch", "litert") and batch_size is not None \
+            and importlib.util.find_spec("litert_torch") is not None:
+        return backend
+    return "tensorflow" if (backend, format) in THROUGH_TENSORFLOW else backend
 
 
 def check_format(backend, format, quantize=None, batch_size=None):
-    """Raises ValueError (one line) when `format` (with `quantize`, at `batch_size`, None: any) cannot be
-    exported from `backend`, or when the package that writes it is not installed."""
+    """Raises ValueError (one line) when `format` (with `quantize`) cannot be exported from `backend`:
+    an unknown format or quantization, or the TensorFlow package missing where it writes the file."""
+    import importlib.util
+
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
-    if (backend, format) in UNSUPPORTED:
-        others = [b for b in BACKENDS if (b, format) not in UNSUPPORTED]
-        raise ValueError(f"cannot export {format} from the {backend} backend ({UNSUPPORTED[backend, format]}); "
-                         f"{backend} exports {', '.join(formats(backend, fixed_batch=True))}; {format} exports from "
-                         f"{', '.join(others)}")
-    if (backend, format) in FIXED_BATCH and batch_size is None:
-        anywhere = [b for b in BACKENDS if (b, format) not in UNSUPPORTED and (b, format) not in FIXED_BATCH]
-        raise ValueError(f"{format} from the {backend} backend needs a fixed batch size (--batch-size N): "
-                         f"{FIXED_BATCH[backend, format]}; {', '.join(anywhere)} exports {format} for any batch size")
-    if (backend, format) == ("torch", "litert"):
-        import importlib.util
-
-        if importlib.util.find_spec("litert_torch") is None:
-            raise ValueError(f"litert from the torch backend needs the litert-torch package, which the export "
-                             f"extra does not install: {LITERT_TORCH_INSTALL}")
+    if writer(backend, format, batch_size) != backend and importlib.util.find_spec("tensorflow") is None:
+        raise ValueError(f"{format} from the {backend} backend is written from the TensorFlow backend in a separate "
+                         f"process ({THROUGH_TENSORFLOW[backend, format]}), and tensorflow is not installed: "
+                         "pip install 'keras-vit[tensorflow]'")
     if quantize is not None:
         if quantize not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantize!r}; expected one of {', '.join(QUANTIZATIONS)}")
@@ -128,8 +128,8 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     """Exports `serving_model(model, top_k)` as `format` into the new folder `out`; returns the artefact's path.
 
     Written into a temporary folder beside `out` and renamed into place when complete; `out` must
-    not exist yet. `batch_size` fixes the batch dimension; None keeps it dynamic (LiteRT from torch
-    needs one: FIXED_BATCH).
+    not exist yet. `batch_size` fixes the batch dimension; None keeps it dynamic. The pairs of
+    THROUGH_TENSORFLOW are written from the TensorFlow backend in a fresh process (`writer`).
 
     `quantize="int8"` (ONNX only) quantizes the exported file with onnxruntime: the matrix products'
     weights and activations in int8, dynamically (activation ranges measured per call), or
@@ -145,23 +145,15 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     out = os.path.abspath(os.fspath(out))
     if os.path.exists(out):
         raise FileExistsError(f"{out} already exists; export writes a new folder (remove it or pick another)")
-    serving = serving_model(model, top_k)
-    names = sorted(serving.output) if top_k else ["probabilities"]
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
     try:
         path = artefact(tmp, format)
-        if backend == "torch" and format == "onnx":
-            _torch_onnx(serving, path, batch_size)
-        elif backend == "torch" and format == "litert":
-            _torch_litert(serving, path, batch_size)
+        if writer(backend, format, batch_size) == backend:
+            _write(model, path, format, top_k, batch_size)
         else:
-            spec = keras.InputSpec(shape=(batch_size, *model.input_shape[1:]), dtype="uint8", name="images")
-            serving.export(path, format=format, input_signature=[spec], verbose=False)
-        if format == "onnx":
-            _fix_onnx(path, names)
-            _optimize_onnx(path)
+            _through_tensorflow(model, path, format, top_k, batch_size)
         if quantize:
             _quantize_int8(path, calibration)
         os.replace(tmp, out)
@@ -169,6 +161,43 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return artefact(out, format)
+
+
+def _write(model, path, format, top_k, batch_size):
+    """Writes `serving_model(model, top_k)` as `format` at `path` from the running backend."""
+    import keras
+
+    backend = keras.backend.backend()
+    serving = serving_model(model, top_k)
+    if backend == "torch" and format == "onnx":
+        _torch_onnx(serving, path, batch_size)
+    elif backend == "torch" and format == "litert":
+        _torch_litert(serving, path, batch_size)
+    else:
+        spec = keras.InputSpec(shape=(batch_size, *model.input_shape[1:]), dtype="uint8", name="images")
+        serving.export(path, format=format, input_signature=[spec], verbose=False)
+    if format == "onnx":
+        _fix_onnx(path, sorted(serving.output) if top_k else ["probabilities"])
+        _optimize_onnx(path)
+
+
+def _through_tensorflow(model, path, format, top_k, batch_size):
+    """Writes the artefact at `path` from the TensorFlow backend: `model` saved as `.keras`, then loaded
+    (safe mode) and exported by `python -m keras_vit.export` in a fresh process, on the CPU (a GPU
+    stays with the calling process). Raises RuntimeError with the child's last error line."""
+    with tempfile.TemporaryDirectory(prefix="keras_vit_export.") as folder:
+        saved = os.path.join(folder, "model.keras")
+        model.save(saved)
+        command = [sys.executable, "-m", "keras_vit.export", saved, path, format]
+        command += [] if top_k is None else ["--top-k", str(top_k)]
+        command += [] if batch_size is None else ["--batch-size", str(batch_size)]
+        env = dict(os.environ, KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        raise RuntimeError(f"writing {format} from the TensorFlow backend, in a fresh process that reloads the model "
+                           f"from .keras, failed (exit {done.returncode}): "
+                           f"{lines[-1] if lines else 'no message'}")
 
 
 def run(path, format, images):
@@ -235,7 +264,7 @@ def _torch_onnx(serving, path, batch_size):
 
 
 def _torch_litert(serving, path, batch_size):
-    """LiteRT from the torch backend through litert-torch, at a fixed batch (FIXED_BATCH says why).
+    """LiteRT from the torch backend through litert-torch, at a fixed batch (THROUGH_TENSORFLOW says why).
 
     Called directly rather than through Keras' `model.export`, which traces with the batch set to
     1 and names the input `args_0`; here the input is `images`, like the other artefacts'.
@@ -576,3 +605,26 @@ class _Calibration:
     def get_next(self):
         image = next(self.images, None)
         return None if image is None else {self.name: image[None]}
+
+
+def _main(argv=None):
+    """`python -m keras_vit.export MODEL.keras PATH FORMAT [--top-k K] [--batch-size N]`: writes the
+    artefact of a saved model from the running backend (`_through_tensorflow` runs it)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m keras_vit.export")
+    p.add_argument("model")
+    p.add_argument("path")
+    p.add_argument("format", choices=FORMATS)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    args = p.parse_args(argv)
+    import keras
+
+    import keras_vit  # noqa: F401  (registers the package's layers for safe-mode loading)
+
+    _write(keras.saving.load_model(args.model), args.path, args.format, args.top_k, args.batch_size)
+
+
+if __name__ == "__main__":
+    _main()
