@@ -10,7 +10,9 @@ scaling to [-1, 1] and the softmax inside, probabilities out. keras-vit's throug
 `keras_vit.export.export`, timm's `vit_*_patch16_224` wrapped in that signature through torch's
 dynamo exporter (exact GELU, like keras-vit's timm-converted models, which the keras-vit model
 here is built as); timm eager runs the same wrapper. Both files run under onnxruntime with
-ORT_ENABLE_ALL (the default, set explicitly) and the same thread count. Each round calls every
+ORT_ENABLE_ALL (the default, set explicitly) and the same thread count; under OpenVINO in float32
+(set explicitly: OpenVINO computes in bf16 by default on a CPU with AVX512_BF16 or AMX;
+`--openvino-precision f32 bf16` adds rows for that). Each round calls every
 runtime once, in an order that alternates between rounds, so all see the same machine load; two
 warm-up rounds. Prints, per batch, the median and 90th percentile seconds per call, images/s,
 and each keras-vit row's speed as a ratio to its peers in the same round set; also the median
@@ -98,10 +100,13 @@ def _runners(args, name, folder):
         import openvino
 
         core = openvino.Core()
-        config = {"INFERENCE_NUM_THREADS": args.threads} if args.threads else {}
-        for label in ("keras-vit", "timm"):
-            compiled = core.compile_model(files[label], "CPU", config)
-            runners[f"{label} ONNX OpenVINO"] = (lambda c: lambda images: c(images))(compiled)
+        for precision in args.openvino_precision:
+            config = {"INFERENCE_PRECISION_HINT": precision}
+            config.update({"INFERENCE_NUM_THREADS": args.threads} if args.threads else {})
+            for label in ("keras-vit", "timm"):
+                compiled = core.compile_model(files[label], "CPU", config)
+                runner = f"{label} ONNX OpenVINO" + ("" if precision == "f32" else f" {precision}")
+                runners[runner] = (lambda c: lambda images: c(images))(compiled)
     serving = timm_serving(timm_model)
 
     def eager(images):
@@ -119,6 +124,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--no-openvino", dest="openvino", action="store_false")
+    parser.add_argument("--openvino-precision", nargs="+", default=["f32"], choices=["f32", "bf16"],
+                        help="OpenVINO's inference precision, one set of rows each (default f32; OpenVINO's own "
+                        "default on a CPU with AVX512_BF16 or AMX is bf16, whose results are not float32's)")
     parser.add_argument("--threads", type=int, default=0,
                         help="threads of every runtime (onnxruntime intra-op, OpenVINO, torch); 0: each one's default")
     args = parser.parse_args(argv)
