@@ -206,6 +206,12 @@ def test_onnx_weights_are_folded_and_int8_quantizes_every_projection(tmp_path):
                                expected, atol=1e-4, rtol=0)
     int8 = [n.op_type for n in onnx.load(export(m, tmp_path / "int8", "onnx", quantize="int8")).graph.node]
     assert int8.count("MatMulInteger") == len(weighted) and int8.count("MatMul") == ops.count("MatMul") - len(weighted)
+    # static: every product of a weight between QDQ pairs, the attention's products of activations float32
+    static = onnx.load(export(m, tmp_path / "static", "onnx", quantize="int8", calibration=photos)).graph
+    producer = {o: n.op_type for n in static.node for o in n.output}
+    quantized = [n for n in static.node if n.op_type == "MatMul"
+                 and [producer.get(i) for i in n.input] == ["DequantizeLinear"] * 2]
+    assert len(quantized) == len(weighted) and len([n for n in static.node if n.op_type == "MatMul"]) == ops.count("MatMul")
 
 
 @pytest.mark.backend_independent
