@@ -596,7 +596,8 @@ def _quantize_int8(path, calibration):
         weighted = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in weights]
         # calibrated: the matrix products' inputs only (calibrating every tensor of jax2onnx's graphs
         # fails in onnxruntime, "scale issue": a tensor whose range gives no scale)
-        q.quantize_static(source, path, _Calibration(source, calibration), quant_format=q.QuantFormat.QDQ,
+        reader = _Calibration(model.graph.input[0].name, calibration)
+        q.quantize_static(source, path, reader, quant_format=q.QuantFormat.QDQ,
                           op_types_to_quantize=["MatMul", "Gemm"], nodes_to_quantize=weighted,
                           activation_type=q.QuantType.QUInt8,
                           weight_type=q.QuantType.QInt8, per_channel=True)
@@ -606,10 +607,8 @@ def _quantize_int8(path, calibration):
 class _Calibration:
     """onnxruntime's CalibrationDataReader over uint8 images, one batch of 1 at a time."""
 
-    def __init__(self, path, images):
-        import onnx
-
-        self.name = onnx.load(path, load_external_data=False).graph.input[0].name
+    def __init__(self, name, images):
+        self.name = name  # the model's input
         self.images = iter(images)
 
     def get_next(self):
