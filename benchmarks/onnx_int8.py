@@ -59,7 +59,7 @@ def _fidelity(model, folder, name, calibration, x_test, y_test):
     from keras_vit.export import serving_model
 
     served = serving_model(model)
-    keras_probs = np.concatenate([keras.ops.convert_to_numpy(served(x_test[i:i + 64]))
+    keras_probs = np.concatenate([keras.ops.convert_to_numpy(served(x_test[i:i + 64])["probabilities"])
                                   for i in range(0, len(x_test), 64)])
     result = {"keras float32": {"accuracy": float(np.mean(keras_probs.argmax(-1) == y_test))}}
     predictions = {}

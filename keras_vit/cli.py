@@ -18,6 +18,8 @@ MODEL_COMMANDS = ("predict", "inspect", "export")
 # `--weights` when not given: the variant's ImageNet-1k fine-tuned release, in this order of
 # preference, else the variant's first release (an ImageNet-21k one: every variant has one)
 DEFAULT_TAGS = ("imagenet21k+imagenet2012", "augreg-imagenet21k+imagenet2012")
+MODEL_HELP = ("variant factory name, e.g. ViT_B16 or R50_ViT_B16; default: what a timm file or Hugging Face folder "
+              "in --weights holds (given, it must agree with the file), else ViT_B16")
 DEFAULT_WEIGHTS_HELP = (f"default: the variant's ImageNet-1k fine-tuned release ({', else '.join(DEFAULT_TAGS)}), "
                         "else its ImageNet-21k one")
 
@@ -55,28 +57,42 @@ def default_weights(variant):
     return default_tag(get_variant(variant).name, DEFAULT_TAGS)
 
 
-def _build(args):
+def _build(args, size_arg=True):
+    """(model, preprocess_input mode) of the command's --model / --weights: a timm file or a Hugging
+    Face folder builds what the file holds (with --model, the file must be that variant), anything
+    else the variant's factory (--model, default ViT_B16)."""
     import keras_vit
+    from keras_vit.weights.foreign import describe, is_foreign
 
-    name = get_variant(args.model).name
-    factory = getattr(keras_vit, name)
+    size = getattr(args, "image_size", None) if size_arg else None
+    if size is not None and size < 1:
+        raise ValueError(f"--image-size must be a positive number of pixels, got {size}")
+    if args.weights is not None and is_foreign(args.weights) and os.path.exists(args.weights):
+        from keras_vit.convert import build_from
+
+        return build_from(args.weights, args.model, image_size=size), describe(args.weights)["input_mode"]
+    name = get_variant(args.model or "ViT_B16").name
     kwargs = {"weights": none_or(default_weights(name) if args.weights is None else args.weights)}
-    if args.image_size is not None:
-        if args.image_size < 1:
-            raise ValueError(f"--image-size must be a positive number of pixels, got {args.image_size}")
-        kwargs["image_size"] = args.image_size
-    return factory(**kwargs)
+    if size is not None:
+        kwargs["image_size"] = size
+    return getattr(keras_vit, name)(**kwargs), "vit"
 
 
 def _predict(args):
     import numpy as np
 
+    from keras_vit.export import CLASS_OUTPUTS, output_name
     from keras_vit.preprocessing import decode_predictions, load_image, preprocess_input
 
-    model = _build(args)
+    model, mode = _build(args)
+    kind = output_name(model)
+    if kind not in CLASS_OUTPUTS:
+        raise ValueError(f"model {model.name!r} outputs {kind} ({model.output_shape[-1]} dimensions), not classes: "
+                         "it has none to print. Use it as a feature extractor from Python "
+                         "(keras_vit.from_huggingface / from_timm), or export it (keras-vit export)")
     size = model.input_shape[1:3]
     images = np.stack([load_image(path, size) for path in args.images])
-    probs = model.predict(preprocess_input(images), batch_size=args.batch_size, verbose=0)
+    probs = model.predict(preprocess_input(images, mode=mode), batch_size=args.batch_size, verbose=0)
     classes = probs.shape[-1]
     if classes in (1000, 21843):
         decoded = decode_predictions(probs, top=args.top)
@@ -109,16 +125,16 @@ def _inspect(args):
     from keras_vit.inspection import find_vit, inspect_model
     from keras_vit.preprocessing import load_image, preprocess_input
 
-    model = _build(args)
+    model, mode = _build(args)
     parts = find_vit(model)
     pixels = np.stack([load_image(p, parts.image_size) for p in args.image])
-    images = np.asarray(preprocess_input(pixels), dtype=np.float32)
+    images = np.asarray(preprocess_input(pixels, mode=mode), dtype=np.float32)
     with warnings.catch_warnings():  # the hybrid note is printed below instead
         warnings.filterwarnings("ignore", message=".*no RGB embedding filters.*")
         paths = inspect_model(model, images, args.out, num_components=args.num_components)
     for key, path in paths.items():
         if path is None:
-            print(f"{key}: not written ({args.model} is a hybrid: no RGB embedding filters)")
+            print(f"{key}: not written ({model.name} is a hybrid: no RGB embedding filters)")
         else:
             print(f"{key}: {path}")
 
@@ -142,7 +158,7 @@ def _export(args):
     import keras
     import numpy as np
 
-    from keras_vit.export import calibration_images, check_format, compare, export
+    from keras_vit.export import CLASS_OUTPUTS, calibration_images, check_format, compare, export, output_name
 
     check_format(keras.backend.backend(), args.format, args.quantize, args.batch_size)  # before building
     if args.calibration is not None and args.quantize is None:
@@ -150,19 +166,22 @@ def _export(args):
     if os.path.exists(args.out):
         raise FileExistsError(f"{args.out} already exists; export writes a new folder (remove it or pick another)")
     if args.weights is not None and args.weights.endswith(".keras"):
-        model = keras.saving.load_model(args.weights)
+        model, mode = keras.saving.load_model(args.weights), "vit"
     else:
-        model = _build(args)
+        model, mode = _build(args)
+    mode = args.input_mode or mode
     size = model.input_shape[1:3]
     calibration = None if args.calibration is None else calibration_images(args.calibration, size)
-    path = export(model, args.out, args.format, args.top_k, args.batch_size, args.quantize, calibration)
+    path = export(model, args.out, args.format, args.top_k, args.batch_size, args.quantize, calibration, mode)
     print(f"wrote {path} ({_size(path) / 2**20:.1f} MiB)")
     batch = args.batch_size or 2
     images = np.random.default_rng(0).integers(0, 256, (batch, *size, 3), dtype=np.uint8)
-    error, agreement = compare(model, path, args.format, images)
+    error, agreement = compare(model, path, args.format, images, mode)
     runtime = {"tf_saved_model": "TensorFlow", "onnx": "onnxruntime", "litert": "the LiteRT interpreter"}
-    print(f"checked in {runtime[args.format]} against Keras on {batch} random images: max |probability "
-          f"difference| {error:.1e}, top-1 agreement {agreement:.0%}")
+    name = output_name(model)
+    same = f"top-1 agreement {agreement:.0%}" if name in CLASS_OUTPUTS else f"cosine similarity >= {agreement:.6f}"
+    print(f"checked in {runtime[args.format]} against Keras on {batch} random images: output {name!r}, max "
+          f"|difference| {error:.1e}, {same}")
 
 
 def parser():
@@ -174,9 +193,10 @@ def parser():
 
     p = sub.add_parser("predict", help="classify images and print the top classes")
     p.add_argument("images", nargs="+", metavar="IMAGE")
-    p.add_argument("--model", default="ViT_B16", help="variant factory name (default ViT_B16)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--weights", default=None,
-                   help=f"registry tag or a path (.npz, .weights.h5); {DEFAULT_WEIGHTS_HELP}")
+                   help=f"registry tag or a path (.npz, .weights.h5, timm file, Hugging Face folder); "
+                   f"{DEFAULT_WEIGHTS_HELP}")
     p.add_argument("--image-size", type=int, default=None, help="input size; default: the weights' resolution")
     p.add_argument("--top", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=8)
@@ -194,10 +214,10 @@ def parser():
         "attention_distance.png, position_embedding_similarity.png and embedding_filters.png "
         "(not for hybrids, which have no RGB filters) into --out.",
     )
-    p.add_argument("--model", required=True, help="variant factory name, e.g. ViT_B16 or R50_ViT_B16")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--weights", required=True,
-                   help="registry tag or path (.npz, .weights.h5) of the weights to inspect; "
-                   "'none' for a randomly initialised model")
+                   help="registry tag or path (.npz, .weights.h5, timm file, Hugging Face folder) of the weights "
+                   "to inspect; 'none' for a randomly initialised model")
     p.add_argument("--image", required=True, action="append", metavar="PATH",
                    help="image file (repeat for several; all are used for the attention distance)")
     p.add_argument("--image-size", type=int, default=None,
@@ -221,12 +241,13 @@ def parser():
     from keras_vit.export import FORMATS, QUANTIZATIONS, THROUGH_TENSORFLOW
 
     through = "; ".join(f"{f} from {b}" for b, f in THROUGH_TENSORFLOW)
-    p = sub.add_parser("export", help="export a model for serving (uint8 images in, probabilities out)",
-                       description="Export a model for serving: uint8 images of any batch size in, probabilities "
-                       f"out. Every KERAS_BACKEND writes every format: {', '.join(FORMATS)}. These are written from "
+    p = sub.add_parser("export", help="export a model for serving (uint8 images in, probabilities or embeddings out)",
+                       description="Export a model for serving: uint8 images of any batch size in, what the model "
+                       "outputs out, named in the signature (probabilities of a classifier, embeddings of a "
+                       f"projection, features of a backbone). Every KERAS_BACKEND writes every format: {', '.join(FORMATS)}. These are written from "
                        f"the TensorFlow backend in a separate process (tensorflow must be installed): {through} "
                        "(litert from torch at a --batch-size through litert-torch where it is installed).")
-    p.add_argument("--model", default="ViT_B16", help="variant factory name (default ViT_B16)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--weights", default=None,
                    help="registry tag, a path (.npz, .weights.h5, timm file, Hugging Face folder) or a .keras "
                    f"model; {DEFAULT_WEIGHTS_HELP}")
@@ -238,6 +259,9 @@ def parser():
                    help="fix the batch size (default: any)")
     p.add_argument("--quantize", default=None, choices=QUANTIZATIONS,
                    help="onnx only: quantize with onnxruntime (dynamic int8, or static with --calibration)")
+    p.add_argument("--input-mode", default=None, choices=("vit", "imagenet", "clip"),
+                   help="the input scaling done inside the artefact (keras_vit.preprocess_input's modes); default: "
+                   "the timm file's / Hugging Face folder's (DeiT, DINOv2: imagenet; CLIP: clip), else vit")
     p.add_argument("--calibration", default=None, metavar="DIR",
                    help="folder of a few hundred images whose activation ranges fix a static int8 quantization")
     p.set_defaults(func=_export)

@@ -8,9 +8,22 @@ from keras_vit.fileio import atomic_write
 from keras_vit.variants import VisionTransformer
 from keras_vit.weights import load_weights
 from keras_vit.weights.foreign import describe, file_image_size, file_options, is_foreign, settle_layout
+from keras_vit.weights.heads import PROJECTION, default_activation
 from keras_vit.weights.timm import TIMM_HEADS, name_options
 
 _ARCH = ("patch_size", "hidden_size", "mlp_dim", "num_layers", "resnet")
+
+
+def _check_variant(path, arch, variant):
+    """Raises ValueError naming the file's dimensions and `variant`'s where they differ."""
+    config = get_variant(variant).build_args()
+    file = {**{k: arch[k] for k in _ARCH[:-1]}, "num_heads": arch.get("num_heads") or config["num_heads"]}
+    mismatch = [k for k in file if config[k] != file[k]]
+    if mismatch or (get_variant(variant).resnet is None) != (arch["resnet"] is None):
+        found = find_variant({**{k: arch[k] for k in _ARCH}, "num_heads": file["num_heads"]})
+        raise ValueError(f"{path} holds {found or 'a ViT'} ({', '.join(f'{k} {file[k]}' for k in file)}), not "
+                         f"{get_variant(variant).name} ({', '.join(f'{k} {config[k]}' for k in file)}); leave out "
+                         "the variant (--model) to build what the file holds")
 
 
 def _head_count(path, arch, variant, num_heads):
@@ -36,7 +49,7 @@ def _head_count(path, arch, variant, num_heads):
         "its head count: pass num_heads (--num-heads)")
 
 
-def build_from(path, variant=None, num_heads=None, image_size=None, classifier_activation="softmax", **overrides):
+def build_from(path, variant=None, num_heads=None, image_size=None, classifier_activation="auto", **overrides):
     """The ViT of a timm file or a Hugging Face folder, with its weights loaded.
 
     Everything the file says is taken from it: dimensions, classes, numerics and the family options
@@ -48,8 +61,15 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
     resized by the source's rule); `overrides` are further `build_vit` arguments (e.g.
     `include_top=False, pooling=None`, or `mlp_activation="quick_gelu"` for an OpenAI CLIP file
     whose name does not say quickgelu).
+
+    The model outputs by default what the source class returns (`keras_vit.weights.heads.HEADS`):
+    a classifier's probabilities (`classifier_activation="auto"` is "softmax" there; None gives
+    logits), a projection's embedding (CLIP's `image_embeds`, output layer "embeddings"), a
+    backbone's pooled representation. A `classes` other than the file's is a new classifier.
     """
     arch = describe(path)
+    if variant is not None:
+        _check_variant(path, arch, variant)
     heads = _head_count(path, arch, variant, num_heads)
     stride = arch["patch_size"] * resnet_stride(arch["resnet"] and arch["resnet"]["num_layers"])
     size = image_size or file_image_size(arch, stride)
@@ -65,6 +85,10 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
         **{k: arch[k] for k in _ARCH}, **file_options(arch),
     )
     args.update(overrides)
+    projection = arch["head"] == PROJECTION and args["classes"] == arch["classes"]
+    if classifier_activation == "auto":
+        args["classifier_activation"] = None if projection else default_activation("classifier")
+    args.setdefault("head", "projection" if projection else "classifier")
     if args.get("pooling", "representation") != "representation":
         args["representation_size"] = None  # pre-logits belong to the pooled representation
     model = VisionTransformer(**args)
@@ -72,7 +96,7 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
     return model
 
 
-def from_timm(name_or_file, num_heads=None, image_size=None, classifier_activation="softmax", **overrides):
+def from_timm(name_or_file, num_heads=None, image_size=None, classifier_activation="auto", **overrides):
     """A timm ViT, DeiT, DeiT III, DINOv2, CLIP or SigLIP image tower as a keras_vit model, weights loaded.
 
     Args:
@@ -92,7 +116,7 @@ def from_timm(name_or_file, num_heads=None, image_size=None, classifier_activati
     return build_from(path, None, num_heads, image_size, classifier_activation, **overrides)
 
 
-def from_huggingface(folder, image_size=None, classifier_activation="softmax", **overrides):
+def from_huggingface(folder, image_size=None, classifier_activation="auto", **overrides):
     """A Hugging Face ViT, DeiT, DINOv2 (with registers), CLIP or SigLIP vision model as a keras_vit model.
 
     Args:

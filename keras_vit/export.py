@@ -72,27 +72,45 @@ def check_format(backend, format, quantize=None, batch_size=None):
                              "Keras' own model.quantize('int8') makes smaller .keras files")
 
 
-def serving_model(model, top_k=None):
-    """`model` (taking [-1, 1] images) behind a uint8 input: Rescaling(x / 127.5 - 1) first (a
-    model built with `input_dtype="uint8"` takes that input as it is).
+# what a model's output is called in its artefacts (`keras_vit.structure.output_kind`); a model of
+# another make is taken for a classifier
+CLASS_OUTPUTS = ("probabilities", "scores", "logits")
 
-    Outputs the probabilities, or with `top_k` a dict of "probabilities", "top_k_scores" and
-    "top_k_classes" (int32).
+
+def output_name(model):
+    """The name of `model`'s output in its artefacts: "probabilities", "logits", "embeddings", ..."""
+    from keras_vit.structure import output_kind
+
+    return output_kind(model) or "probabilities"
+
+
+def serving_model(model, top_k=None, input_mode="vit"):
+    """`model` behind a uint8 input, scaled first as `keras_vit.preprocess_input(x, input_mode)` does
+    ("vit": x / 127.5 - 1; "imagenet", "clip": per channel) by a `Rescaling` layer (a model built
+    with `input_dtype="uint8"` takes that input as it is).
+
+    Outputs a dict: the model's output under `output_name(model)` ("probabilities" of a classifier,
+    "embeddings" of a projection, "features" of a backbone, ...), and with `top_k` (classifiers only)
+    "top_k_scores" and "top_k_classes" (int32) beside it.
     """
     import keras
 
     from keras_vit.layers import TopK
+    from keras_vit.preprocessing import input_scaling
 
+    name = output_name(model)
+    if top_k and name not in CLASS_OUTPUTS:
+        raise ValueError(f"top_k is for a classifier; model {model.name!r} outputs {name}")
     inputs = keras.Input(model.input_shape[1:], dtype="uint8", name="images")
     if model.inputs[0].dtype == "uint8":  # built with input_dtype="uint8": it scales its input itself
         x = inputs
     else:
-        x = keras.layers.Rescaling(1 / 127.5, offset=-1.0, name="rescale")(inputs)
-    probabilities = model(x)
-    if not top_k:
-        return keras.Model(inputs, probabilities, name=f"{model.name}_serving")
-    scores, classes = TopK(top_k, name="top_k")(probabilities)
-    outputs = {"probabilities": probabilities, "top_k_scores": scores, "top_k_classes": classes}
+        scale, offset = input_scaling(input_mode)
+        x = keras.layers.Rescaling(scale, offset=offset, name="rescale")(inputs)
+    y = model(x)
+    outputs = {name: y}
+    if top_k:
+        outputs["top_k_scores"], outputs["top_k_classes"] = TopK(top_k, name="top_k")(y)
     return keras.Model(inputs, outputs, name=f"{model.name}_serving")
 
 
@@ -123,8 +141,11 @@ def calibration_images(folder, image_size):
     return np.stack(images).round().clip(0, 255).astype(np.uint8)
 
 
-def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, quantize=None, calibration=None):
-    """Exports `serving_model(model, top_k)` as `format` into the new folder `out`; returns the artefact's path.
+def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, quantize=None, calibration=None,
+           input_mode="vit"):
+    """Exports `serving_model(model, top_k, input_mode)` as `format` into the new folder `out`; returns the
+    artefact's path. `input_mode` is the scaling the model's weights were trained with (a
+    `keras_vit.preprocess_input` mode: "vit", "imagenet", "clip"), done inside the artefact.
 
     Written into a temporary folder beside `out` and renamed into place when complete; `out` must
     not exist yet. `batch_size` fixes the batch dimension; None keeps it dynamic. The pairs of
@@ -150,9 +171,9 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     try:
         path = artefact(tmp, format)
         if writer(backend, format, batch_size) == backend:
-            _write(model, path, format, top_k, batch_size)
+            _write(model, path, format, top_k, batch_size, input_mode)
         else:
-            _through_tensorflow(model, path, format, top_k, batch_size)
+            _through_tensorflow(model, path, format, top_k, batch_size, input_mode)
         if quantize:
             _quantize_int8(path, calibration)
         os.replace(tmp, out)
@@ -162,12 +183,12 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     return artefact(out, format)
 
 
-def _write(model, path, format, top_k, batch_size):
-    """Writes `serving_model(model, top_k)` as `format` at `path` from the running backend."""
+def _write(model, path, format, top_k, batch_size, input_mode="vit"):
+    """Writes `serving_model(model, top_k, input_mode)` as `format` at `path` from the running backend."""
     import keras
 
     backend = keras.backend.backend()
-    serving = serving_model(model, top_k)
+    serving = serving_model(model, top_k, input_mode)
     if backend == "torch" and format == "onnx":
         _torch_onnx(serving, path, batch_size)
     elif backend == "torch" and format == "litert":
@@ -176,11 +197,11 @@ def _write(model, path, format, top_k, batch_size):
         spec = keras.InputSpec(shape=(batch_size, *model.input_shape[1:]), dtype="uint8", name="images")
         serving.export(path, format=format, input_signature=[spec], verbose=False)
     if format == "onnx":
-        _fix_onnx(path, sorted(serving.output) if top_k else ["probabilities"])
+        _fix_onnx(path, sorted(serving.output))
         _optimize_onnx(path)
 
 
-def _through_tensorflow(model, path, format, top_k, batch_size):
+def _through_tensorflow(model, path, format, top_k, batch_size, input_mode="vit"):
     """Writes the artefact at `path` from the TensorFlow backend: `model` saved as `.keras`, then loaded
     (safe mode) and exported by `python -m keras_vit.export` in a fresh process, on the CPU (a GPU
     stays with the calling process). Raises RuntimeError with the child's last error line."""
@@ -190,6 +211,7 @@ def _through_tensorflow(model, path, format, top_k, batch_size):
         command = [sys.executable, "-m", "keras_vit.export", saved, path, format]
         command += [] if top_k is None else ["--top-k", str(top_k)]
         command += [] if batch_size is None else ["--batch-size", str(batch_size)]
+        command += ["--input-mode", input_mode]
         env = dict(os.environ, KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
         done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -219,18 +241,27 @@ def run(path, format, images):
     from ai_edge_litert.interpreter import Interpreter
 
     runner = Interpreter(model_path=path).get_signature_runner()
-    outputs = runner(images=images)
-    return outputs if len(outputs) > 1 else {"probabilities": next(iter(outputs.values()))}
+    return dict(runner(images=images))
 
 
-def compare(model, path, format, images):
-    """The artefact against Keras on uint8 `images`: (max abs difference of the probabilities,
-    fraction of images with the same top-1 class)."""
+def compare(model, path, format, images, input_mode="vit"):
+    """The artefact against Keras on uint8 `images` (scaled for Keras by `preprocess_input(images,
+    input_mode)`): (max abs difference of the outputs, agreement):
+    for a classifier the fraction of images with the same top-1 class, for an embedding or features
+    the smallest cosine similarity of an image's two outputs."""
     import keras
 
-    expected = keras.ops.convert_to_numpy(model(images.astype("float32") / 127.5 - 1))
-    got = run(path, format, images)["probabilities"]
-    return float(np.abs(got - expected).max()), float(np.mean(got.argmax(-1) == expected.argmax(-1)))
+    from keras_vit.preprocessing import preprocess_input
+
+    expected = keras.ops.convert_to_numpy(model(preprocess_input(images, input_mode)))
+    name = output_name(model)
+    got = run(path, format, images)[name].reshape(expected.shape)
+    if name in CLASS_OUTPUTS:
+        agreement = float(np.mean(got.argmax(-1) == expected.argmax(-1)))
+    else:
+        a, b = (v.reshape(len(v), -1).astype(np.float64) for v in (got, expected))
+        agreement = float(np.min(np.sum(a * b, -1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)))
+    return float(np.abs(got - expected).max()), agreement
 
 
 def _images_module(serving):
@@ -617,7 +648,7 @@ class _Calibration:
 
 
 def _main(argv=None):
-    """`python -m keras_vit.export MODEL.keras PATH FORMAT [--top-k K] [--batch-size N]`: writes the
+    """`python -m keras_vit.export MODEL.keras PATH FORMAT [--top-k K] [--batch-size N] [--input-mode M]`: writes the
     artefact of a saved model from the running backend (`_through_tensorflow` runs it)."""
     import argparse
 
@@ -627,12 +658,13 @@ def _main(argv=None):
     p.add_argument("format", choices=FORMATS)
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--input-mode", default="vit")
     args = p.parse_args(argv)
     import keras
 
     import keras_vit  # noqa: F401  (registers the package's layers for safe-mode loading)
 
-    _write(keras.saving.load_model(args.model), args.path, args.format, args.top_k, args.batch_size)
+    _write(keras.saving.load_model(args.model), args.path, args.format, args.top_k, args.batch_size, args.input_mode)
 
 
 if __name__ == "__main__":

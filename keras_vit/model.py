@@ -16,6 +16,9 @@ POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "relative", "none")
 POSITION_PLACEMENTS = ("once", "every_layer", "every_layer_shared")
 # what the model's input holds: images already in [-1, 1], or uint8 [0, 255] scaled on the device
 INPUT_DTYPES = ("float32", "uint8")
+# what the top is: a classifier (logits, or probabilities through classifier_activation) or a projection
+# into an embedding space (CLIP's), whose output is named "embeddings" and takes no activation
+HEADS = ("classifier", "projection")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -114,6 +117,7 @@ def build_vit(
     fc_norm=False,
     mlp_activation="gelu",
     position_interpolation="bilinear",
+    head="classifier",
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -135,6 +139,9 @@ def build_vit(
         include_top: with the head; without it the model returns what `pooling` says.
         input_tensor: optional Keras tensor to build the model on (None height/width: any size).
         classifier_activation: activation of the head; None gives logits.
+        head: with `include_top`, "classifier" (the default) or "projection": the top is a linear
+            map into an embedding space (CLIP's visual projection, `classes` its width), and the
+            model's output layer is named "embeddings"; `classifier_activation` must be None.
         name: the model's name.
         remat: rematerialise each encoder block in training (gradient checkpointing): the backward
             pass recomputes a block's activations instead of keeping them, so a training step holds
@@ -204,6 +211,12 @@ def build_vit(
     if input_dtype not in INPUT_DTYPES:
         raise ValueError(f"unknown input_dtype {input_dtype!r}; expected one of {INPUT_DTYPES}")
     check_attention_implementation(attention_implementation)
+    if head not in HEADS:
+        raise ValueError(f"unknown head {head!r}; expected one of {HEADS}")
+    if head == "projection" and include_top and (classifier_activation is not None or distillation_token):
+        raise ValueError(f"head='projection' outputs an embedding: it takes classifier_activation=None and no "
+                         f"distillation token, got classifier_activation={classifier_activation!r}, "
+                         f"distillation_token={distillation_token!r}")
     if classifier not in CLASSIFIERS:
         raise ValueError(f"unknown classifier {classifier!r}; expected one of {CLASSIFIERS}")
     for key, value in (("patch_size", patch_size), ("hidden_size", hidden_size), ("mlp_dim", mlp_dim),
@@ -332,7 +345,9 @@ def build_vit(
             x = keras.layers.Activation(classifier_activation, name="predictions", dtype="float32")(x)
     elif include_top:
         x = keras.layers.Dense(classes, kernel_initializer="zeros", name="head", dtype="float32")(x)
-        if classifier_activation is not None:
+        if head == "projection":
+            x = keras.layers.Activation("linear", name="embeddings", dtype="float32")(x)
+        elif classifier_activation is not None:
             x = keras.layers.Activation(classifier_activation, name="predictions", dtype="float32")(x)
     else:
         x = keras.layers.Activation("linear", name="features", dtype="float32")(x)

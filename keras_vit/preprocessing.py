@@ -101,6 +101,15 @@ def preprocess_input(x, mode="vit"):
 
 
 @functools.lru_cache(maxsize=None)
+def input_scaling(mode="vit"):
+    """(scale, offset) per channel with `x * scale + offset == preprocess_input(x, mode)` for [0, 255]
+    images: the arguments of a `keras.layers.Rescaling` that does the same inside a model."""
+    if mode not in NORMALIZATIONS:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {tuple(NORMALIZATIONS)}")
+    mean, std = (np.asarray(v, np.float64) for v in NORMALIZATIONS[mode])
+    return [float(v) for v in 1 / (255 * std)], [float(v) for v in -mean / std]
+
+
 def _class_list(classes):
     """((synset, name), ...) in label order for a 1000- or 21843-class head; read once."""
     resource = importlib.resources.files("keras_vit") / "resources" / _CLASS_FILES[classes]

@@ -208,3 +208,20 @@ def find_vit(model):
             f"at {[p.path for p in found]}; pass the one to inspect"
         )
     return found[0]
+
+
+# a keras_vit model's output layer (by name) -> what the model outputs; "predictions" is the head's activation
+OUTPUT_LAYERS = {"head": "logits", "head_average": "logits", "embeddings": "embeddings", "features": "features"}
+
+
+def output_kind(model):
+    """What a model built by keras_vit outputs: "probabilities" (a softmax head), "scores" (another
+    activation), "logits", "embeddings" (a projection head) or "features" (include_top=False);
+    None for a model of another make (its output layer has none of the builder's names)."""
+    outputs = getattr(model, "outputs", None)
+    if not outputs or len(outputs) != 1 or not hasattr(outputs[0], "_keras_history"):
+        return None
+    layer = outputs[0]._keras_history.operation
+    if layer.name == "predictions":
+        return "probabilities" if layer.get_config().get("activation") == "softmax" else "scores"
+    return OUTPUT_LAYERS.get(layer.name)

@@ -9,6 +9,7 @@ from keras_vit.configs import VARIANTS, get_variant, pair, resnet_stride
 from keras_vit.model import build_vit
 from keras_vit.weights import KERAS_SUFFIXES, fetch, get_weights, is_path, list_weights, load_weights, peek_npz
 from keras_vit.weights.foreign import describe, file_image_size, file_options, is_foreign
+from keras_vit.weights.heads import CLASSIFIER, PROJECTION, default_activation
 
 
 def VisionTransformer(*args, weights=None, **kwargs):
@@ -54,7 +55,7 @@ def _foreign_facts(variant, path, image_size=None):
     grid = None if image_size is None else tuple(v // variant.stride for v in pair(image_size, "image_size"))
     arch = describe(path, grid)
     return file_image_size(arch, variant.stride), arch["classes"], arch["pre_logits"], arch["classifier"], \
-        file_options(arch)
+        {**file_options(arch), "head": arch["head"]}
 
 
 def _file_facts(variant, weights, image_size):
@@ -92,19 +93,23 @@ def resolve_build_args(variant, weights, image_size, classes, include_top, repre
                        classifier=None):
     """Fills `image_size`, `classes`, `representation_size` and `classifier` from the weights when
     not given, and the numerics (`approximate_gelu`, `layer_norm_epsilon`) and family options
-    (layer scale, registers, ...) of timm / Hugging Face files."""
+    (layer scale, registers, ...) of timm / Hugging Face files; `head` is "projection" for a file's
+    projection kept as it is (`keras_vit.weights.heads`), else "classifier"."""
     config = get_variant(variant)
     if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 1):
         raise ValueError(f"classes must be a positive int (or None for the weights' classes), got {classes!r}")
     file_size, file_classes, file_pre, file_classifier, numerics = _file_facts(config, weights, image_size)
+    numerics = dict(numerics)
+    file_head = numerics.pop("head", None)
     # None means "take the weights' value"; any other value (0 included) goes to the builder's checks.
     image_size = image_size if image_size is not None else file_size or 224
     classes = classes if classes is not None else file_classes or 1000
     if representation_size == "auto":
         keep = include_top and file_pre and classes == file_classes
         representation_size = config.hidden_size if keep else None
+    head = "projection" if file_head == PROJECTION and classes == file_classes else "classifier"
     return dict(image_size=image_size, classes=classes, representation_size=representation_size,
-                classifier=classifier or file_classifier or "token", **numerics)
+                classifier=classifier or file_classifier or "token", head=head, **numerics)
 
 
 _DOC = """Builds {checkpoint} ({arch}), the `{name}` variant of the paper.
@@ -121,7 +126,9 @@ _DOC = """Builds {checkpoint} ({arch}), the `{name}` variant of the paper.
             grid differs; a `classes` other than the file's gives a new zero-initialised head.
         input_tensor: optional Keras tensor (NHWC, in [-1, 1]) to build on.
         classes: head width; None takes the weights' classes (1000 without weights).
-        classifier_activation: "softmax" by default; None gives logits.
+        classifier_activation: "auto" (default): "softmax" for a classifier, none for a file's
+            projection (a CLIP tower's, kept when `classes` is the file's: the output is the
+            embedding, see `keras_vit.weights.heads`); None gives logits.
         name: model name; defaults to "{name}".
         image_size: int or (h, w); None takes the weights' resolution (224 without weights).
         classifier: "token" or "gap"; None takes the weights' ("token" without weights).
@@ -157,7 +164,7 @@ def _factory(variant):
     config = VARIANTS[variant]
 
     def build(include_top=True, weights=None, input_tensor=None, classes=None,
-              classifier_activation="softmax", name=None, image_size=None, classifier=None,
+              classifier_activation="auto", name=None, image_size=None, classifier=None,
               dropout_rate=0.0, attention_dropout_rate=0.0, representation_size="auto", remat=False,
               input_shape=None, pooling="representation", patch_size=None, input_dtype="float32"):
         if image_size is None and input_shape is not None and len(input_shape) == 3 and None not in input_shape[:2]:
@@ -167,6 +174,8 @@ def _factory(variant):
         if patch_size is not None and patch_size != arch["patch_size"]:
             arch["patch_size"] = patch_size  # the builder checks it; a registry tag names the file to resize
             weights = weights_file(variant, weights, image_size)
+        if classifier_activation == "auto":
+            classifier_activation = None if args["head"] == "projection" else default_activation(CLASSIFIER)
         return VisionTransformer(
             **arch, **args, dropout_rate=dropout_rate,
             attention_dropout_rate=attention_dropout_rate, include_top=include_top, weights=weights,

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from keras_vit.weights.heads import CLASSIFIER, PROJECTION, hf_head
 from keras_vit.weights.tensors import read_tensors
 from keras_vit.weights.timm import module_rules, transform
 
@@ -47,6 +48,7 @@ class Family:
     defaults: dict
     position_interpolation: str
     vision_type: str = None  # a whole two-tower model: the model_type of its vision_config
+    input_mode: str = "vit"  # the image processor's scaling, as `keras_vit.preprocess_input(mode=...)`
 
 
 _VIT = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
@@ -60,12 +62,14 @@ _TOWER = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, int
 # align_corners=False everywhere; DINOv2 with registers adds antialias=True
 FAMILIES = {
     "vit": Family("a ViT", _VIT, "bicubic"),
-    "deit": Family("a DeiT (class and distillation tokens)", _VIT, "bicubic"),
-    "dinov2": Family("a DINOv2 ViT (layer scale)", _DINOV2, "bicubic"),
+    "deit": Family("a DeiT (class and distillation tokens)", _VIT, "bicubic", input_mode="imagenet"),
+    "dinov2": Family("a DINOv2 ViT (layer scale)", _DINOV2, "bicubic", input_mode="imagenet"),
     "dinov2_with_registers": Family("a DINOv2 ViT with registers",
-                                    {**_DINOV2, "patch_size": 16, "num_register_tokens": 4}, "bicubic_antialias"),
+                                    {**_DINOV2, "patch_size": 16, "num_register_tokens": 4}, "bicubic_antialias",
+                                    input_mode="imagenet"),
     "clip_vision_model": Family("a CLIP vision tower", {**_TOWER, "patch_size": 32, "hidden_act": "quick_gelu",
-                                                        "layer_norm_eps": 1e-5, "projection_dim": 512}, "bicubic"),
+                                                        "layer_norm_eps": 1e-5, "projection_dim": 512}, "bicubic",
+                                input_mode="clip"),
     "siglip_vision_model": Family("a SigLIP vision tower", {**_TOWER, "patch_size": 16, "layer_norm_eps": 1e-6,
                                                             "hidden_act": "gelu_pytorch_tanh", "vision_use_head": True},
                                   "bicubic"),
@@ -234,9 +238,11 @@ def _swiglu_width(hidden_size, mlp_ratio):
 def architecture(config, tensors):
     """Builder arguments of the model a Hugging Face folder holds (its vision tower for CLIP/SigLIP).
 
-    Besides the builder's arguments: `pre_logits` (a pooler to load as pre-logits) and
+    Besides the builder's arguments: `pre_logits` (a pooler to load as pre-logits),
     `position_interpolation` (how transformers' `interpolate_pos_encoding` resizes this model's
-    position embeddings: "bicubic" is torch's bicubic with align_corners=False).
+    position embeddings: "bicubic" is torch's bicubic with align_corners=False) and `head` (what the
+    class returns by default: `keras_vit.weights.heads`), `input_mode` (its image processor's
+    scaling, a `keras_vit.preprocess_input` mode).
     """
     kind, cfg = vision_config(config)
     local = _local(tensors)
@@ -259,7 +265,7 @@ def architecture(config, tensors):
         distillation_token=False, num_register_tokens=0, prefix_position_embedding=True, layer_scale=None,
         pre_norm=False, fc_norm=False,
         mlp_activation="swiglu" if swiglu else "quick_gelu" if act == "quick_gelu" else "gelu",
-        position_interpolation=FAMILIES[kind].position_interpolation,
+        position_interpolation=FAMILIES[kind].position_interpolation, input_mode=FAMILIES[kind].input_mode,
     )
     head = local.get("classifier.weight")
     if kind == "vit":
@@ -289,6 +295,8 @@ def architecture(config, tensors):
         pooled = "map" if "head.probe" in local else "gap"
         arch.update(classifier="gap" if head is not None else pooled,
                     classes=None if head is None else int(head.shape[0]))
+    built = None if arch["classes"] is None else PROJECTION if kind == "clip_vision_model" else CLASSIFIER
+    arch["head"] = hf_head((config.get("architectures") or [None])[0], built)
     return arch
 
 

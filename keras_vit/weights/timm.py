@@ -9,6 +9,8 @@ import re
 
 import numpy as np
 
+from keras_vit.weights.heads import timm_head
+
 # Keys of architectures the builder does not make -> what they are.
 UNSUPPORTED = (
     (r"\.attn\.[qk]_norm\.", "a ViT with q/k normalisation (q_norm/k_norm)"),
@@ -197,5 +199,8 @@ def architecture(tensors, name=""):
         layer_scale=1e-5 if "blocks.0.ls1.gamma" in tensors else None, pre_norm=clip, fc_norm=fc_norm,
         # GELU or QuickGELU a state dict does not say (None: the builder's GELU), its name may
         mlp_activation="swiglu" if swiglu else name_options(name).get("mlp_activation"),
-        position_interpolation="bicubic_antialias",
+        position_interpolation="bicubic_antialias", head=timm_head(tensors),
+        # timm's pretrained configs: CLIP's statistics for its CLIP towers, ImageNet's for DeiT (III) and
+        # DINOv2, [-1, 1] for the paper's and AugReg's ViTs (and SigLIP)
+        input_mode="clip" if clip else "imagenet" if has_dist or "blocks.0.ls1.gamma" in tensors else "vit",
     )
