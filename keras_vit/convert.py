@@ -85,7 +85,7 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
         **{k: arch[k] for k in _ARCH}, **file_options(arch),
     )
     args.update(overrides)
-    projection = arch["head"] == PROJECTION and args["classes"] == arch["classes"]
+    projection = arch["source_head"] == PROJECTION and args["classes"] == arch["classes"]
     if classifier_activation == "auto":
         args["classifier_activation"] = None if projection else default_activation("classifier")
     args.setdefault("head", "projection" if projection else "classifier")

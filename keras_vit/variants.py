@@ -55,7 +55,7 @@ def _foreign_facts(variant, path, image_size=None):
     grid = None if image_size is None else tuple(v // variant.stride for v in pair(image_size, "image_size"))
     arch = describe(path, grid)
     return file_image_size(arch, variant.stride), arch["classes"], arch["pre_logits"], arch["classifier"], \
-        {**file_options(arch), "head": arch["head"]}
+        {**file_options(arch), "source_head": arch["source_head"]}
 
 
 def _file_facts(variant, weights, image_size):
@@ -100,7 +100,7 @@ def resolve_build_args(variant, weights, image_size, classes, include_top, repre
         raise ValueError(f"classes must be a positive int (or None for the weights' classes), got {classes!r}")
     file_size, file_classes, file_pre, file_classifier, numerics = _file_facts(config, weights, image_size)
     numerics = dict(numerics)
-    file_head = numerics.pop("head", None)
+    file_head = numerics.pop("source_head", None)
     # None means "take the weights' value"; any other value (0 included) goes to the builder's checks.
     image_size = image_size if image_size is not None else file_size or 224
     classes = classes if classes is not None else file_classes or 1000

@@ -13,6 +13,7 @@ from keras_vit.inspection.maps import (
     position_embedding_similarity,
     upsample_map,
 )
+from keras_vit.preprocessing import input_scaling
 from keras_vit.structure import find_vit
 
 FIGURE_NAMES = {
@@ -23,7 +24,7 @@ FIGURE_NAMES = {
 }
 
 
-def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max_rollout_images=4):
+def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max_rollout_images=4, input_mode="vit"):
     """Compute the four analyses of paper section 4.5 and save them as PNGs in ``out_dir``.
 
     Writes (each atomically: temp file, then ``os.replace``):
@@ -55,6 +56,8 @@ def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max
         num_components: embedding-filter components to draw (capped at what the
             kernel has).
         max_rollout_images: how many images the rollout figure shows.
+        input_mode: the `keras_vit.preprocess_input` mode `image` was scaled with ("vit": [-1, 1];
+            "imagenet", "clip": per-channel mean and std): the range checked, and undone to draw.
 
     Returns:
         dict with keys ``"rollout"``, ``"attention_distance"``,
@@ -76,11 +79,14 @@ def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max
         )
     if not np.all(np.isfinite(images)):
         raise ValueError("image contains NaN or infinite values")
+    scale, offset = (np.asarray(v, np.float32) for v in input_scaling(input_mode))
+    bottom, top = offset, 255 * scale + offset  # per channel: what 0 and 255 become
     lo, hi = float(images.min()), float(images.max())
-    if lo < -1.01 or hi > 1.01:
+    if lo < bottom.min() - 0.01 or hi > top.max() + 0.01:
         raise ValueError(
-            f"image values span [{lo:g}, {hi:g}]; expected RGB scaled to [-1, 1] as the model "
-            "takes it: apply keras_vit.preprocess_input to 0..255 pixels first"
+            f"image values span [{lo:g}, {hi:g}]; expected RGB scaled as the model takes it "
+            f"(preprocess_input mode {input_mode!r}: [{bottom.min():g}, {top.max():g}]): apply "
+            "keras_vit.preprocess_input to 0..255 pixels first"
         )
     if max_rollout_images < 1:
         raise ValueError(f"max_rollout_images must be >= 1, got {max_rollout_images}")
@@ -89,7 +95,7 @@ def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max
         resized = keras.ops.image.resize(
             keras.ops.convert_to_tensor(images), model_hw, interpolation="bilinear", antialias=True
         )
-        model_images = np.clip(_to_numpy(resized), -1.0, 1.0).astype(np.float32)
+        model_images = np.clip(_to_numpy(resized), bottom, top).astype(np.float32)
     else:
         model_images = images
     if patch_size is None:
@@ -107,7 +113,7 @@ def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max
     maps = upsample_map(rollout, shown.shape[1:3], normalize=True)
     source = "class token" if prefix else "mean of all tokens (classifier='gap')"
     plots.plot_rollout(
-        (shown + 1.0) / 2.0, maps, paths["rollout"],
+        (shown - offset) / scale / 255.0, maps, paths["rollout"],
         title=f"{tag}: attention rollout from the {source} to the input",
     )
 

@@ -240,7 +240,7 @@ def architecture(config, tensors):
 
     Besides the builder's arguments: `pre_logits` (a pooler to load as pre-logits),
     `position_interpolation` (how transformers' `interpolate_pos_encoding` resizes this model's
-    position embeddings: "bicubic" is torch's bicubic with align_corners=False) and `head` (what the
+    position embeddings: "bicubic" is torch's bicubic with align_corners=False), `source_head` (what the
     class returns by default: `keras_vit.weights.heads`), `input_mode` (its image processor's
     scaling, a `keras_vit.preprocess_input` mode).
     """
@@ -296,7 +296,7 @@ def architecture(config, tensors):
         arch.update(classifier="gap" if head is not None else pooled,
                     classes=None if head is None else int(head.shape[0]))
     built = None if arch["classes"] is None else PROJECTION if kind == "clip_vision_model" else CLASSIFIER
-    arch["head"] = hf_head((config.get("architectures") or [None])[0], built)
+    arch["source_head"] = hf_head((config.get("architectures") or [None])[0], built)
     return arch
 
 

@@ -199,7 +199,7 @@ def architecture(tensors, name=""):
         layer_scale=1e-5 if "blocks.0.ls1.gamma" in tensors else None, pre_norm=clip, fc_norm=fc_norm,
         # GELU or QuickGELU a state dict does not say (None: the builder's GELU), its name may
         mlp_activation="swiglu" if swiglu else name_options(name).get("mlp_activation"),
-        position_interpolation="bicubic_antialias", head=timm_head(tensors),
+        position_interpolation="bicubic_antialias", source_head=timm_head(tensors),
         # timm's pretrained configs: CLIP's statistics for its CLIP towers, ImageNet's for DeiT (III) and
         # DINOv2, [-1, 1] for the paper's and AugReg's ViTs (and SigLIP)
         input_mode="clip" if clip else "imagenet" if has_dist or "blocks.0.ls1.gamma" in tensors else "vit",
