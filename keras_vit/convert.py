@@ -65,7 +65,8 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
     The model outputs by default what the source class returns (`keras_vit.weights.heads.HEADS`):
     a classifier's probabilities (`classifier_activation="auto"` is "softmax" there; None gives
     logits), a projection's embedding (CLIP's `image_embeds`, output layer "embeddings"), a
-    backbone's pooled representation. A `classes` other than the file's is a new classifier.
+    backbone's pooled representation. A `classes` other than the file's is a new classifier (on a
+    file without a head too: `classes=` builds one, zero-initialised).
     """
     arch = describe(path)
     if variant is not None:
@@ -80,7 +81,7 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
     args = dict(
         image_size=size, num_heads=heads, classes=arch["classes"] or 1000, classifier=arch["classifier"],
         representation_size=arch["hidden_size"] if arch["pre_logits"] else None,
-        include_top=arch["classes"] is not None, classifier_activation=classifier_activation,
+        include_top=arch["classes"] is not None or "classes" in overrides, classifier_activation=classifier_activation,
         name=variant or find_variant({**{k: arch[k] for k in _ARCH}, "num_heads": heads}) or "vit",
         **{k: arch[k] for k in _ARCH}, **file_options(arch),
     )

@@ -100,7 +100,6 @@ def preprocess_input(x, mode="vit"):
     return keras.ops.divide(keras.ops.subtract(x, mean), std)
 
 
-@functools.lru_cache(maxsize=None)
 def input_scaling(mode="vit"):
     """(scale, offset) per channel with `x * scale + offset == preprocess_input(x, mode)` for [0, 255]
     images: the arguments of a `keras.layers.Rescaling` that does the same inside a model."""
@@ -110,6 +109,7 @@ def input_scaling(mode="vit"):
     return [float(v) for v in 1 / (255 * std)], [float(v) for v in -mean / std]
 
 
+@functools.lru_cache(maxsize=None)
 def _class_list(classes):
     """((synset, name), ...) in label order for a 1000- or 21843-class head; read once."""
     resource = importlib.resources.files("keras_vit") / "resources" / _CLASS_FILES[classes]

@@ -250,3 +250,29 @@ def test_an_unknown_class_with_a_head_is_refused_by_name(tmp_path):
     path.write_text(path.read_text().replace("ViTForImageClassification", "ViTForRetrieval"))
     with pytest.raises(ValueError, match="ViTForRetrieval: a class whose head keras_vit cannot tell"):
         keras_vit.from_huggingface(str(tmp_path / "vit"))
+
+
+@pytest.mark.slow
+@pytest.mark.one_backend
+def test_transfer_example_real_weights_beat_fresh_ones(folder):
+    """examples/transfer_real.py at its --quick size: the pretrained backbone's frozen features tell the
+    textures apart from 5 examples each clearly better than the same architecture's fresh weights."""
+    import transfer_real
+
+    results = transfer_real.main(["--quick"])
+    (pretrained, tuned), (fresh, fresh_tuned) = results["pretrained"], results["fresh"]
+    assert pretrained[5] >= fresh[5] + 0.1, results
+    assert 0.0 <= tuned <= 1.0 and 0.0 <= fresh_tuned <= 1.0
+
+
+@pytest.mark.backend_independent
+def test_readme_lists_every_class_of_the_head_table():
+    from keras_vit.weights.heads import HEADS
+
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    table = readme[readme.index("| library | class | head | default output |"):]
+    table = table[: table.index("\n\n")]
+    for (library, name), head in HEADS.items():
+        word = name if library == "transformers" else name.split(" of ")[-1].split(" (")[0]
+        rows = [row for row in table.splitlines() if row.startswith(f"| {library} |") and word.split()[0] in row]
+        assert any(f"| {head} |" in row for row in rows), (library, name, head)
