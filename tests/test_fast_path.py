@@ -32,8 +32,8 @@ def test_uint8_input_equals_preprocessed_float_input_and_reloads_in_safe_mode(tm
     np.testing.assert_allclose(_predict(model, images), expected, atol=1e-5)
     from keras_vit.export import serving_model  # a uint8 model is served as it is, not scaled twice
 
-    served = keras.ops.convert_to_numpy(serving_model(model, top_k=None)(images)["probabilities"])
-    np.testing.assert_allclose(served, keras.ops.convert_to_numpy(serving_model(plain)(images)["probabilities"]),
+    served = keras.ops.convert_to_numpy(serving_model(model, top_k=None)(images)["logits"])
+    np.testing.assert_allclose(served, keras.ops.convert_to_numpy(serving_model(plain)(images)["logits"]),
                                atol=1e-6)
     path = str(tmp_path / "m.keras")
     model.save(path)

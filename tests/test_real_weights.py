@@ -276,3 +276,20 @@ def test_readme_lists_every_class_of_the_head_table():
         word = name if library == "transformers" else name.split(" of ")[-1].split(" (")[0]
         rows = [row for row in table.splitlines() if row.startswith(f"| {library} |") and word.split()[0] in row]
         assert any(f"| {head} |" in row for row in rows), (library, name, head)
+
+
+@pytest.mark.slow
+@pytest.mark.one_backend
+def test_predict_on_the_dinov2_folder_builds_it_and_says_it_has_no_classes(folder, tmp_path, capsys):
+    """The issue's command: `keras-vit predict --weights <DINOv2 ViT-S/14 folder> cat.png` built the default
+    ViT_B16 (patch 16 does not divide 518 px); it now builds the file's ViT-S/14 and says what it outputs."""
+    from PIL import Image
+
+    from keras_vit.cli import main
+
+    Image.fromarray(real_dinov2.photos(64, ("chelsea",))[0]).save(tmp_path / "cat.png")
+    assert main(["predict", "--weights", folder, str(tmp_path / "cat.png")]) == 2
+    err = capsys.readouterr().err
+    assert "outputs features (384 dimensions), not classes" in err and "divisible" not in err
+    assert main(["predict", "--model", "ViT_B16", "--weights", folder, str(tmp_path / "cat.png")]) == 2
+    assert "not ViT_B16" in capsys.readouterr().err
