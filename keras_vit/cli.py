@@ -57,14 +57,14 @@ def default_weights(variant):
     return default_tag(get_variant(variant).name, DEFAULT_TAGS)
 
 
-def _build(args, size_arg=True):
+def _build(args):
     """(model, preprocess_input mode) of the command's --model / --weights: a timm file or a Hugging
     Face folder builds what the file holds (with --model, the file must be that variant), anything
     else the variant's factory (--model, default ViT_B16)."""
     import keras_vit
     from keras_vit.weights.foreign import describe, is_foreign
 
-    size = getattr(args, "image_size", None) if size_arg else None
+    size = getattr(args, "image_size", None)
     if size is not None and size < 1:
         raise ValueError(f"--image-size must be a positive number of pixels, got {size}")
     if args.weights is not None and is_foreign(args.weights) and os.path.exists(args.weights):
@@ -259,7 +259,9 @@ def parser():
                    help="fix the batch size (default: any)")
     p.add_argument("--quantize", default=None, choices=QUANTIZATIONS,
                    help="onnx only: quantize with onnxruntime (dynamic int8, or static with --calibration)")
-    p.add_argument("--input-mode", default=None, choices=("vit", "imagenet", "clip"),
+    from keras_vit.preprocessing import NORMALIZATIONS
+
+    p.add_argument("--input-mode", default=None, choices=tuple(NORMALIZATIONS),
                    help="the input scaling done inside the artefact (keras_vit.preprocess_input's modes); default: "
                    "the timm file's / Hugging Face folder's (DeiT, DINOv2: imagenet; CLIP: clip), else vit")
     p.add_argument("--calibration", default=None, metavar="DIR",

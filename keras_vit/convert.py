@@ -8,7 +8,7 @@ from keras_vit.fileio import atomic_write
 from keras_vit.variants import VisionTransformer
 from keras_vit.weights import load_weights
 from keras_vit.weights.foreign import describe, file_image_size, file_options, is_foreign, settle_layout
-from keras_vit.weights.heads import PROJECTION, default_activation
+from keras_vit.weights.heads import CLASSIFIER, PROJECTION, default_activation
 from keras_vit.weights.timm import TIMM_HEADS, name_options
 
 _ARCH = ("patch_size", "hidden_size", "mlp_dim", "num_layers", "resnet")
@@ -88,7 +88,7 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
     args.update(overrides)
     projection = arch["source_head"] == PROJECTION and args["classes"] == arch["classes"]
     if classifier_activation == "auto":
-        args["classifier_activation"] = None if projection else default_activation("classifier")
+        args["classifier_activation"] = None if projection else default_activation(CLASSIFIER)
     args.setdefault("head", "projection" if projection else "classifier")
     if args.get("pooling", "representation") != "representation":
         args["representation_size"] = None  # pre-logits belong to the pooled representation
