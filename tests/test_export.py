@@ -159,7 +159,7 @@ def test_runtime_resolution_saved_model_takes_any_size(tmp_path):
     for hw in ((32, 32), (48, 24)):
         photos = _photos(hw)
         expected = keras.ops.convert_to_numpy(m(keras_vit.preprocess_input(photos.astype("float32"))))
-        np.testing.assert_allclose(loaded.serve(photos).numpy(), expected, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(loaded.serve(photos)["probabilities"].numpy(), expected, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("calibrated", [False, True], ids=["dynamic", "static"])
