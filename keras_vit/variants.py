@@ -161,7 +161,7 @@ def _tags(name):
 
 
 def _factory(variant):
-    config = VARIANTS[variant]
+    config = VARIANTS[variant]  # for the docstring; a call reads the table again (one source for every caller)
 
     def build(include_top=True, weights=None, input_tensor=None, classes=None,
               classifier_activation="auto", name=None, image_size=None, classifier=None,
@@ -170,7 +170,7 @@ def _factory(variant):
         if image_size is None and input_shape is not None and len(input_shape) == 3 and None not in input_shape[:2]:
             image_size = tuple(input_shape[:2])
         args = resolve_build_args(variant, weights, image_size, classes, include_top, representation_size, classifier)
-        arch = config.build_args()
+        arch = get_variant(variant).build_args()
         if patch_size is not None and patch_size != arch["patch_size"]:
             arch["patch_size"] = patch_size  # the builder checks it; a registry tag names the file to resize
             weights = weights_file(variant, weights, image_size)

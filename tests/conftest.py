@@ -1,8 +1,10 @@
 import functools
 import http.server
+import io
 import json
 import os
 import pathlib
+import tarfile
 import threading
 
 import numpy as np
@@ -104,3 +106,47 @@ def rng():
 
 def backend():
     return os.environ.get("KERAS_BACKEND", "tensorflow")
+
+
+CIFAR10_ARCHIVE = "cifar-10-binary.tar.gz"
+CIFAR10_NAMES = [f"class_{i}" for i in range(10)]
+
+
+def _cifar10_records(images, labels):
+    """The CIFAR binary format: per image one label byte, then the R, G and B planes (32 x 32 each)."""
+    return b"".join(bytes([label]) + np.transpose(image, (2, 0, 1)).tobytes() for image, label in zip(images, labels))
+
+
+def _write_cifar10_archive(path, splits):
+    with tarfile.open(path, "w:gz") as archive:
+        def add(name, payload):
+            info = tarfile.TarInfo(f"cifar-10-batches-bin/{name}")
+            info.size = len(payload)
+            archive.addfile(info, io.BytesIO(payload))
+
+        add("batches.meta.txt", "\n".join(CIFAR10_NAMES).encode() + b"\n")
+        for name, (images, labels) in splits.items():
+            add(name, _cifar10_records(images, labels))
+
+
+@pytest.fixture
+def cifar10_mirror(tmp_path, monkeypatch):
+    """Serves a small CIFAR-10 archive in the official format (a tarball of
+    `cifar-10-batches-bin/*.bin` records) and points tensorflow-datasets' builder at it; yields
+    (server, test images, test labels)."""
+    from tensorflow_datasets.image_classification import cifar
+
+    rng = np.random.default_rng(0)
+    splits = {f"data_batch_{i}.bin": (rng.integers(0, 256, (2, 32, 32, 3), dtype=np.uint8), [i, i + 1])
+              for i in range(1, 6)}
+    test_images = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    splits["test_batch.bin"] = (test_images, [7, 8, 9])
+    root = tmp_path / "served-cifar10"
+    root.mkdir()
+    _write_cifar10_archive(root / CIFAR10_ARCHIVE, splits)
+    server = LoopbackServer(root)
+    info = cifar.Cifar10._cifar_info.fget
+    monkeypatch.setattr(cifar.Cifar10, "_cifar_info",
+                        property(lambda self: info(self)._replace(url=f"{server.url}/{CIFAR10_ARCHIVE}")))
+    yield server, test_images, [7, 8, 9]
+    server.close()

@@ -2,62 +2,19 @@
 CIFAR-10 (download, extraction, example generation, shards), served from a loopback mirror of the
 official archive in its real format (a tarball of `cifar-10-batches-bin/*.bin` records)."""
 
-import io
-import tarfile
-
 import numpy as np
 import pytest
-from conftest import LoopbackServer
+from conftest import CIFAR10_ARCHIVE as ARCHIVE, CIFAR10_NAMES as NAMES
 
 tf = pytest.importorskip("tensorflow")
 tfds = pytest.importorskip("tensorflow_datasets")
 
 from keras_vit import data  # noqa: E402
-from tensorflow_datasets.image_classification import cifar  # noqa: E402
-
-ARCHIVE = "cifar-10-binary.tar.gz"
-NAMES = [f"class_{i}" for i in range(10)]
-
-
-def _records(images, labels):
-    """The CIFAR binary format: per image one label byte, then the R, G and B planes (32 x 32 each)."""
-    return b"".join(bytes([label]) + np.transpose(image, (2, 0, 1)).tobytes() for image, label in zip(images, labels))
-
-
-def _write_archive(path, splits):
-    with tarfile.open(path, "w:gz") as archive:
-        def add(name, payload):
-            info = tarfile.TarInfo(f"cifar-10-batches-bin/{name}")
-            info.size = len(payload)
-            archive.addfile(info, io.BytesIO(payload))
-
-        add("batches.meta.txt", "\n".join(NAMES).encode() + b"\n")
-        for name, (images, labels) in splits.items():
-            add(name, _records(images, labels))
-
-
-@pytest.fixture
-def mirror(tmp_path, monkeypatch):
-    """Serves a small CIFAR-10 archive and points the builder's download URL at it."""
-    rng = np.random.default_rng(0)
-    splits = {f"data_batch_{i}.bin": (rng.integers(0, 256, (2, 32, 32, 3), dtype=np.uint8), [i, i + 1])
-              for i in range(1, 6)}
-    test_images = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
-    splits["test_batch.bin"] = (test_images, [7, 8, 9])
-    root = tmp_path / "served"
-    root.mkdir()
-    _write_archive(root / ARCHIVE, splits)
-    server = LoopbackServer(root)
-    info = cifar.Cifar10._cifar_info.fget
-    monkeypatch.setattr(cifar.Cifar10, "_cifar_info",
-                        property(lambda self: info(self)._replace(url=f"{server.url}/{ARCHIVE}")))
-    yield server, test_images, [7, 8, 9]
-    server.close()
 
 
 @pytest.mark.backend_independent
-def test_load_downloads_extracts_and_prepares_the_archive(tmp_path, mirror):
-    server, test_images, test_labels = mirror
+def test_load_downloads_extracts_and_prepares_the_archive(tmp_path, cifar10_mirror):
+    server, test_images, test_labels = cifar10_mirror
     train, test = data.load("cifar10", image_size=32, batch_size=2, data_dir=str(tmp_path / "tfds"),
                             repeat=False, shuffle_buffer=1)
     assert f"/{ARCHIVE}" in server.requests
@@ -77,11 +34,11 @@ def test_load_downloads_extracts_and_prepares_the_archive(tmp_path, mirror):
 
 @pytest.mark.backend_independent
 @pytest.mark.timeout(60)  # tfds' default retries kept an offline user waiting about 3.5 minutes
-def test_a_failed_download_names_the_dataset_the_url_and_data_dir(tmp_path, mirror):
+def test_a_failed_download_names_the_dataset_the_url_and_data_dir(tmp_path, cifar10_mirror):
     from tensorflow_datasets.core.download import downloader
 
     retries = downloader.MAX_RETRIES
-    server, _, _ = mirror
+    server, _, _ = cifar10_mirror
     server.close()  # the mirror is down
     with pytest.raises(OSError) as info:
         data.load("cifar10", image_size=32, batch_size=2, data_dir=str(tmp_path / "tfds"))

@@ -1,0 +1,428 @@
+"""The README as a contract: every python block of README.md runs as written, in a fresh namespace
+that holds only the inputs its prose names (`images`, `x_224`, ...), from a user's empty home, and
+what its comments promise is asserted.
+
+Every file a block names is a small stand-in of the same class and layout: timm files written by
+timm, Hugging Face folders by transformers (save_pretrained), official `.npz` files by
+`keras_vit.weights.save_npz` (the official layout, checked key by key in test_weights.py), all of
+random weights; registry tags are downloaded from a loopback mirror, timm names from a Hugging Face
+hub cache, CIFAR-10 through tensorflow-datasets from a loopback archive. The variant table is scaled
+to 16 channels (2 heads, MLP 32) with the released depth, patch and stem, so that every factory and
+its files stay consistent and small; the widths a comment states are checked against the real
+table. `model.fit` runs one optimizer update (the README's epoch is 500); the arguments it was
+given are checked against the comments. A block that cannot run here is named in NOT_RUN with the
+reason.
+"""
+
+import dataclasses
+import logging
+import os
+import re
+import shutil
+import types
+
+import keras
+import numpy as np
+import pytest
+from conftest import LoopbackServer
+
+import keras_vit
+from keras_vit import configs
+from keras_vit.weights import download, registry, save_npz
+
+pytestmark = pytest.mark.backend_independent
+
+README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
+REAL = dict(configs.VARIANTS)  # the released sizes, for the widths the comments state
+
+
+def tiny(config):
+    """A variant at stand-in size: 2 heads of width heads_released (so the variants stay told apart),
+    MLP twice the width; depth, patch and stem as released."""
+    return dataclasses.replace(config, hidden_size=2 * config.num_heads, mlp_dim=4 * config.num_heads, num_heads=2)
+
+
+def blocks():
+    """The python blocks of the README, each preceded by blank lines so that its lines keep their
+    README line numbers in a traceback."""
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    return ["\n" * text[:m.start(1)].count("\n") + m.group(1) for m in re.finditer(r"```python\n(.*?)```", text, re.S)]
+
+
+def block(key):
+    (found,) = [b for b in blocks() if key in b]
+    return found
+
+
+def promise(code, text):
+    """The comment of the line of `code` holding `text`."""
+    (line,) = [ln for ln in code.splitlines() if text in ln]
+    return line.split("#", 1)[1].strip()
+
+
+def shape_in(comment):
+    """The shape a comment states, e.g. "(B, 14, 14, 768)" -> ("B", 14, 14, 768)."""
+    inner = re.search(r"\((B(?:, *[\w]+)+)\)", comment).group(1)
+    return tuple(int(v) if v.isdigit() else v for v in re.split(r", *", inner))
+
+
+def np_(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def photos(size, n=3):
+    """scikit-image's photographs as uint8 (n, h, w, 3)."""
+    from skimage import data, transform
+
+    h, w = (size, size) if isinstance(size, int) else size
+    images = [data.astronaut(), data.coffee(), data.chelsea()][:n]
+    return np.stack([(transform.resize(im, (h, w), anti_aliasing=True) * 255).round().astype("uint8") for im in images])
+
+
+def random_weights(model, seed=0, scale=0.2):
+    rng = np.random.default_rng(seed)
+    for var in model.weights:
+        var.assign(rng.normal(0, scale, var.shape).astype("float32"))
+    return model
+
+
+def _timm():
+    """timm, imported as the benchmarks do (without torchvision, which the install leaves out)."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(README), "benchmarks"))
+    from workers import _import_timm
+
+    return _import_timm()
+
+
+def run(code, **inputs):
+    namespace = {"__name__": "__readme__", **inputs}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102  the project's own README
+    return types.SimpleNamespace(**namespace)
+
+
+@pytest.fixture
+def user(tmp_path, monkeypatch, user_home):
+    """A user's working folder and empty home, the variant table at stand-in size, and a loopback
+    mirror of the official bucket; `user.serve(variant, tag, image_size)` writes a tag's stand-in."""
+    for name, config in REAL.items():
+        monkeypatch.setitem(configs.VARIANTS, name, tiny(config))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    served = tmp_path / "bucket"
+    server = LoopbackServer(served)
+    monkeypatch.setenv(download.BASE_URL_ENV, server.url)
+
+    def serve(variant, tag, image_size=None, seed=0):
+        record = registry.get_weights(variant, tag, image_size)
+        path = served / record.url[len(registry.BUCKET_URL) + 1:]
+        save_npz(official_standin(variant, record.image_size, record.classes, record.pre_logits, seed), str(path))
+        return record
+
+    yield types.SimpleNamespace(work=work, serve=serve, server=server)
+    server.close()
+
+
+def official_standin(variant, image_size, classes, pre_logits, seed=0):
+    config = configs.get_variant(variant)
+    model = keras_vit.VisionTransformer(**config.build_args(), image_size=image_size, classes=classes,
+                                        representation_size=config.hidden_size if pre_logits else None,
+                                        classifier_activation=None)
+    return random_weights(model, seed)
+
+
+def layer_norm(x, gamma, beta, epsilon):
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + epsilon) * gamma + beta
+
+
+def test_every_block_is_run_or_named():
+    """A new block needs a test here (or a reason in NOT_RUN); a key that matches no block is stale."""
+    keys = [*RUN, *NOT_RUN]
+    for code in blocks():
+        assert sum(k in code for k in keys) == 1, f"README block without exactly one test:\n{code}"
+    for key in keys:
+        assert sum(key in code for code in blocks()) == 1, f"{key!r} names no single README block"
+
+
+def test_quick_start(user, capsys):
+    code = block(RUN_QUICK_START)
+    user.serve("ViT_L16", "imagenet21k+imagenet2012", 384)
+    user.serve("ViT_B16", "imagenet21k")
+    os.makedirs("path/to")
+    save_npz(official_standin("ViT_B16", 224, configs.IMAGENET21K_CLASSES, True, seed=3), "path/to/ViT-B_16.npz")
+    ns = run(code, images=photos(384))
+
+    # official file, downloaded once, cached (in Keras' default folder of the user's home)
+    cache = os.path.join(os.environ["HOME"], ".keras", "models", "keras_vit")
+    assert sorted(os.listdir(cache)) == sorted(r.filename for r in (
+        registry.get_weights("ViT_L16", "imagenet21k+imagenet2012", 384), registry.get_weights("ViT_B16", "imagenet21k")))
+    assert ns.model.input_shape == (None, 384, 384, 3)
+    probs = np_(ns.probs)
+    assert probs.shape == (3, 1000)
+    np.testing.assert_allclose(probs.sum(-1), 1, atol=1e-5)
+    printed = capsys.readouterr().out
+    top5 = keras_vit.decode_predictions(probs, top=5)
+    assert all(len(p) == 5 for p in top5) and all(name in printed for _, name, _ in top5[0])
+
+    # the backbone: y = LN(z_L^0), the class token of the last block after the final LayerNorm
+    x = keras_vit.preprocess_input(photos(384))
+    stream = keras_vit.feature_extractor(ns.backbone, blocks=[-1])(x)
+    stream = stream[0] if isinstance(stream, (list, tuple)) else stream
+    norm = ns.backbone.get_layer("encoder_norm")
+    expected = layer_norm(np_(stream)[:, 0], np_(norm.gamma), np_(norm.beta), norm.epsilon)
+    np.testing.assert_allclose(np_(ns.backbone(x)), expected, atol=1e-5)
+
+    # a local file, a non-square input and a new head of 37 classes
+    assert ns.clf.input_shape == (None, 224, 320, 3) and ns.clf.output_shape == (None, 37)
+    assert not np.any(np_(ns.clf.get_layer("head").kernel))
+
+
+def test_configuration_block_is_vit_b16():
+    """`VisionTransformer(...)` with the arguments shown is ViT-Base: 86M parameters (Table 1)."""
+    ns = run(block(RUN_CONFIGURATION))
+    assert ns.model.count_params() // 10**6 == 86
+    assert ns.model.output_shape == (None, 1000)
+
+
+def test_any_resolution_pooling_features_and_patch_size(user):
+    code = block(RUN_RESOLUTION)
+    user.serve("ViT_B16", "imagenet21k+imagenet2012")
+    user.serve("ViT_B16", "imagenet21k")
+    user.serve("ViT_B16", "imagenet21k+imagenet2012", 224)
+    x_224, x_384x512 = (keras_vit.preprocess_input(photos(s)) for s in (224, (384, 512)))
+    ns = run(code, x_224=x_224, x_384x512=x_384x512)
+    width, real = tiny(REAL["ViT_B16"]).hidden_size, REAL["ViT_B16"].hidden_size
+
+    for x in (x_224, x_384x512):  # any resolution: probabilities at both sizes
+        np.testing.assert_allclose(np_(ns.model.predict(x, verbose=0)).sum(-1), 1, atol=1e-5)
+    for name in ("maps", "cls", "avg"):
+        stated = shape_in(promise(code, f"{name} = "))
+        assert stated[-1] == real
+        assert np_(getattr(ns, name)(x_224)).shape == (3, *stated[1:-1], width)
+    maps = np_(ns.maps(x_224))
+    np.testing.assert_allclose(np_(ns.avg(x_224)), maps.mean((1, 2)), atol=1e-5)  # avg: the mean of the patch tokens
+    assert ns.rep.output_shape == ns.cls.output_shape  # the representation the head reads (no pre-logits here)
+
+    probe = ns.probe(x_224)
+    stated = promise(code, "probe = ")
+    assert stated.startswith("3 x") and stated.endswith(f"{real})")
+    assert [tuple(np_(p).shape) for p in probe] == [(3, 14, 14, width)] * 3
+
+    tokens = re.search(r"(\d+)x(\d+) tokens at (\d+) px", promise(code, "b8 = ")).groups()
+    side, size = int(tokens[0]), int(tokens[2])
+    assert ns.b8.input_shape == (None, size, size, 3)
+    stream = keras_vit.feature_extractor(ns.b8, blocks=[0])(keras_vit.preprocess_input(photos(size)))
+    stream = np_(stream[0] if isinstance(stream, (list, tuple)) else stream)
+    assert stream.shape[1] == 1 + side * side
+
+
+def test_timm_and_hugging_face_files(user, caplog):
+    torch = pytest.importorskip("torch")
+    timm = _timm()
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import save_file
+
+    code = block(RUN_TIMM_HF)
+    torch.manual_seed(0)
+    b16 = tiny(REAL["ViT_B16"])
+    source = timm.create_model("vit_base_patch16_224", pretrained=False, embed_dim=b16.hidden_size,
+                               num_heads=b16.num_heads, mlp_ratio=b16.mlp_dim / b16.hidden_size)
+    for p in source.parameters():
+        torch.nn.init.normal_(p, 0, 0.2)
+    state = {k: v.contiguous() for k, v in source.state_dict().items()}
+    save_file(state, "model.safetensors")
+    torch.save(state, "pytorch_model.bin")
+    config = transformers.ViTConfig(hidden_size=b16.hidden_size, num_hidden_layers=12, num_attention_heads=b16.num_heads,
+                                    intermediate_size=b16.mlp_dim,
+                                    image_size=224, patch_size=16, num_labels=1000)
+    hf = transformers.ViTForImageClassification(config).eval()
+    hf.save_pretrained("vit-base-patch16-224")
+
+    with caplog.at_level(logging.INFO, logger="keras_vit"):
+        ns = run(code)
+    x = keras_vit.preprocess_input(photos(224))
+    pixels = torch.from_numpy(np.transpose(np_(x), (0, 3, 1, 2)).copy())
+
+    # timm: 224 px, 1000 classes, exact GELU: the probabilities of timm's own logits
+    assert ns.timm_model.input_shape == (None, 224, 224, 3) and ns.timm_model.output_shape == (None, 1000)
+    blocks_ = [layer for layer in ns.timm_model.layers if type(layer).__name__ == "TransformerBlock"]
+    assert len(blocks_) == 12 and not any(b.get_config()["approximate_gelu"] for b in blocks_)
+    with torch.no_grad():
+        expected = torch.softmax(source.eval()(pixels), -1).numpy()
+    np.testing.assert_allclose(np_(ns.timm_model(x)), expected, atol=1e-5)
+
+    # the file's head is 1000 wide: a new zero head, logged; the encoder is the file's
+    assert not np.any(np_(ns.pets.get_layer("head").kernel))
+    np.testing.assert_allclose(np_(ns.pets(x)), 1 / 37, atol=1e-6)
+    assert any("zero" in r.getMessage() and "head" in r.getMessage() for r in caplog.records)
+
+    # Hugging Face: LayerNorm epsilon 1e-12 from config.json, and transformers' probabilities
+    epsilons = {b.get_config()["layer_norm_epsilon"] for b in ns.hf_model.layers if type(b).__name__ == "TransformerBlock"}
+    epsilons.add(ns.hf_model.get_layer("encoder_norm").epsilon)
+    assert epsilons == {float(promise(code, "hf_model = ").split("epsilon ")[1].split()[0])}
+    with torch.no_grad():
+        expected = torch.softmax(hf(pixel_values=pixels).logits, -1).numpy()
+    np.testing.assert_allclose(np_(ns.hf_model(x)), expected, atol=1e-5)
+
+
+def _hub_cache(monkeypatch, root, repo, files):
+    """A Hugging Face hub cache holding `files` ({name: source path}) of `repo` at one revision."""
+    import huggingface_hub.constants
+
+    revision = "0" * 40
+    folder = root / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(revision)
+    snapshot = folder / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for name, path in files.items():
+        shutil.copy(path, snapshot / name)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(root))
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_foreign_families(user, monkeypatch, tmp_path):
+    torch = pytest.importorskip("torch")
+    timm = _timm()
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import save_file
+    from timm.models.vision_transformer import checkpoint_filter_fn
+
+    code = block(RUN_FAMILIES)
+    torch.manual_seed(0)
+    # DINOv2 ViT-S/14 at 518 px: the released width (timm's state dict names no head count, timm's
+    # table gives it from the width), two blocks instead of twelve
+    dino = timm.create_model("vit_small_patch14_dinov2", pretrained=False, depth=2, num_classes=0).eval()
+    for p in dino.parameters():
+        torch.nn.init.normal_(p, 0, 0.2)
+    save_file({k: v.contiguous() for k, v in dino.state_dict().items()}, "dinov2.safetensors")
+    _hub_cache(monkeypatch, tmp_path / "hub", "timm/vit_small_patch14_dinov2.lvd142m",
+               {"model.safetensors": "dinov2.safetensors"})
+    clip = transformers.CLIPModel(transformers.CLIPConfig(
+        projection_dim=512,
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=224, patch_size=32),
+        text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2))).eval()
+    clip.save_pretrained("clip-vit-base-patch32")
+    siglip = transformers.SiglipModel(transformers.SiglipConfig(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=224, patch_size=16),
+        text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2))).eval()
+    siglip.save_pretrained("siglip-base-patch16-224")
+
+    images = photos(224)
+    ns = run(code, images=images)
+
+    def nchw(x):
+        return torch.from_numpy(np.transpose(np_(x), (0, 3, 1, 2)).copy())
+
+    # the class token after the norm, (B, 384), at 224 px: timm's own, its position embeddings
+    # resized by timm's rule
+    at_224 = timm.create_model("vit_small_patch14_dinov2", pretrained=False, depth=2, num_classes=0, img_size=224)
+    at_224.eval()
+    at_224.load_state_dict(checkpoint_filter_fn(dino.state_dict(), at_224))
+    x = keras_vit.preprocess_input(images, mode="imagenet")
+    with torch.no_grad():
+        expected = at_224.forward_features(nchw(x))[:, 0].numpy()
+    assert shape_in(promise(code, "cls = ")) == ("B", expected.shape[1])
+    np.testing.assert_allclose(np_(ns.cls), expected, atol=2e-5 * np.abs(expected).max())
+
+    # the file's own resolution, 518 px: its (B, 37, 37, 384) patch tokens after the norm
+    stated = shape_in(promise(code, "patches = "))
+    x518 = keras_vit.preprocess_input(photos(518, n=1), mode="imagenet")
+    got = np_(ns.patches(x518))
+    assert got.shape == (1, *stated[1:])
+    with torch.no_grad():
+        expected = dino.forward_features(nchw(x518))[:, 1:].numpy().reshape(got.shape)
+    np.testing.assert_allclose(got, expected, atol=2e-5 * np.abs(expected).max())
+
+    # a whole CLIPModel: the embedding after the projection, transformers' image features
+    with torch.no_grad():
+        expected = clip.get_image_features(pixel_values=nchw(keras_vit.preprocess_input(images, mode="clip")))
+        expected = getattr(expected, "pooler_output", expected).numpy()
+    assert shape_in(promise(code, "embeds = ")) == ("B", expected.shape[1])
+    np.testing.assert_allclose(np_(ns.embeds), expected, atol=1e-5)
+
+    # SigLIP: MAP-pooled, [-1, 1] input
+    x = keras_vit.preprocess_input(images)
+    assert float(np_(x).min()) >= -1 and float(np_(x).max()) <= 1
+    with torch.no_grad():
+        expected = siglip.vision_model(pixel_values=nchw(x)).pooler_output.numpy()
+    np.testing.assert_allclose(np_(ns.siglip(x)), expected, atol=1e-5)
+
+
+def test_finetuning_recipe(user, cifar10_mirror, monkeypatch):
+    pytest.importorskip("tensorflow_datasets")
+    code = block(RUN_FINETUNE)
+    user.serve("ViT_B16", "imagenet21k")
+    calls = []
+    fit = keras.Model.fit
+
+    def one_update(model, x=None, y=None, *, epochs=1, steps_per_epoch=None, **kwargs):
+        calls.append(dict(x=x, epochs=epochs, steps_per_epoch=steps_per_epoch, **kwargs))
+        return fit(model, x, y, epochs=1, steps_per_epoch=keras_vit.recipes.fit_steps(model, 1), **kwargs)
+
+    monkeypatch.setattr(keras.Model, "fit", one_update)
+    ns = run(code)
+
+    (call,) = calls
+    accumulation = ns.model.optimizer.gradient_accumulation_steps
+    assert f"{accumulation}-step gradient accumulation" in promise(code, "device_batch_size=")
+    images, labels = next(iter(ns.train))
+    assert tuple(images.shape) == (64, 384, 384, 3) and images.shape[0] * accumulation == 512
+    updates = int(re.search(r"(\d+) updates per epoch", promise(code, "steps_per_epoch=")).group(1))
+    assert call["steps_per_epoch"] == updates * accumulation and call["epochs"] == 20
+    assert int(np_(ns.model.optimizer.iterations)) == 1  # the shortened run: one update of 8 micro-batches
+    assert ns.model.output_shape == (None, 10)
+
+
+def test_ablation_options(user):
+    """learned_2d: a row and a column table of D/2 each (and one for the class token); every_layer_shared:
+    one set of tables for all blocks, which every block's input depends on."""
+    ns = run(block(RUN_ABLATIONS))
+    tables = {w.path: tuple(w.shape) for w in ns.model.weights if w.path.startswith("posembed")}
+    assert tables == {"posembed_input/row_embedding": (14, 384), "posembed_input/col_embedding": (14, 384),
+                      "posembed_input/prefix_embedding": (1, 768)}
+    x = keras_vit.preprocess_input(photos(224, n=1))
+    np.testing.assert_allclose(np_(ns.model(x)).sum(-1), 1, atol=1e-5)
+    first = keras_vit.feature_extractor(ns.model, blocks=[0])  # the head starts at zero: read the stream
+    before = np_(first(x))
+    row = ns.model.get_layer("posembed_input").weights[0]
+    row.assign(np_(row) + 1.0)
+    assert np.abs(np_(first(x)) - before).max(-1).min() > 0.5  # every token after the first block moved
+
+
+def test_masked_patch_prediction(user):
+    code = block(RUN_MASKED_PATCH)
+    images = photos(224, n=3)
+    ns = run(code, images=images)
+    loss = ns.model.history.history["loss"]
+    assert len(loss) == 1 and np.isfinite(loss[0])
+    again = run("from keras_vit import ViT_B16\n" + "model = " + promise(code, "save_npz(").split("then ")[1])
+    assert again.model.output_shape == (None, 10)
+    trained = {w.path: np_(w) for w in ns.model.encoder.weights}
+    loaded = {w.path: np_(w) for w in again.model.weights if not w.path.startswith(("head", "pre_logits"))}
+    assert set(loaded) == set(trained) - {p for p in trained if p.startswith(("head", "pre_logits"))}
+    for path, value in loaded.items():
+        np.testing.assert_array_equal(value, trained[path], err_msg=path)
+
+
+RUN_QUICK_START = 'ViT_L16(image_size=384, weights="imagenet21k+imagenet2012")'
+RUN_CONFIGURATION = "model = VisionTransformer(\n"
+RUN_RESOLUTION = "# 1. any resolution"
+RUN_TIMM_HF = "# timm: vit_base_patch16_224"
+RUN_FAMILIES = "dino = keras_vit.from_timm("
+RUN_FINETUNE = 'data.load("cifar10"'
+RUN_ABLATIONS = 'position_embedding="learned_2d"'
+RUN_MASKED_PATCH = "MaskedPatchPredictor("
+RUN = (RUN_QUICK_START, RUN_CONFIGURATION, RUN_RESOLUTION, RUN_TIMM_HF, RUN_FAMILIES, RUN_FINETUNE, RUN_ABLATIONS,
+       RUN_MASKED_PATCH)
+NOT_RUN = {
+    "model_parallel((2, 4))": "2 replicas x 4-way tensor parallel needs 8 devices; the same calls run on 8 virtual "
+                              "CPU devices in tests/test_distribute.py (jax8)",
+}
