@@ -119,3 +119,32 @@ def test_uint8_pipeline_is_the_float_pipeline_rounded():
         assert np.mean(as_uint8.numpy() == rounded) > 0.99
     with pytest.raises(ValueError, match="image_dtype"):
         data.eval_preprocess(image, 16, "float16")
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's padded path to cuDNN's fused attention")
+@pytest.mark.parametrize("tokens", [197, 64, 5])
+def test_padded_masked_attention_equals_plain_attention_with_gradients(tokens, rng):
+    """JAX training with attention_implementation="flash" pads the sequence to a multiple of 64 and
+    masks the padding: through XLA's implementation (the same padding and masks the cuDNN kernel
+    gets on a GPU) the values and the gradients of q, k and v equal unpadded attention in float32."""
+    import jax
+    import jax.numpy as jnp
+
+    from keras_vit.layers.attention import CUDNN_TRAINING_MULTIPLE, _matmul_attention, padded_attention
+
+    q, k, v = (jnp.asarray(rng.normal(size=(2, tokens, 3, 8)).astype("float32")) for _ in range(3))
+    w = jnp.asarray(rng.normal(size=(2, tokens, 3, 8)).astype("float32"))  # a loss that weighs every output
+    scale = 8 ** -0.5
+
+    def loss(attend):
+        return lambda q, k, v: jnp.sum(attend(q, k, v, scale) * w)
+
+    padded = loss(lambda *a: padded_attention(*a, implementation="xla"))
+    plain = loss(lambda *a: _matmul_attention(*a))
+    np.testing.assert_allclose(padded_attention(q, k, v, scale, implementation="xla"),
+                               _matmul_attention(q, k, v, scale), atol=2e-6)
+    for got, expected in zip(jax.grad(padded, (0, 1, 2))(q, k, v), jax.grad(plain, (0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    text = jax.jit(lambda q, k, v: padded_attention(q, k, v, scale, implementation="xla")).lower(q, k, v).as_text()
+    padded_length = -(-tokens // CUDNN_TRAINING_MULTIPLE) * CUDNN_TRAINING_MULTIPLE
+    assert f"2x{padded_length}x3x8" in text  # the kernel sees the padded length

@@ -13,6 +13,9 @@ from keras_vit.runtime import on_cpu
 ATTENTION_IMPLEMENTATIONS = ("auto", "flash", "standard")
 FLASH_DTYPES = ("bfloat16", "float16")
 FLASH_MAX_HEAD_DIM = 128  # cuDNN's fused attention: head sizes that are multiples of 8, up to 128
+# JAX training on cuDNN's kernel: the sequence padded to a multiple of this, the padding masked
+# (cuDNN's backward refused ViT's 197 tokens)
+CUDNN_TRAINING_MULTIPLE = 64
 _LOGGED = set()
 
 
@@ -100,9 +103,28 @@ def _matmul_attention(q, k, v, scale):
     return ops.swapaxes(ops.matmul(weights, v), 1, 2)
 
 
-def _flash_attention(q, k, v, scale):
+def padded_attention(q, k, v, scale, multiple=CUDNN_TRAINING_MULTIPLE, implementation="cudnn"):
+    """JAX: softmax(q k^T * scale) v for q, k, v (B, T, heads, head_dim), with T padded to a
+    multiple of `multiple` and the padded keys and queries masked out (`jax.nn.dot_product_attention`'s
+    sequence lengths), the padding sliced off after: the same values and gradients as unpadded
+    attention. `implementation="xla"` runs it anywhere (the tests); "cudnn" is the GPU kernel."""
+    import jax
+    import jax.numpy as jnp
+
+    batch, tokens = q.shape[0], q.shape[1]
+    pad = -tokens % multiple
+    if not pad:
+        return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation=implementation)
+    q, k, v = (jnp.pad(t, ((0, 0), (0, pad), (0, 0), (0, 0))) for t in (q, k, v))
+    lengths = jnp.full((batch,), tokens, "int32")
+    y = jax.nn.dot_product_attention(q, k, v, scale=scale, query_seq_lengths=lengths,
+                                     key_value_seq_lengths=lengths, implementation=implementation)
+    return y[:, :tokens]
+
+
+def _flash_attention(q, k, v, scale, training=False):
     """softmax(q k^T * scale) v for q, k, v (B, T, heads, head_dim) through the GPU's fused kernel
-    (`flash_unavailable` has said it runs here)."""
+    (`flash_unavailable` has said it runs here); JAX training takes `padded_attention`."""
     if keras.backend.backend() == "torch":
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -111,6 +133,8 @@ def _flash_attention(q, k, v, scale):
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
             y = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
         return y.transpose(1, 2)
+    if training:
+        return padded_attention(q, k, v, scale)
     import jax
 
     return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
@@ -151,9 +175,11 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         dropout_rate: dropout on the attention weights (training only).
         attention_implementation: "auto" (the default): the GPU's fused (flash) attention kernel
             where the backend, device, dtype (bfloat16/float16) and head size allow it (on JAX in
-            inference only: cuDNN rejected ViT's sequence lengths in training), else the standard
-            path, saying why in one log line; "flash": that kernel, a ValueError when the layer is
-            built where it cannot run; "standard": never that kernel.
+            inference only, until a GPU run measures the padded training path faster), else the
+            standard path, saying why in one log line; "flash": that kernel, also in JAX training
+            with the sequence padded to a multiple of 64 and the padding masked
+            (`padded_attention`), a ValueError when the layer is built where it cannot run;
+            "standard": never that kernel.
     """
 
     def __init__(self, num_heads, dropout_rate=0.0, attention_implementation="auto", **kwargs):
@@ -222,7 +248,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         if bias is None and not return_attention and not (training and self.dropout_rate > 0):
             if self.flash and (self.attention_implementation == "flash" or not training
                                or keras.backend.backend() != "jax"):
-                return self._out(_flash_attention(q, k, v, scale))
+                return self._out(_flash_attention(q, k, v, scale, training=bool(training)))
             return self._out(_fused_attention(q, k, v, scale))
         logits = ops.einsum("bqnh,bknh->bnqk", q * ops.cast(scale, q.dtype), k)
         if bias is not None:
