@@ -27,20 +27,16 @@ def _check_variant(path, arch, variant):
 
 
 def _head_count(path, arch, variant, num_heads):
-    """The file's head count: its config's, `num_heads`, `variant`'s, the variant whose dimensions the file
-    has, else timm's head count for the file's width (`keras_vit.weights.timm.TIMM_HEADS`)."""
+    """The file's head count: its config's, `num_heads`, `variant`'s (`_check_variant` has matched it to
+    the file), the variant whose dimensions the file has, else timm's head count for the file's width
+    (`keras_vit.weights.timm.TIMM_HEADS`)."""
     if arch.get("num_heads") or num_heads:
         return arch.get("num_heads") or num_heads
     if variant is None:
         variant = next((v for v in VARIANTS if all(get_variant(v).build_args()[k] == arch[k] for k in _ARCH[:-1])
                         and (get_variant(v).resnet is None) == (arch["resnet"] is None)), None)
     if variant is not None:
-        config = get_variant(variant).build_args()
-        mismatch = [k for k in _ARCH[:-1] if config[k] != arch[k]]
-        if mismatch:
-            raise ValueError(f"{path} does not fit {variant}: " + ", ".join(
-                f"{k} {arch[k]} in the file, {config[k]} in {variant}" for k in mismatch))
-        return config["num_heads"]
+        return get_variant(variant).num_heads
     if arch["hidden_size"] in TIMM_HEADS:
         return TIMM_HEADS[arch["hidden_size"]]
     raise ValueError(
