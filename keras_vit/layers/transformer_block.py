@@ -6,7 +6,7 @@ from keras import ops
 from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, check_attention_implementation, dense
 from keras_vit.layers.mlp import activate, check_mlp_activation, hidden_width
 from keras_vit.layers.quantized import with_sublayer_policies
-from keras_vit.runtime import cpu_only, on_cpu
+from keras_vit.runtime import on_cpu
 
 LAYER_NORM_EPSILON = 1e-6
 
@@ -20,11 +20,9 @@ def _cotangent_barrier(x):
     of ViT-S/16 spent half its time there. A conditional is a fusion boundary XLA keeps (an
     optimization barrier is expanded away on CPU before fusion), so the gradient goes through one
     whose predicate is always true, yet not foldable at compile time. Not on GPU/TPU, where XLA
-    fuses well and a conditional would cost a host round trip: the choice is made per platform
-    when the step is lowered (`jax.lax.platform_dependent`), so a step traced on a CPU host and
-    lowered for a TPU or GPU has none.
+    fuses well and a conditional would cost a host round trip.
     """
-    return _jax_cotangent_barrier()(x) if keras.backend.backend() == "jax" else x
+    return _jax_cotangent_barrier()(x) if _jax_on_cpu() else x
 
 
 _JAX_BARRIER = []
@@ -42,19 +40,16 @@ def _jax_cotangent_barrier():
             return x, None
 
         def bwd(_, g):
-            return (jax.lax.platform_dependent(g, cpu=cpu_only(_materialised), default=lambda t: t),)
+            # the branches must differ, or XLA folds the conditional away; the second never runs
+            return (jax.lax.cond(_always_true(g), lambda t: t, lambda t: -t, g),)
 
         barrier.defvjp(fwd, bwd)
         _JAX_BARRIER.append(barrier)
     return _JAX_BARRIER[0]
 
 
-def _materialised(x):
-    """`x` through a conditional XLA keeps as a fusion boundary: the branches must differ, or XLA
-    folds it away; the second never runs."""
-    import jax
-
-    return jax.lax.cond(_always_true(x), lambda t: t, lambda t: -t, x)
+def _jax_on_cpu():
+    return keras.backend.backend() == "jax" and on_cpu()
 
 
 def _always_true(x):
@@ -90,7 +85,8 @@ def _jax_cpu_remat(fn, variables, x):
 
     def bwd(saved, g):
         x, values = saved
-        return jax.vjp(pure, _materialised(x), values)[1](g)
+        x = jax.lax.cond(_always_true(g), lambda t: t, lambda t: -t, x)
+        return jax.vjp(pure, x, values)[1](g)
 
     run.defvjp(fwd, bwd)
     return run(x, [v.value for v in variables])
@@ -187,7 +183,7 @@ class TransformerBlock(keras.layers.Layer):
         if self.remat and training and not return_attention:
             keep = self._keep_masks(x)
             forward = lambda x: self._forward(x, training, keep=keep)  # noqa: E731
-            if keras.backend.backend() == "jax" and on_cpu():
+            if _jax_on_cpu():
                 return _jax_cpu_remat(forward, self.variables, x)
             return keras.remat(forward)(x)
         return self._forward(x, training, return_attention=return_attention)

@@ -20,22 +20,6 @@ def on_cpu():
     return False
 
 
-# The name scope of every JAX computation keras-vit chooses for a CPU only (`jax.lax.platform_dependent`'s
-# cpu branch): a step lowered for a TPU or GPU holds none (tests/test_lowering.py)
-CPU_ONLY_SCOPE = "keras_vit_cpu_only"
-
-
-def cpu_only(fn):
-    """`fn` under the CPU_ONLY_SCOPE name scope: a CPU branch of `jax.lax.platform_dependent`."""
-    def scoped(*args):
-        import jax
-
-        with jax.named_scope(CPU_ONLY_SCOPE):
-            return fn(*args)
-
-    return scoped
-
-
 def jit_compile_default(training=True):
     """The `jit_compile` keras-vit measured fastest for a ViT on the current backend and device.
 
