@@ -99,6 +99,16 @@ class LoopbackServer:
         self.httpd.server_close()
 
 
+def photos(size, n=3):
+    """scikit-image's photographs (astronaut, coffee, chelsea) as uint8 (n, h, w, 3) at `size` (int or (h, w))."""
+    pytest.importorskip("skimage")
+    from skimage import data, transform
+
+    h, w = (size, size) if isinstance(size, int) else size
+    images = [data.astronaut(), data.coffee(), data.chelsea()][:n]
+    return np.stack([(transform.resize(im, (h, w), anti_aliasing=True) * 255).round().astype("uint8") for im in images])
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)

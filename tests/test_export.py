@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from conftest import TINY
+from conftest import TINY, photos as _photos
 from keras_vit.export import FORMATS, THROUGH_TENSORFLOW, artefact, export, run, writer
 
 BACKEND = keras.backend.backend()
@@ -20,14 +20,6 @@ def _runtime_or_skip(format):
     pytest.importorskip(RUNTIMES[format])
     if writer(BACKEND, format) != BACKEND:
         pytest.importorskip("tensorflow")  # writes it in a fresh process
-
-
-def _photos(size):
-    skimage = pytest.importorskip("skimage")
-    from skimage import data, transform
-
-    images = [data.astronaut(), data.coffee(), data.chelsea()]
-    return np.stack([(transform.resize(im, size, anti_aliasing=True) * 255).round().astype("uint8") for im in images])
 
 
 # the official tanh GELU, and the exact erf form of every timm and Hugging Face checkpoint

@@ -24,7 +24,7 @@ import types
 import keras
 import numpy as np
 import pytest
-from conftest import LoopbackServer
+from conftest import LoopbackServer, photos
 
 import keras_vit
 from keras_vit import configs
@@ -69,15 +69,6 @@ def shape_in(comment):
 
 def np_(x):
     return keras.ops.convert_to_numpy(x)
-
-
-def photos(size, n=3):
-    """scikit-image's photographs as uint8 (n, h, w, 3)."""
-    from skimage import data, transform
-
-    h, w = (size, size) if isinstance(size, int) else size
-    images = [data.astronaut(), data.coffee(), data.chelsea()][:n]
-    return np.stack([(transform.resize(im, (h, w), anti_aliasing=True) * 255).round().astype("uint8") for im in images])
 
 
 def random_weights(model, seed=0, scale=0.2):
