@@ -665,7 +665,3 @@ def _main(argv=None):
     import keras_vit  # noqa: F401  (registers the package's layers for safe-mode loading)
 
     _write(keras.saving.load_model(args.model), args.path, args.format, args.top_k, args.batch_size, args.input_mode)
-
-
-if __name__ == "__main__":
-    _main()
