@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 BACKENDS ?= jax tensorflow torch
 DEMO_ARGS ?= --overwrite
 
-.PHONY: python venv test demo bench clean
+.PHONY: python venv test demo bench docs clean
 
 # The first line of every target's output: which Python runs it (an older one is refused here).
 python:
@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[all]"
 	$(PY) -m pip install --quiet --no-deps "timm>=1.0"  # not torchvision (pyproject's convert extra says why)
-	# LiteRT from torch: litert-torch and what converting imports, without its pins (keras_vit/export.py says why)
+	# LiteRT from torch: litert-torch and what converting imports, without its pins (keras_vit/export/formats.py says why)
 	$(PY) -m $$($(PY) -c 'import keras_vit.export as e; print(e.LITERT_TORCH_INSTALL)') --quiet
 	touch $@
 
@@ -58,5 +58,10 @@ demo: python venv
 bench: python venv
 	$(PY) benchmarks/benchmark.py
 
+# The documentation site (mkdocs.yml, docs/ and the docstrings) into site/; any warning (a broken link or
+# anchor, a page missing from the nav, a docstring mkdocstrings cannot read) fails the build.
+docs: python venv
+	NO_MKDOCS_2_WARNING=1 KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site

@@ -19,6 +19,10 @@ import keras
 
 BATCH_AXIS, MODEL_AXIS = "batch", "model"
 
+__all__ = ["BATCH_AXIS", "MODEL_AXIS", "check_batch_size", "data_parallel", "initialize_multihost",
+           "model_parallel", "num_replicas", "parse_mesh", "probe_machine", "process_shard", "strategy_kind",
+           "tf_strategy", "vit_layout_map"]
+
 # (regex over a variable's path, the dimension sharded over the model axis, what that dimension is).
 # Encoder block i: q/k/v kernels (D, heads, head_dim) and biases (heads, head_dim) over heads, so
 # each device attends with its own heads; the output kernel (heads, head_dim, D) over heads on its
@@ -131,7 +135,11 @@ def _devices(devices):
 
 
 def parse_mesh(text):
-    """"BxM" (e.g. "2x4") -> (2, 4); raises a ValueError naming the expected form."""
+    """"BxM" (e.g. "2x4") -> (2, 4); raises a ValueError naming the expected form.
+
+    Args:
+        text: the mesh as "BxM": batch and model devices.
+    """
     try:
         batch, model = (int(v) for v in str(text).lower().split("x"))
     except ValueError:
@@ -234,7 +242,15 @@ def num_replicas():
 
 
 def check_batch_size(batch_size, what="batch size"):
-    """Raise a ValueError unless the current distribution's replicas divide `batch_size`."""
+    """Raise a ValueError unless the current distribution's replicas divide `batch_size`.
+
+    Args:
+        batch_size: the global batch.
+        what: how the error names it.
+
+    Returns:
+        The batch per replica.
+    """
     replicas = num_replicas()
     if batch_size % replicas:
         raise ValueError(
@@ -255,6 +271,11 @@ def initialize_multihost(coordinator=None, num_processes=None, process_id=None):
     on GPU hosts pass the coordinator "host:port" of process 0, the number of processes and this
     process's id, or set KERAS_DISTRIBUTION_JOB_ADDRESSES / _NUM_PROCESSES / _PROCESS_ID).
     TensorFlow: nothing to do here: set TF_CONFIG on every worker and use `tf_strategy()`.
+
+    Args:
+        coordinator: "host:port" of process 0 (None on a Cloud TPU slice or from the variables).
+        num_processes: the number of processes (hosts).
+        process_id: this process's index.
 
     Returns:
         (process_index, process_count): which part of each global batch this host reads

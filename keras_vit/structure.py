@@ -25,6 +25,7 @@ class ViTParts:
         grid_size: ``(gh, gw)`` patch grid.
         num_prefix_tokens: tokens before the patch grid: the class, distillation and register tokens.
         stride: pixels per token along each axis (patch size times ResNet stride).
+        dropout: the dropout layer after the position embedding, or None.
         image_size: ``(H, W)`` the ViT expects, ``grid_size * stride``.
         block_posembeds: per block, the position embedding added right before it (None for none);
             block 0's is ``posembed`` itself, the others exist for ``position_placement``

@@ -207,7 +207,12 @@ def upsample_map(map, image_hw, method="bilinear", normalize=False):  # noqa: A0
 
 
 def patch_centres(grid_size, patch_size):
-    """``(gh * gw, 2)`` pixel coordinates (y, x) of the patch centres, row-major."""
+    """``(gh * gw, 2)`` pixel coordinates (y, x) of the patch centres, row-major.
+
+    Args:
+        grid_size: ``(gh, gw)`` (or one int for a square grid).
+        patch_size: pixels per token, int or ``(ph, pw)``.
+    """
     gh, gw = _grid_pair(grid_size)
     ph, pw = _pair_float(patch_size, "patch_size")
     ys, xs = np.meshgrid(

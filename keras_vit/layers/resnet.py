@@ -12,7 +12,12 @@ WEIGHT_STD_EPSILON = 1e-5
 
 
 def standardize_kernel(kernel, epsilon=WEIGHT_STD_EPSILON):
-    """Weight standardisation: `(w - mean) / (std + eps)` over each output channel's (kh, kw, cin)."""
+    """Weight standardisation: `(w - mean) / (std + eps)` over each output channel's (kh, kw, cin).
+
+    Args:
+        kernel: a convolution kernel (kh, kw, cin, cout).
+        epsilon: added to the standard deviation (1e-5, the official stem's).
+    """
     kernel = ops.convert_to_tensor(kernel)
     mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
     std = ops.sqrt(ops.mean(ops.square(kernel - mean), axis=(0, 1, 2), keepdims=True))
@@ -21,7 +26,15 @@ def standardize_kernel(kernel, epsilon=WEIGHT_STD_EPSILON):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class StdConv2D(keras.layers.Conv2D):
-    """A bias-free Conv2D whose kernel is weight-standardised on every call (official `StdConv`)."""
+    """A bias-free Conv2D whose kernel is weight-standardised on every call (official `StdConv`).
+
+    Args:
+        filters: output channels.
+        kernel_size: int or (kh, kw).
+        strides: int or (sh, sw).
+        **kwargs: other `keras.layers.Conv2D` arguments (padding defaults to
+            "same", use_bias to False).
+    """
 
     def __init__(self, filters, kernel_size, strides=1, **kwargs):
         kwargs.setdefault("padding", "same")

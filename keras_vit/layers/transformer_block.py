@@ -123,6 +123,9 @@ class TransformerBlock(keras.layers.Layer):
             saves nothing, a custom gradient that does). The dropout masks are drawn
             outside the recomputed part, so the recomputation sees the same masks; attention-weight
             dropout is not supported with it.
+        attention_implementation: "auto" (a GPU's fused kernel where backend, device, dtype and
+            head size allow it, else the standard path), "flash" (the fused kernel, or a
+            ValueError where it cannot run) or "standard".
     Call args:
         x: tokens (B, T, D).
         return_attention: also return the softmax attention weights (B, heads, T, T).

@@ -79,11 +79,32 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def finetune_schedule(base_lr, total_steps, warmup_steps=500, accumulation_steps=1):
-    """Fine-tuning schedule (paper B.1.1): linear warm-up, then cosine decay to 0."""
+    """Fine-tuning schedule (paper B.1.1): linear warm-up, then cosine decay to 0.
+
+    Args:
+        base_lr: peak learning rate.
+        total_steps: optimizer updates of the whole run.
+        warmup_steps: updates of the linear warm-up.
+        accumulation_steps: the optimizer's gradient accumulation (1 for none).
+
+    Returns:
+        A `WarmupDecay`.
+    """
     return WarmupDecay(base_lr, total_steps, warmup_steps, "cosine", accumulation_steps)
 
 
 def pretrain_schedule(base_lr, total_steps, warmup_steps=10_000, decay="linear",
                       accumulation_steps=1):
-    """Pre-training schedule (paper 4.1, B.1): 10k-step linear warm-up, linear (or cosine) decay to 0."""
+    """Pre-training schedule (paper 4.1, B.1): 10k-step linear warm-up, linear (or cosine) decay to 0.
+
+    Args:
+        base_lr: peak learning rate.
+        total_steps: optimizer updates of the whole run.
+        warmup_steps: updates of the linear warm-up.
+        decay: "linear" or "cosine".
+        accumulation_steps: the optimizer's gradient accumulation (1 for none).
+
+    Returns:
+        A `WarmupDecay`.
+    """
     return WarmupDecay(base_lr, total_steps, warmup_steps, decay, accumulation_steps)

@@ -69,6 +69,20 @@ def sweep_learning_rate(build_model, train_ds, val_ds, lrs, total_steps, *,
     ``keras_vit.data.load(..., dev_fraction=0.02)``). A run whose loss turns
     non-finite scores ``nan`` and is not selected.
 
+    Args:
+        build_model: a callable returning a fresh `keras.Model`.
+        train_ds: the training data (repeated, at least ``fit_steps`` batches).
+        val_ds: the held-out dev data.
+        lrs: the learning rates to try.
+        total_steps: optimizer updates per rate.
+        warmup_steps: updates of the linear warm-up.
+        batch_size: the global batch of one update.
+        device_batch_size: images per device and step (gradient accumulation below ``batch_size``).
+        seed: the Keras seed every rate starts from.
+        verbose: passed to ``fit``.
+        eval_steps: batches of ``val_ds`` to evaluate (None: all).
+        **compile_kwargs: passed to :func:`compile_for_finetuning`.
+
     Returns:
         ``(accuracies, best_lr)``: a dict ``lr -> dev accuracy`` in the order of
         ``lrs`` and the rate with the highest accuracy (the first on ties).

@@ -50,6 +50,12 @@ def exact_float32(enabled=True):
     convolutions on TF32 tensor cores by default (10-bit mantissa), and outputs then differ from
     the official full-float32 ones by ~1e-3. This turns that off so float32 models reproduce the
     official outputs; it changes nothing on CPUs. For speed on GPUs prefer `mixed_bfloat16`.
+
+    Args:
+        enabled: True turns TF32 off (exact float32); False turns it back on.
+
+    Returns:
+        The name of the Keras backend it set.
     """
     backend = keras.backend.backend()
     if backend == "jax":
