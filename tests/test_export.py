@@ -102,8 +102,8 @@ def test_interrupted_export_leaves_no_folder(format, model, tmp_path, monkeypatc
         raise KeyboardInterrupt
 
     monkeypatch.setattr(keras.Model, "export", interrupted)
-    monkeypatch.setattr(keras_vit.export, "_torch_onnx", interrupted)
-    monkeypatch.setattr(keras_vit.export, "_torch_litert", interrupted)
+    monkeypatch.setattr(keras_vit.export.writers, "_torch_onnx", interrupted)
+    monkeypatch.setattr(keras_vit.export.writers, "_torch_litert", interrupted)
     monkeypatch.setattr(keras_vit.export, "_through_tensorflow", interrupted)
     with pytest.raises(KeyboardInterrupt):
         export(model, tmp_path / "out", format)

@@ -1,0 +1,80 @@
+"""Writing an artefact from the running backend: Keras' `model.export`, torch's ONNX exporter, litert-torch."""
+
+from keras_vit.export.onnx_rewrites import _fix_onnx, _optimize_onnx
+from keras_vit.export.serving import serving_model
+
+
+def _write(model, path, format, top_k, batch_size, input_mode="vit"):
+    """Writes `serving_model(model, top_k, input_mode)` as `format` at `path` from the running backend."""
+    import keras
+
+    backend = keras.backend.backend()
+    serving = serving_model(model, top_k, input_mode)
+    if backend == "torch" and format == "onnx":
+        _torch_onnx(serving, path, batch_size)
+    elif backend == "torch" and format == "litert":
+        _torch_litert(serving, path, batch_size)
+    else:
+        spec = keras.InputSpec(shape=(batch_size, *model.input_shape[1:]), dtype="uint8", name="images")
+        serving.export(path, format=format, input_signature=[spec], verbose=False)
+    if format == "onnx":
+        _fix_onnx(path, sorted(serving.output))
+        _optimize_onnx(path)
+
+
+def _images_module(serving):
+    """`serving` (a Keras model on the torch backend) as a module whose forward takes one argument
+    named `images` (for dynamic_shapes and the artefact's input name), in eval mode."""
+    import torch
+
+    class Images(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, images):
+            return self.model(images)
+
+    return Images(serving).eval()
+
+
+def _torch_onnx(serving, path, batch_size):
+    """ONNX from the torch backend through torch's dynamo exporter, the batch dynamic unless fixed."""
+    import torch
+
+    # an example batch of 2: torch.export specialises a dimension it sees as 1
+    example = torch.zeros((batch_size or 2, *serving.input_shape[1:]), dtype=torch.uint8)
+    dynamic = None if batch_size else {"images": {0: torch.export.Dim("batch")}}
+    program = torch.onnx.export(_images_module(serving), (example,), dynamo=True, input_names=["images"],
+                                dynamic_shapes=dynamic, verbose=False)
+    program.optimize()
+    program.save(path)
+
+
+def _torch_litert(serving, path, batch_size):
+    """LiteRT from the torch backend through litert-torch, at a fixed batch (THROUGH_TENSORFLOW says why).
+
+    Called directly rather than through Keras' `model.export`, which traces with the batch set to
+    1 and names the input `args_0`; here the input is `images`, like the other artefacts'.
+    litert-torch turns JAX's 64-bit mode on when imported; it is restored after.
+    """
+    import contextlib
+    import io
+
+    import torch
+
+    try:
+        import jax
+
+        x64 = jax.config.jax_enable_x64
+    except ImportError:
+        jax = None
+    try:
+        import litert_torch
+
+        example = torch.zeros((batch_size, *serving.input_shape[1:]), dtype=torch.uint8)
+        with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
+            litert_torch.convert(_images_module(serving), sample_kwargs={"images": example}).export(path)
+    finally:
+        if jax is not None:
+            jax.config.update("jax_enable_x64", x64)
