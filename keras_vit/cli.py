@@ -227,9 +227,10 @@ def parser():
                    help="embedding-filter principal components to draw (default 28)")
     p.set_defaults(func=_inspect)
 
-    p = sub.add_parser("convert", help="a timm .safetensors/.pth/.bin file or a Hugging Face folder of a ViT, DeiT, "
-                       "DINOv2, CLIP or SigLIP image tower -> .keras")
+    p = sub.add_parser("convert", help="a timm .safetensors/.pth/.bin file, a Hugging Face folder or a keras-hub "
+                       "preset folder of a ViT, DeiT, DINOv2, CLIP or SigLIP image tower -> .keras")
     p.add_argument("source", help="timm state dict file, a Hugging Face folder (config.json + model.safetensors), "
+                   "a keras-hub preset folder (config.json + model.weights.h5, as save_to_preset writes it), "
                    "or a timm model name in the Hugging Face hub cache (e.g. vit_small_patch14_dinov2.lvd142m)")
     p.add_argument("out", help="output .keras file")
     p.add_argument("--model", default=None, help="variant factory name (timm files do not record the head count)")

@@ -1,5 +1,5 @@
-"""timm / Hugging Face weights -> the same ViT as a keras_vit model (`from_timm`, `from_huggingface`) and
-as a `.keras` file (`keras-vit convert`)."""
+"""timm / Hugging Face weights and keras-hub presets -> the same ViT as a keras_vit model (`from_timm`,
+`from_huggingface`, `from_keras_hub`) and as a `.keras` file (`keras-vit convert`)."""
 
 import os
 
@@ -9,6 +9,7 @@ from keras_vit.variants import VisionTransformer
 from keras_vit.weights import load_weights
 from keras_vit.weights.foreign import describe, file_image_size, file_options, is_foreign, settle_layout
 from keras_vit.weights.heads import CLASSIFIER, PROJECTION, default_activation
+from keras_vit.weights.keras_hub import is_preset as is_keras_hub_preset
 from keras_vit.weights.timm import TIMM_HEADS, name_options
 
 _ARCH = ("patch_size", "hidden_size", "mlp_dim", "num_layers", "resnet")
@@ -76,7 +77,7 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
         arch = settle_layout(arch, tuple(v // stride for v in pair(image_size, "image_size")))
     args = dict(
         image_size=size, num_heads=heads, classes=arch["classes"] or 1000, classifier=arch["classifier"],
-        representation_size=arch["hidden_size"] if arch["pre_logits"] else None,
+        representation_size=(arch.get("representation_size") or arch["hidden_size"]) if arch["pre_logits"] else None,
         include_top=arch["classes"] is not None or "classes" in overrides, classifier_activation=classifier_activation,
         name=variant or find_variant({**{k: arch[k] for k in _ARCH}, "num_heads": heads}) or "vit",
         **{k: arch[k] for k in _ARCH}, **file_options(arch),
@@ -84,7 +85,9 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
     args.update(overrides)
     projection = arch["source_head"] == PROJECTION and args["classes"] == arch["classes"]
     if classifier_activation == "auto":
-        args["classifier_activation"] = None if projection else default_activation(CLASSIFIER)
+        # a keras-hub task names its own activation (None: logits)
+        args["classifier_activation"] = None if projection else arch.get("classifier_activation",
+                                                                          default_activation(CLASSIFIER))
     args.setdefault("head", "projection" if projection else "classifier")
     if args.get("pooling", "representation") != "representation":
         args["representation_size"] = None  # pre-logits belong to the pooled representation
@@ -125,6 +128,30 @@ def from_huggingface(folder, image_size=None, classifier_activation="auto", **ov
         raise ValueError(f"{folder} is not a folder; expected a Hugging Face model folder with config.json "
                          "(use from_timm for a single weights file)")
     return build_from(folder, None, None, image_size, classifier_activation, **overrides)
+
+
+def from_keras_hub(preset_dir, image_size=None, classifier_activation="auto", **overrides):
+    """A keras-hub preset folder (what `save_to_preset` writes) as a keras_vit model, weights loaded.
+
+    Reads config.json, model.weights.h5 and, for a task, task.json and task.weights.h5, with h5py
+    (keras-hub is not needed). Classes read: `ViTBackbone`, `ViTImageClassifier` and
+    `CLIPVisionEncoder` (`keras_vit.weights.keras_hub`); any other is refused by name. A backbone
+    becomes a model without a head that returns the pooled class token (keras-hub's returns the
+    token sequence; `include_top=False, pooling=None` gives the patch tokens); a classifier outputs
+    what its task's `activation` says (None: logits), unless `classifier_activation` is given.
+
+    Args:
+        preset_dir: the preset folder.
+        image_size, classifier_activation, overrides: as `build_from`.
+    """
+    preset_dir = os.fspath(preset_dir)
+    if not os.path.isdir(preset_dir):
+        raise ValueError(f"{preset_dir} is not a folder; expected a keras-hub preset folder (config.json + "
+                         "model.weights.h5, as save_to_preset writes it)")
+    if not is_keras_hub_preset(preset_dir):
+        raise ValueError(f"{preset_dir} is no keras-hub preset: expected a config.json whose registered_name "
+                         "starts with 'keras_hub>' (as save_to_preset writes it)")
+    return build_from(preset_dir, None, None, image_size, classifier_activation, **overrides)
 
 
 def _hub_file(repo, filename, name):

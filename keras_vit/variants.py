@@ -55,7 +55,8 @@ def _foreign_facts(variant, path, image_size=None):
     grid = None if image_size is None else tuple(v // variant.stride for v in pair(image_size, "image_size"))
     arch = describe(path, grid)
     return file_image_size(arch, variant.stride), arch["classes"], arch["pre_logits"], arch["classifier"], \
-        {**file_options(arch), "source_head": arch["source_head"]}
+        {**file_options(arch), "source_head": arch["source_head"],
+         "representation_size": arch.get("representation_size")}
 
 
 def _file_facts(variant, weights, image_size):
@@ -101,12 +102,13 @@ def resolve_build_args(variant, weights, image_size, classes, include_top, repre
     file_size, file_classes, file_pre, file_classifier, numerics = _file_facts(config, weights, image_size)
     numerics = dict(numerics)
     file_head = numerics.pop("source_head", None)
+    file_width = numerics.pop("representation_size", None)  # a keras-hub task's pre-logits width (else D)
     # None means "take the weights' value"; any other value (0 included) goes to the builder's checks.
     image_size = image_size if image_size is not None else file_size or 224
     classes = classes if classes is not None else file_classes or 1000
     if representation_size == "auto":
         keep = include_top and file_pre and classes == file_classes
-        representation_size = config.hidden_size if keep else None
+        representation_size = (file_width or config.hidden_size) if keep else None
     head = "projection" if file_head == PROJECTION and classes == file_classes else "classifier"
     return dict(image_size=image_size, classes=classes, representation_size=representation_size,
                 classifier=classifier or file_classifier or "token", head=head, **numerics)

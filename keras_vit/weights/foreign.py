@@ -9,7 +9,7 @@ import numpy as np
 
 from keras_vit.configs import FAMILY_DEFAULTS, family_name
 from keras_vit.structure import find_vit
-from keras_vit.weights import hf, timm
+from keras_vit.weights import hf, keras_hub, timm
 from keras_vit.weights.npz import load_arrays
 from keras_vit.weights.tensors import TORCH_SUFFIXES, read_tensors
 
@@ -17,13 +17,22 @@ logger = logging.getLogger("keras_vit")
 
 
 def is_foreign(path):
-    """True for a timm / Hugging Face weights file or folder (by name, or a folder with config.json)."""
+    """True for a timm / Hugging Face weights file or folder, or a keras-hub preset folder (by name, or a
+    folder with config.json)."""
     return str(path).endswith(TORCH_SUFFIXES) or hf.is_hf_folder(path)
 
 
 def read(path):
-    """(source, architecture dict, tensors, mapping function) of a timm file or a Hugging Face folder."""
+    """(source, architecture dict, tensors, mapping function) of a timm file, a Hugging Face folder or a
+    keras-hub preset folder."""
     path = os.fspath(path)
+    if keras_hub.is_preset(path):
+        try:
+            backbone, task, tensors = keras_hub.read_preset(path)
+            arch = keras_hub.architecture(backbone, task, tensors)
+        except ValueError as err:
+            raise ValueError(str(err) if str(err).startswith(path) else f"{path}: {err}") from None
+        return "keras-hub", arch, tensors, keras_hub.to_official(backbone["class_name"])
     if os.path.isdir(path):
         if not hf.is_hf_folder(path):
             raise ValueError(f"{path} is a folder without config.json; expected a Hugging Face ViT folder")

@@ -1,0 +1,233 @@
+"""keras-hub presets as a weights source: tiny random keras-hub models (every weight moved off its initial
+value) saved with `save_to_preset`, loaded by keras_vit (which reads the folder with h5py, without
+keras-hub), and compared with keras-hub's own outputs; then the refused inputs."""
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit.convert import from_keras_hub
+
+if sys.version_info < (3, 11):  # keras-hub 0.32 needs Python >= 3.11: pyproject's test extra installs it from there
+    pytest.skip("keras-hub needs Python >= 3.11", allow_module_level=True)
+import keras_hub  # noqa: E402
+
+TINY = dict(patch_size=8, num_layers=2, num_heads=2, hidden_dim=32)
+# the keras-vit builder arguments of TINY's ViTBackbone (exact GELU, LayerNorm epsilon 1e-6)
+OURS = dict(patch_size=8, num_layers=2, num_heads=2, hidden_size=32, mlp_dim=64, approximate_gelu=False)
+ATOL = 1e-5
+
+
+def _shake(model, seed):
+    """Every float weight set to random normals (zero biases, unit LayerNorms would hide mistakes); CLIP's
+    int position_ids to a permutation, so that the gather it stands for is exercised."""
+    rng = np.random.default_rng(seed)
+    for var in model.weights:
+        if "int" in str(var.dtype):
+            var.assign(rng.permutation(var.shape[-1]).reshape(var.shape).astype(str(var.dtype)))
+        else:
+            var.assign(rng.normal(0, 0.5, var.shape).astype("float32"))
+
+
+def _images(h, w, n=2, seed=1):
+    return np.random.default_rng(seed).uniform(-1, 1, (n, h, w, 3)).astype("float32")
+
+
+def _np(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+# name -> (build the keras-hub model, image size)
+CASES = {
+    # a class token, pre-logits of another width than the tokens', logits out
+    "classifier_token": (lambda: keras_hub.models.ViTImageClassifier(
+        backbone=keras_hub.models.ViTBackbone(image_shape=(32, 32, 3), mlp_dim=64, **TINY),
+        num_classes=5, intermediate_dim=24, activation=None), (32, 32)),
+    # no class token (mean of the tokens), no biases anywhere (zero ones), a non-square image, softmax out
+    "classifier_gap": (lambda: keras_hub.models.ViTImageClassifier(
+        backbone=keras_hub.models.ViTBackbone(image_shape=(32, 48, 3), mlp_dim=64, use_class_token=False,
+                                              use_mha_bias=False, use_mlp_bias=False, use_patch_bias=False, **TINY),
+        num_classes=3, pooling="gap", activation="softmax"), (32, 48)),
+    "backbone": (lambda: keras_hub.models.ViTBackbone(image_shape=(32, 32, 3), mlp_dim=64, layer_norm_epsilon=1e-5,
+                                                      **TINY), (32, 32)),
+    "clip": (lambda: keras_hub.models.CLIPVisionEncoder(image_shape=(32, 32, 3), intermediate_dim=64, **TINY),
+             (32, 32)),
+}
+
+
+@pytest.fixture(scope="module")
+def presets(tmp_path_factory):
+    """{case: (preset folder, images, keras-hub's output on them)}, each model built, shaken and saved once."""
+    root = tmp_path_factory.mktemp("presets")
+    out = {}
+    for seed, (name, (make, size)) in enumerate(CASES.items()):
+        model = make()
+        _shake(model, seed)
+        folder = str(root / name)
+        model.save_to_preset(folder)
+        x = _images(*size)
+        out[name] = (folder, x, _np(model(x)))
+    keras.utils.clear_session()
+    return out
+
+
+@pytest.mark.parametrize("case", ["classifier_token", "classifier_gap"])
+def test_vit_image_classifier_outputs_equal_keras_hub(presets, case):
+    folder, x, expected = presets[case]
+    model = from_keras_hub(folder)
+    got = _np(model(x))
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, atol=ATOL, rtol=0)
+    assert np.abs(expected).max() > 0.1  # a real signal
+    if case == "classifier_token":
+        assert got.min() < 0  # logits, as the task's activation=None says
+        assert model.get_layer("pre_logits").kernel.shape == (32, 24)
+    else:
+        np.testing.assert_allclose(got.sum(-1), 1, atol=1e-6)
+        assert model.input_shape[1:3] == (32, 48)
+
+
+def test_vit_backbone_outputs_equal_keras_hub(presets):
+    """keras-hub's backbone returns the token sequence after the final LayerNorm: keras-vit's model returns
+    its class token by default, and the patch tokens as a (B, gh, gw, D) map with pooling=None."""
+    folder, x, sequence = presets["backbone"]
+    pooled = from_keras_hub(folder)
+    assert pooled.get_layer("encoderblock_0").layer_norm_epsilon == 1e-5  # from config.json
+    np.testing.assert_allclose(_np(pooled(x)), sequence[:, 0], atol=ATOL, rtol=0)
+    grid = from_keras_hub(folder, pooling=None)
+    np.testing.assert_allclose(_np(grid(x)), sequence[:, 1:].reshape(2, 4, 4, 32), atol=ATOL, rtol=0)
+
+
+def test_clip_vision_encoder_outputs_equal_keras_hub(presets):
+    folder, x, sequence = presets["clip"]
+    model = from_keras_hub(folder, pooling=None)
+    block = model.get_layer("encoderblock_0")
+    assert block.layer_norm_epsilon == 1e-5 and block.mlp_activation == "quick_gelu"
+    np.testing.assert_allclose(_np(model(x)), sequence[:, 1:].reshape(2, 4, 4, 32), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(_np(from_keras_hub(folder)(x)), sequence[:, 0], atol=ATOL, rtol=0)
+
+
+def test_weights_argument_and_cli_convert_take_a_preset_folder(presets, tmp_path):
+    folder, x, expected = presets["classifier_token"]
+    model = keras_vit.VisionTransformer(**OURS, image_size=32, classes=5, representation_size=24,
+                                        classifier_activation=None, weights=folder)
+    np.testing.assert_allclose(_np(model(x)), expected, atol=ATOL, rtol=0)
+
+    from keras_vit.cli import main
+
+    out = str(tmp_path / "vit.keras")
+    assert main(["convert", folder, out]) in (None, 0)
+    np.testing.assert_allclose(_np(keras.saving.load_model(out)(x)), expected, atol=ATOL, rtol=0)
+
+
+def test_a_factory_takes_a_preset_folder(presets, monkeypatch):
+    """`weights=preset_dir` of a factory: ViT_Ti16's row of the variant table at the preset's tiny size; the
+    image size, classes, pre-logits and numerics come from the preset."""
+    from keras_vit import configs
+
+    tiny = dataclasses.replace(configs.get_variant("ViT_Ti16"), patch_size=8, hidden_size=32, mlp_dim=64,
+                               num_heads=2, num_layers=2)
+    monkeypatch.setitem(configs.VARIANTS, "ViT_Ti16", tiny)
+    folder, x, expected = presets["classifier_token"]
+    model = keras_vit.ViT_Ti16(weights=folder, classifier_activation=None)
+    assert model.output_shape == (None, 5) and model.get_layer("encoderblock_0").approximate_gelu is False
+    np.testing.assert_allclose(_np(model(x)), expected, atol=ATOL, rtol=0)
+
+
+def test_the_docs_example_runs(presets, tmp_path, monkeypatch):
+    """docs/keras-hub.md's python block, on a copy of the classifier preset under the name it uses."""
+    import re
+
+    page = open(os.path.join(os.path.dirname(__file__), os.pardir, "docs", "keras-hub.md")).read()
+    (code,) = re.findall(r"```python\n(.*?)```", page, re.S)
+    folder, x, expected = presets["classifier_token"]
+    shutil.copytree(folder, tmp_path / "vit_preset")
+    monkeypatch.chdir(tmp_path)
+    # until keras_vit/__init__.py exports it, the public name is this module's function
+    monkeypatch.setattr(keras_vit, "from_keras_hub", from_keras_hub, raising=False)
+    namespace = {}
+    exec(compile(code, "docs/keras-hub.md", "exec"), namespace)  # noqa: S102  the project's own page
+    np.testing.assert_allclose(_np(namespace["model"](x)), expected, atol=ATOL, rtol=0)
+    assert _np(namespace["features"](x)).shape == (2, 4, 4, 32)
+
+
+# ---------------------------------------------------------------------------------------------------
+# refused inputs
+
+def _copy(presets, case, tmp_path):
+    return shutil.copytree(presets[case][0], tmp_path / case)
+
+
+def _edit_json(path, **changes):
+    value = json.loads(open(path).read())
+    value.update(changes)
+    with open(path, "w") as f:
+        json.dump(value, f)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("kind", ["DINOV3Backbone", "SomeNewBackbone"])
+def test_another_architecture_is_refused_by_name(presets, tmp_path, kind):
+    folder = _copy(presets, "backbone", tmp_path)
+    _edit_json(folder / "config.json", class_name=kind, registered_name=f"keras_hub>{kind}")
+    with pytest.raises(ValueError, match=rf"{kind}.*keras_vit reads ViTBackbone, CLIPVisionEncoder, "
+                                         r"ViTImageClassifier"):
+        from_keras_hub(folder)
+
+
+@pytest.mark.backend_independent
+def test_another_task_is_refused_by_name(presets, tmp_path):
+    folder = _copy(presets, "classifier_token", tmp_path)
+    _edit_json(folder / "task.json", class_name="ViTObjectDetector")
+    with pytest.raises(ValueError, match="'ViTObjectDetector' task; keras_vit reads the tasks ViTImageClassifier"):
+        from_keras_hub(folder)
+
+
+@pytest.mark.backend_independent
+def test_a_folder_that_is_no_preset_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit"}))
+    with pytest.raises(ValueError, match="no keras-hub preset"):
+        from_keras_hub(tmp_path)
+    with pytest.raises(ValueError, match="is not a folder"):
+        from_keras_hub(tmp_path / "config.json")
+
+
+@pytest.mark.backend_independent
+def test_sharded_weights_are_refused(presets, tmp_path):
+    folder = _copy(presets, "backbone", tmp_path)
+    os.remove(folder / "model.weights.h5")
+    (folder / "model.weights.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"sharded weights \(model.weights.json\)"):
+        from_keras_hub(folder)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_corrupt_weights_are_refused_before_anything_is_assigned(presets, tmp_path, damage):
+    folder = _copy(presets, "classifier_token", tmp_path)
+    path = folder / "model.weights.h5"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x00not hdf5" * 100)
+    with pytest.raises(ValueError, match="model.weights.h5 is not a readable Keras weights file"):
+        from_keras_hub(folder)
+    model = keras_vit.VisionTransformer(**OURS, image_size=32, classes=5, representation_size=24)
+    before = [_np(v) for v in model.weights]
+    with pytest.raises(ValueError, match="not a readable Keras weights file"):
+        keras_vit.load_weights(model, str(folder))
+    assert all(np.array_equal(a, _np(v)) for a, v in zip(before, model.weights))
+
+
+def test_mismatched_shapes_are_refused_before_anything_is_assigned(presets):
+    folder = presets["classifier_token"][0]
+    model = keras_vit.VisionTransformer(**{**OURS, "mlp_dim": 48}, image_size=32, classes=5, representation_size=24)
+    before = [_np(v) for v in model.weights]
+    with pytest.raises(ValueError, match=r"(?s)left unchanged.*shape mismatch.*MlpBlock_3/Dense_0/kernel: "
+                                         r"file \(32, 64\), model \(32, 48\)"):
+        keras_vit.load_weights(model, folder)
+    assert all(np.array_equal(a, _np(v)) for a, v in zip(before, model.weights))
