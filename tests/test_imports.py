@@ -1,5 +1,5 @@
 """Imports as users write them: every module of the package as the first import of a fresh
-interpreter, and every import and public name the README's code shows."""
+interpreter, and every import and public name the code of the README and of the docs/ pages shows."""
 
 import ast
 import importlib
@@ -13,7 +13,8 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).parents[1]
-README = (ROOT / "README.md").read_text()
+# the README and the pages of the documentation site: their code is what users copy
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def package_modules():
@@ -56,7 +57,7 @@ def test_every_module_imports_first_in_a_fresh_interpreter():
 
 
 def _python_blocks():
-    return re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    return [block for page in PAGES for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)]
 
 
 def _import_statements(block):
@@ -74,7 +75,7 @@ def _import_statements(block):
 
 def test_the_readme_shows_imports_of_the_public_names():
     statements = [s for block in _python_blocks() for s in _import_statements(block)]
-    assert "from keras_vit.distribute import model_parallel" in README  # the form a user writes
+    assert "from keras_vit.distribute import model_parallel" in "".join(_python_blocks())  # the form a user writes
     assert len(statements) >= 8, statements
 
 
@@ -98,13 +99,13 @@ def test_every_import_and_name_in_the_readme_resolves(block):
             obj = getattr(obj, attr)
             if not getattr(obj, "__name__", "").startswith("keras_vit") and not isinstance(obj, type):
                 break  # past the package (a method of a returned object, etc.)
-    assert missing == [], f"README block {block} uses names that do not exist: {missing}"
+    assert missing == [], f"code block {block} (README, then docs/) uses names that do not exist: {missing}"
 
 
-def test_the_readme_layers_table_names_exported_layers():
+def test_the_layers_table_names_exported_layers():
     import keras_vit.layers
 
-    section = README.split("### Layers", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "api" / "layers.md").read_text().split("# Layers", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     names = [name for row in rows for name in re.findall(r"`([A-Za-z_]\w*)\(", row.split("|")[1])]
     assert "MaskedPatchCorruption" in names and "PatchEncoder" in names

@@ -1,6 +1,10 @@
-"""The README as a contract: every python block of README.md runs as written, in a fresh namespace
-that holds only the inputs its prose names (`images`, `x_224`, ...), from a user's empty home, and
-what its comments promise is asserted.
+"""The README and the documentation as a contract: every python block of README.md and of docs/
+(the site's pages) runs as written, in a fresh namespace that holds only the inputs its prose names
+(`images`, `x_224`, ...), from a user's empty home, and what its comments promise is asserted.
+
+Each block is keyed by its file and a string only it holds (RUN_*). A block that cannot run here is
+named in NOT_RUN with the reason, and a short snippet that repeats what a run block does is named in
+CHECKED: both are compiled and their imports and the names they take from keras_vit are checked.
 
 Every file a block names is a small stand-in of the same class and layout: timm files written by
 timm, Hugging Face folders by transformers (save_pretrained), official `.npz` files by
@@ -10,11 +14,12 @@ hub cache, CIFAR-10 through tensorflow-datasets from a loopback archive. The var
 to 16 channels (2 heads, MLP 32) with the released depth, patch and stem, so that every factory and
 its files stay consistent and small; the widths a comment states are checked against the real
 table. `model.fit` runs one optimizer update (the README's epoch is 500); the arguments it was
-given are checked against the comments. A block that cannot run here is named in NOT_RUN with the
-reason.
+given are checked against the comments.
 """
 
+import ast
 import dataclasses
+import glob
 import logging
 import os
 import re
@@ -32,7 +37,11 @@ from keras_vit.weights import download, registry, save_npz
 
 pytestmark = pytest.mark.backend_independent
 
-README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), os.pardir))
+README = os.path.join(ROOT, "README.md")
+# the README and every page of the site, as paths relative to the repository
+PAGES = ["README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"),
+                                                                           recursive=True))]
 REAL = dict(configs.VARIANTS)  # the released sizes, for the widths the comments state
 
 
@@ -42,16 +51,31 @@ def tiny(config):
     return dataclasses.replace(config, hidden_size=2 * config.num_heads, mlp_dim=4 * config.num_heads, num_heads=2)
 
 
-def blocks():
-    """The python blocks of the README, each preceded by blank lines so that its lines keep their
-    README line numbers in a traceback."""
-    with open(README, encoding="utf-8") as f:
+class Block(str):
+    """A python block of a page, preceded by blank lines so that its lines keep their line numbers
+    in a traceback; `.path` is its page."""
+
+    path = "README.md"
+
+
+def blocks(path=None):
+    """The python blocks of one page, or of every page (README.md and docs/)."""
+    if path is None:
+        return [b for page in PAGES for b in blocks(page)]
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
         text = f.read()
-    return ["\n" * text[:m.start(1)].count("\n") + m.group(1) for m in re.finditer(r"```python\n(.*?)```", text, re.S)]
+    found = []
+    for m in re.finditer(r"```python\n(.*?)```", text, re.S):
+        code = Block("\n" * text[:m.start(1)].count("\n") + m.group(1))
+        code.path = path
+        found.append(code)
+    return found
 
 
 def block(key):
-    (found,) = [b for b in blocks() if key in b]
+    """The one block of page `key[0]` holding the string `key[1]`."""
+    path, text = key
+    (found,) = [b for b in blocks(path) if text in b]
     return found
 
 
@@ -90,7 +114,7 @@ def _timm():
 
 def run(code, **inputs):
     namespace = {"__name__": "__readme__", **inputs}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102  the project's own README
+    exec(compile(code, getattr(code, "path", "README.md"), "exec"), namespace)  # noqa: S102  the project's own pages
     return types.SimpleNamespace(**namespace)
 
 
@@ -131,12 +155,48 @@ def layer_norm(x, gamma, beta, epsilon):
 
 
 def test_every_block_is_run_or_named():
-    """A new block needs a test here (or a reason in NOT_RUN); a key that matches no block is stale."""
-    keys = [*RUN, *NOT_RUN]
+    """A new block of the README or of a page of docs/ needs a test here (a RUN_* key and a test, or a
+    reason in NOT_RUN or CHECKED); a key that matches no block is stale."""
+    keys = [*RUN, *NOT_RUN, *CHECKED]
+    assert len(set(keys)) == len(keys)
     for code in blocks():
-        assert sum(k in code for k in keys) == 1, f"README block without exactly one test:\n{code}"
-    for key in keys:
-        assert sum(key in code for code in blocks()) == 1, f"{key!r} names no single README block"
+        matching = [k for k in keys if k[0] == code.path and k[1] in code]
+        assert len(matching) == 1, (f"{code.path}: a python block without exactly one test in tests/test_readme.py "
+                                    f"(add a (page, key) to RUN with a test, or to CHECKED / NOT_RUN):\n{code}")
+    for path, text in keys:
+        assert sum(text in code for code in blocks(path)) == 1, f"{text!r} names no single block of {path}"
+
+
+def _keras_vit_imports(code):
+    """The `import keras_vit...` / `from keras_vit... import ...` statements of a block."""
+    tree = ast.parse(code)
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+            and any(name.split(".")[0] == "keras_vit" for name in
+                    ([node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]))]
+
+
+def test_twenty_lines(user, capsys):
+    """The README's example: a pretrained ViT predicts ImageNet names; the fine-tuned one takes its
+    10 classes, runs the stated number of updates, evaluates, and saves a file that reloads."""
+    code = block(RUN_TWENTY_LINES)
+    user.serve("ViT_B16", "imagenet21k+imagenet2012", 224)
+    user.serve("ViT_B16", "imagenet21k")
+    rng = np.random.default_rng(0)
+    base = photos(224)
+    train_images = np.stack([np.roll(base[i % 3], rng.integers(-40, 40, 2), axis=(0, 1)) for i in range(32)])
+    ns = run(code, images=base, train_images=train_images, train_labels=np.arange(32) % 10,
+             test_images=base[:, :, ::-1], test_labels=np.array([1, 2, 3]))
+
+    stated = re.search(r"\(B, (\d+)\)", promise(code, "probs = ")).group(1)
+    assert np_(ns.probs).shape == (3, int(stated))
+    printed = capsys.readouterr().out
+    assert all(name in printed for _, name, _ in keras_vit.decode_predictions(np_(ns.probs), top=3)[0])
+    assert ns.model.output_shape == (None, 10)
+    assert ns.updates == 5 and int(np_(ns.model.optimizer.iterations)) == ns.updates  # 5 epochs of one batch of 32
+    assert np.isfinite(ns.loss) and 0 <= ns.accuracy <= 1
+    again = keras.saving.load_model("vit_b16_mine.keras")
+    x = keras_vit.preprocess_input(base)
+    np.testing.assert_allclose(np_(again(x)), np_(ns.model(x)), atol=1e-5)
 
 
 def test_quick_start(user, capsys):
@@ -403,17 +463,44 @@ def test_masked_patch_prediction(user):
         np.testing.assert_array_equal(value, trained[path], err_msg=path)
 
 
-RUN_QUICK_START = 'ViT_L16(image_size=384, weights="imagenet21k+imagenet2012")'
-RUN_CONFIGURATION = "model = VisionTransformer(\n"
-RUN_RESOLUTION = "# 1. any resolution"
-RUN_TIMM_HF = "# timm: vit_base_patch16_224"
-RUN_FAMILIES = "dino = keras_vit.from_timm("
-RUN_FINETUNE = 'data.load("cifar10"'
-RUN_ABLATIONS = 'position_embedding="learned_2d"'
-RUN_MASKED_PATCH = "MaskedPatchPredictor("
-RUN = (RUN_QUICK_START, RUN_CONFIGURATION, RUN_RESOLUTION, RUN_TIMM_HF, RUN_FAMILIES, RUN_FINETUNE, RUN_ABLATIONS,
-       RUN_MASKED_PATCH)
+RUN_TWENTY_LINES = ("README.md", "epochs, batch_size = 5, 32")
+RUN_QUICK_START = ("docs/using.md", 'ViT_L16(image_size=384, weights="imagenet21k+imagenet2012")')
+RUN_CONFIGURATION = ("docs/using.md", "model = VisionTransformer(\n")
+RUN_RESOLUTION = ("docs/using.md", "# 1. any resolution")
+RUN_TIMM_HF = ("docs/families.md", "# timm: vit_base_patch16_224")
+RUN_FAMILIES = ("docs/families.md", "dino = keras_vit.from_timm(")
+RUN_FINETUNE = ("docs/finetuning.md", 'data.load("cifar10"')
+RUN_ABLATIONS = ("docs/experiments.md", 'position_embedding="learned_2d"')
+RUN_MASKED_PATCH = ("docs/experiments.md", "MaskedPatchPredictor(")
+RUN = (RUN_TWENTY_LINES, RUN_QUICK_START, RUN_CONFIGURATION, RUN_RESOLUTION, RUN_TIMM_HF, RUN_FAMILIES, RUN_FINETUNE,
+       RUN_ABLATIONS, RUN_MASKED_PATCH)
 NOT_RUN = {
-    "model_parallel((2, 4))": "2 replicas x 4-way tensor parallel needs 8 devices; the same calls run on 8 virtual "
-                              "CPU devices in tests/test_distribute.py (jax8)",
+    ("docs/scaling.md", "model_parallel((2, 4))"):
+        "2 replicas x 4-way tensor parallel needs 8 devices; the same calls run on 8 virtual CPU devices in "
+        "tests/test_distribute.py (jax8)",
 }
+CHECKED = {
+    ("docs/index.md", 'ViT_B16(weights="imagenet21k+imagenet2012", image_size=224)'):
+        "the home page's three lines: the README's twenty lines (RUN_TWENTY_LINES) run the same calls",
+}
+
+
+@pytest.mark.parametrize("key", [*NOT_RUN, *CHECKED], ids=lambda k: f"{k[0]}:{k[1][:30]}")
+def test_blocks_not_run_compile_and_their_names_exist(key):
+    """A block named in NOT_RUN or CHECKED is not executed, but it compiles, its keras_vit imports
+    run, and every `name.attribute` it takes from keras_vit exists."""
+    code = block(key)
+    compile(code, code.path, "exec")
+    namespace = {"keras_vit": keras_vit}
+    imports = _keras_vit_imports(code)
+    assert imports, f"{key}: a block that imports nothing of keras_vit checks nothing here"
+    exec(compile(ast.Module(body=imports, type_ignores=[]), code.path, "exec"), namespace)  # noqa: S102
+    for base, attrs in re.findall(r"\b([A-Za-z_]\w*)((?:\.[A-Za-z_]\w*)+)", code):
+        obj = namespace.get(base)
+        if obj is None or not getattr(obj, "__name__", "").startswith("keras_vit"):
+            continue
+        for attr in attrs.strip(".").split("."):
+            assert hasattr(obj, attr), f"{code.path}: {base}{attrs} does not exist"
+            obj = getattr(obj, attr)
+            if not getattr(obj, "__name__", "").startswith("keras_vit") and not isinstance(obj, type):
+                break

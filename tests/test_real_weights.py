@@ -266,10 +266,10 @@ def test_transfer_example_real_weights_beat_fresh_ones(folder):
 
 
 @pytest.mark.backend_independent
-def test_readme_lists_every_class_of_the_head_table():
+def test_the_docs_list_every_class_of_the_head_table():
     from keras_vit.weights.heads import HEADS
 
-    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    readme = (pathlib.Path(__file__).parents[1] / "docs" / "families.md").read_text()
     table = readme[readme.index("| library | class | head | default output |"):]
     table = table[: table.index("\n\n")]
     for (library, name), head in HEADS.items():
