@@ -1,0 +1,152 @@
+"""The fine-tuning recipe's command line (`keras_vit.recipes.finetune`): its flags, their checks and defaults."""
+
+import argparse
+import math
+import os
+
+from keras_vit.configs import VARIANTS, none_or
+from keras_vit.weights.registry import default_tag
+
+# --weights when not given: the variant's ImageNet-21k pre-trained release (what the paper fine-tunes),
+# in this order of preference (ViT-Ti and ViT-S were released under augreg tags only)
+PRETRAINED_TAGS = ("imagenet21k", "augreg-imagenet21k")
+
+
+def _number(kind, minimum, strict):
+    """An argparse type: `kind` (int or float) finite and > `minimum` (>= when not `strict`)."""
+    what = {(int, 0, True): "a positive integer", (int, 0, False): "an integer >= 0",
+            (float, 0, True): "a positive number"}[kind, minimum, strict]
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+_positive_int, _non_negative_int, _positive_float = _number(int, 0, True), _number(int, 0, False), _number(float, 0, True)
+
+
+def parse_args(dataset, argv=None):
+    """The recipe's flags for `dataset`, checked, with the defaults of its Table 4 setup filled in
+    (warm-up, --eval-every, gradient accumulation, --weights); exits with a usage error otherwise.
+
+    Args:
+        dataset: a key of `keras_vit.recipes.FINETUNE_SETUPS` ("cifar10", "oxford_iiit_pet", ...).
+        argv: the command line's arguments; None reads `sys.argv[1:]`.
+
+    Returns:
+        An `argparse.Namespace` of the flags, plus `dataset` and `accumulation`.
+    """
+    from keras_vit.recipes import FINETUNE_SETUPS
+
+    setup = FINETUNE_SETUPS[dataset]
+    parser = argparse.ArgumentParser(
+        description=f"Fine-tune a ViT on {dataset} with the paper's recipe (Table 4: "
+        f"{setup.total_steps} steps, batch {setup.batch_size}, lr grid {list(setup.base_lrs)}).")
+    parser.add_argument("--model", default="ViT_B16",
+                        help="factory name (ViT_B16, ViT_L16, R50_ViT_B16, ...) or a JSON object "
+                        "of VisionTransformer arguments (default: ViT_B16)")
+    parser.add_argument("--weights", default=None,
+                        help="registry tag, .npz/.weights.h5 path, or 'none' (default: the variant's ImageNet-21k "
+                        f"pre-trained release, {' else '.join(PRETRAINED_TAGS)})")
+    parser.add_argument("--image-size", type=_positive_int, default=setup.image_size,
+                        help=f"training and test resolution (default: {setup.image_size})")
+    parser.add_argument("--batch-size", type=_positive_int, default=setup.batch_size,
+                        help=f"images per update (default: {setup.batch_size})")
+    parser.add_argument("--device-batch-size", type=_positive_int, default=None,
+                        help="images per device (per replica) and train step; gradients of "
+                        "batch-size/(device-batch-size x replicas) steps are accumulated "
+                        "(default: the batch size split over the replicas, no accumulation)")
+    parser.add_argument("--steps", type=_positive_int, default=setup.total_steps,
+                        help=f"optimizer updates (default: {setup.total_steps})")
+    parser.add_argument("--lr", type=_positive_float, default=setup.default_lr,
+                        help=f"base learning rate (default: {setup.default_lr}; the paper sweeps "
+                        f"{list(setup.base_lrs)})")
+    parser.add_argument("--warmup-steps", type=_non_negative_int, default=None,
+                        help=f"linear warm-up updates (default: {setup.warmup_steps}, at most --steps)")
+    parser.add_argument("--eval-every", type=_positive_int, default=None,
+                        help="updates per Keras epoch: the curve points and backups "
+                        "(default: a tenth of --steps when it divides evenly)")
+    parser.add_argument("--validate", action="store_true",
+                        help="also evaluate on the test split after every epoch (curves)")
+    parser.add_argument("--data-dir", default=None, help="TFDS data folder (already downloaded data)")
+    parser.add_argument("--output-dir", default=os.path.join("runs", f"finetune_{dataset}"),
+                        help=f"output folder (default: runs/finetune_{dataset})")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an output folder holding another run of these examples")
+    parser.add_argument("--distribute", nargs="?", const="data", default="none", choices=("none", "data", "model"),
+                        help="none (default); data: data parallel over all devices (Keras DataParallel on JAX, "
+                        "tf.distribute.tf_strategy() on TensorFlow: TPU, several GPUs, TF_CONFIG workers); "
+                        "model: JAX ModelParallel over a --mesh of batch x model devices. --batch-size stays "
+                        "the global batch, accumulated over steps when the devices hold less")
+    parser.add_argument("--mesh", default=None, metavar="BxM",
+                        help="with --distribute model: devices along the batch and the model axis, e.g. 2x4 "
+                        "(default: 1 x all devices)")
+    parser.add_argument("--steps-per-execution", type=_positive_int, default=1,
+                        help="train steps per compiled call (TPUs: e.g. 32; default: 1)")
+    parser.add_argument("--input-dtype", choices=("uint8", "float32"), default="uint8",
+                        help="what the pipeline sends to the device: uint8 images scaled to [-1, 1] by the "
+                        "model (default: a quarter of the bytes, no scaling on the host), or float32 "
+                        "images scaled on the host; the saved model.keras takes the same")
+    parser.add_argument("--ema", action="store_true", help="Polyak averaging of the weights (0.9999)")
+    parser.add_argument("--remat", action="store_true",
+                        help="recompute each encoder block in the backward pass: far less memory per "
+                        "image (TensorFlow, torch, GPUs) for about 15%% more time")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the init, data order and "
+                        "augmentation (default: 0)")
+    parser.add_argument("--shuffle-buffer", type=_positive_int, default=10_000,
+                        help="shuffle buffer of encoded images (default: 10000)")
+    parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                        help="Keras verbosity: 1 progress bars (default), 2 a line an epoch, 0 none")
+    args = parser.parse_args(argv)
+    args.dataset = dataset
+    import keras
+
+    from keras_vit import distribute
+
+    if args.distribute == "model" and keras.backend.backend() != "jax":
+        parser.error(f"--distribute model runs on the jax backend (Keras ModelParallel); this is "
+                     f"{keras.backend.backend()!r}: use --distribute data"
+                     + (" or torchrun" if keras.backend.backend() == "torch" else ""))
+    if args.distribute == "data" and keras.backend.backend() == "torch":
+        parser.error("--distribute data covers the jax and tensorflow backends; on 'torch' run one process "
+                     "per device with torchrun")
+    if args.mesh is not None:
+        if args.distribute != "model":
+            parser.error(f"--mesh goes with --distribute model, got --distribute {args.distribute}")
+        try:
+            args.mesh = "x".join(map(str, distribute.parse_mesh(args.mesh)))
+        except ValueError as e:
+            parser.error(f"--mesh: {e}")
+    if args.warmup_steps is None:
+        args.warmup_steps = min(setup.warmup_steps, args.steps)
+    if args.eval_every is None:
+        args.eval_every = args.steps // 10 if args.steps % 10 == 0 else args.steps
+    if args.steps % args.eval_every:
+        parser.error(f"--steps ({args.steps}) must be a multiple of --eval-every ({args.eval_every})")
+    if args.warmup_steps > args.steps:
+        parser.error(f"--warmup-steps ({args.warmup_steps}) must not exceed --steps ({args.steps})")
+    from keras_vit.recipes import gradient_accumulation_steps
+
+    try:
+        args.accumulation = gradient_accumulation_steps(args.batch_size, args.device_batch_size)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.weights is None:  # a JSON --model names no variant: its registry tag is found from its architecture
+        args.weights = default_tag(args.model, PRETRAINED_TAGS) if args.model in VARIANTS else PRETRAINED_TAGS[0]
+    args.weights = none_or(args.weights)
+    return args
+
+
+def run_flags(args):
+    """The flags that define a run (a resumed run must repeat them)."""
+    keys = ("dataset", "model", "weights", "image_size", "batch_size", "device_batch_size",
+            "steps", "lr", "warmup_steps", "eval_every", "ema", "seed", "shuffle_buffer",
+            "validate", "distribute", "mesh", "input_dtype")
+    return {k: getattr(args, k) for k in keys}
