@@ -32,14 +32,14 @@ class StepLosses(keras.callbacks.Callback):
         self.losses.append(float(logs["loss"]))
 
 
-def train(setup, step_batch=BATCH):
+def train(setup, step_batch=BATCH, layer_decay=None):
     """4 updates of the fine-tuning recipe (SGD, momentum, clipping) on the same global batches."""
     keras.distribution.set_distribution(None)
     setup()
     keras.utils.set_random_seed(0)
     model = keras_vit.VisionTransformer(**CONFIG)
     recipes.compile_for_finetuning(model, total_steps=4, base_lr=0.1, warmup_steps=1, batch_size=BATCH,
-                                   device_batch_size=step_batch)
+                                   device_batch_size=step_batch, layer_decay=layer_decay)
     losses = StepLosses()
     model.fit(X, Y, batch_size=step_batch, epochs=1, shuffle=False, verbose=0, callbacks=[losses])
     return model, losses.losses
@@ -83,6 +83,13 @@ out["accumulated"] = compare(accumulated, single, accumulated_losses[1::2], sing
 model, model_losses = train(lambda: distribute.model_parallel((2, 4)))
 out["model"] = compare(model, single, model_losses, single_losses)
 out["model"]["replicas"] = distribute.num_replicas()
+
+# 1b. layer-wise learning-rate decay: the same trajectory on one device, data parallel and model parallel
+decayed, decayed_losses = train(lambda: None, layer_decay=0.5)
+out["decay_effect"] = compare(decayed, single, decayed_losses, single_losses)["max_rel"]
+for name, setup in (("data", distribute.data_parallel), ("model", lambda: distribute.model_parallel((2, 4)))):
+    parallel, parallel_losses = train(setup, layer_decay=0.5)
+    out[f"decay_{name}"] = compare(parallel, decayed, parallel_losses, decayed_losses)
 
 # 2. the model-parallel shards, read from the arrays (parameters and their SGD momentum)
 dist = keras.distribution.distribution()

@@ -45,6 +45,17 @@ def test_parallel_training_matches_one_device(jax8, mode, replicas):
 
 @pytest.mark.backend_independent
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["data", "model"])
+def test_layer_decay_under_the_distribution_api(jax8, mode):
+    """4 updates with layer_decay=0.5, data parallel over 8 devices or model parallel on 2x4: one
+    device's decayed trajectory (which differs from the undecayed one)."""
+    assert jax8["decay_effect"] > 1e-3
+    assert jax8[f"decay_{mode}"]["weights_allclose"] and jax8[f"decay_{mode}"]["max_rel"] <= 1e-5
+    assert jax8[f"decay_{mode}"]["loss_max_rel"] <= 1e-5
+
+
+@pytest.mark.backend_independent
+@pytest.mark.slow
 def test_gradient_accumulation_matches_the_whole_batch(jax8):
     """One device accumulating 2 micro-batches of 8 updates as one batch of 16 (the global batch
     kept when devices are few)."""

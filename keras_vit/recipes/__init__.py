@@ -42,6 +42,7 @@ from keras_vit.recipes.compile import (
     fit_steps,
     gradient_accumulation_steps,
 )
+from keras_vit.recipes.layer_decay import LayerDecayAdamW, LayerDecaySGD, layer_decay_scales
 from keras_vit.recipes.schedules import (
     WarmupDecay,
     finetune_schedule,
@@ -64,4 +65,7 @@ __all__ = [
     "NonFiniteLossError",
     "NonFiniteLossStop",
     "TrainingBackup",
+    "layer_decay_scales",
+    "LayerDecaySGD",
+    "LayerDecayAdamW",
 ]

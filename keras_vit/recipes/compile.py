@@ -2,12 +2,14 @@
 momentum, B.1.1) and `compile_for_pretraining` (Adam with weight decay, 4.1), with gradient
 accumulation, EMA and label smoothing."""
 
+import functools
 import types
 
 import keras
 from keras import ops
 
 from keras_vit.recipes.checks import _check_int, _check_positive_float
+from keras_vit.recipes.layer_decay import LayerDecayAdamW, LayerDecaySGD, check_layer_decay, layer_decay_scales
 from keras_vit.recipes.schedules import finetune_schedule, pretrain_schedule
 from keras_vit.runtime import jit_compile_default
 
@@ -195,7 +197,7 @@ def compile_for_finetuning(model, total_steps, base_lr=0.01, warmup_steps=500,
                            batch_size=512, device_batch_size=None, ema=False,
                            label_smoothing=0.0, jit_compile="auto", *,
                            momentum=0.9, global_clipnorm=1.0, ema_momentum=0.9999,
-                           from_logits=None, sparse_labels=True, **compile_kwargs):
+                           from_logits=None, sparse_labels=True, layer_decay=None, **compile_kwargs):
     """Compile ``model`` with the paper's fine-tuning recipe (B.1.1, Table 4).
 
     SGD with momentum 0.9, no weight decay, gradient clipping at global norm 1,
@@ -211,6 +213,10 @@ def compile_for_finetuning(model, total_steps, base_lr=0.01, warmup_steps=500,
     one-hot labels), from logits when the output layer is linear and from
     probabilities when it is a softmax (or as ``from_logits`` says). Metrics
     default to ``["accuracy"]``; other ``compile`` arguments pass through.
+    ``layer_decay`` (e.g. 0.75; off by default, as in the paper) makes block
+    ``i`` of a depth-``L`` encoder learn at ``layer_decay ** (L - i)`` times the
+    scheduled rate, the embeddings at ``layer_decay ** (L + 1)`` and the head at
+    the full rate (BEiT, MAE, DINOv2; timm's ``layer_decay``).
     ``jit_compile="auto"`` takes :func:`keras_vit.jit_compile_default`, the
     setting measured fastest for training on the current backend (XLA on JAX,
     and on TensorFlow also on a CPU, where Keras' own "auto" turns it off;
@@ -219,9 +225,10 @@ def compile_for_finetuning(model, total_steps, base_lr=0.01, warmup_steps=500,
     Returns:
         the same model, compiled.
     """
+    optimizer_class = _optimizer(keras.optimizers.SGD, LayerDecaySGD, model, layer_decay)
     accumulation = gradient_accumulation_steps(batch_size, device_batch_size)
     schedule = finetune_schedule(base_lr, total_steps, warmup_steps, accumulation)
-    optimizer = keras.optimizers.SGD(
+    optimizer = optimizer_class(
         learning_rate=schedule,
         momentum=_check_positive_float("momentum", momentum, allow_zero=True),
         global_clipnorm=_clipnorm(global_clipnorm),
@@ -237,7 +244,7 @@ def compile_for_pretraining(model, total_steps, base_lr=1e-3, weight_decay=0.1,
                             global_clipnorm=1.0, batch_size=4096, device_batch_size=None,
                             ema=False, jit_compile="auto", *, beta_1=0.9, beta_2=0.999,
                             ema_momentum=0.9999, from_logits=None, sparse_labels=True,
-                            **compile_kwargs):
+                            layer_decay=None, **compile_kwargs):
     """Compile ``model`` with the paper's pre-training recipe (4.1, Table 3).
 
     AdamW (beta1 0.9, beta2 0.999) with decoupled weight decay (Keras applies
@@ -248,11 +255,14 @@ def compile_for_pretraining(model, total_steps, base_lr=1e-3, weight_decay=0.1,
     paper's ImageNet runs). Batch-size handling, loss and metrics as in
     :func:`compile_for_finetuning`. The best ``base_lr`` depends on the
     classifier: global average pooling needs a lower one than the [class]
-    token (appendix D.3, Figure 9: 3e-4 against 8e-4).
+    token (appendix D.3, Figure 9: 3e-4 against 8e-4). ``layer_decay`` as in
+    :func:`compile_for_finetuning`, the weight decay of each variable scaled
+    with its learning rate.
     """
+    optimizer_class = _optimizer(keras.optimizers.AdamW, LayerDecayAdamW, model, layer_decay)
     accumulation = gradient_accumulation_steps(batch_size, device_batch_size)
     schedule = pretrain_schedule(base_lr, total_steps, warmup_steps, decay, accumulation)
-    optimizer = keras.optimizers.AdamW(
+    optimizer = optimizer_class(
         learning_rate=schedule,
         weight_decay=_check_positive_float("weight_decay", weight_decay, allow_zero=True),
         beta_1=float(beta_1),
@@ -263,6 +273,14 @@ def compile_for_pretraining(model, total_steps, base_lr=1e-3, weight_decay=0.1,
     )
     loss = _make_loss(model, from_logits, label_smoothing, sparse_labels)
     return _compile(model, optimizer, loss, jit_compile, compile_kwargs)
+
+
+def _optimizer(plain, decayed, model, layer_decay):
+    """A constructor of the recipe's optimizer: `plain`, or `decayed` with `model`'s per-layer rates."""
+    if check_layer_decay(layer_decay) is None:
+        return plain
+    scales = layer_decay_scales(model, layer_decay)
+    return functools.partial(decayed, scales=scales)
 
 
 def _clipnorm(value):
