@@ -59,6 +59,8 @@ CASES = {
                                                       **TINY), (32, 32)),
     "clip": (lambda: keras_hub.models.CLIPVisionEncoder(image_shape=(32, 32, 3), intermediate_dim=64, **TINY),
              (32, 32)),
+    "siglip": (lambda: keras_hub.models.SigLIPVisionEncoder(image_shape=(32, 32, 3), intermediate_dim=64, **TINY),
+               (32, 32)),
 }
 
 
@@ -112,6 +114,14 @@ def test_clip_vision_encoder_outputs_equal_keras_hub(presets):
     assert block.layer_norm_epsilon == 1e-5 and block.mlp_activation == "quick_gelu"
     np.testing.assert_allclose(_np(model(x)), sequence[:, 1:].reshape(2, 4, 4, 32), atol=ATOL, rtol=0)
     np.testing.assert_allclose(_np(from_keras_hub(folder)(x)), sequence[:, 0], atol=ATOL, rtol=0)
+
+
+def test_siglip_vision_encoder_outputs_equal_keras_hub(presets):
+    """SigLIP's tower ends in its attention-pooling head: keras-vit's "map" classifier, same output (B, D)."""
+    folder, x, pooled = presets["siglip"]
+    model = from_keras_hub(folder)
+    assert model.get_layer("encoderblock_0").approximate_gelu is True and model.output_shape == (None, 32)
+    np.testing.assert_allclose(_np(model(x)), pooled, atol=ATOL, rtol=0)
 
 
 def test_weights_argument_and_cli_convert_take_a_preset_folder(presets, tmp_path):
@@ -178,7 +188,7 @@ def test_another_architecture_is_refused_by_name(presets, tmp_path, kind):
     folder = _copy(presets, "backbone", tmp_path)
     _edit_json(folder / "config.json", class_name=kind, registered_name=f"keras_hub>{kind}")
     with pytest.raises(ValueError, match=rf"{kind}.*keras_vit reads ViTBackbone, CLIPVisionEncoder, "
-                                         r"ViTImageClassifier"):
+                                         r"SigLIPVisionEncoder, ViTImageClassifier"):
         from_keras_hub(folder)
 
 

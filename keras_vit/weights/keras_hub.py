@@ -15,6 +15,8 @@ config.json `class_name` -> what keras-vit builds of it:
                          the classifier, pooled by "token" or, without a class token, "gap"
     CLIPVisionEncoder    the CLIP image tower: a LayerNorm before block 0, QuickGELU, epsilon 1e-5,
                          no patch bias (a zero one)
+    SigLIPVisionEncoder  the SigLIP image tower: no class token, the tanh GELU, an attention-pooling (MAP)
+                         head, whose output is the encoder's
 """
 
 import json
@@ -32,17 +34,21 @@ SHARDED = "model.weights.json"
 BACKBONES = {
     "ViTBackbone": ("a ViT", "vit"),
     "CLIPVisionEncoder": ("a CLIP vision tower", "clip"),
+    "SigLIPVisionEncoder": ("a SigLIP vision tower", "vit"),
 }
 # what a backbone's config.json must hold (the rest has keras-hub's defaults)
 REQUIRED = {"ViTBackbone": ("image_shape", "patch_size", "num_layers", "num_heads", "hidden_dim", "mlp_dim"),
-            "CLIPVisionEncoder": ("patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim")}
+            "CLIPVisionEncoder": ("patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim"),
+            "SigLIPVisionEncoder": ("patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim")}
+# SigLIPVisionEncoder's intermediate_activation -> approximate_gelu
+SIGLIP_GELUS = {"gelu_approximate": True, "gelu": False}
 # task.json class_name -> its backbone's class
 TASKS = {"ViTImageClassifier": "ViTBackbone"}
 # keras-hub classes of the same neighbourhood that keras-vit does not build -> why
 OTHERS = {
     "CLIPBackbone": "a whole CLIP model (image and text towers); save its vision_encoder as a preset",
     "CLIPTextEncoder": "a CLIP text tower",
-    "SigLIPBackbone": "a whole SigLIP model (image and text towers)",
+    "SigLIPBackbone": "a whole SigLIP model (image and text towers); save its vision_encoder as a preset",
     "SigLIP2Backbone": "a whole SigLIP 2 model",
     "DINOV2Backbone": "a DINOv2 ViT (not read yet)",
     "DINOV3Backbone": "a DINOv3 ViT (rotary position embeddings)",
@@ -154,12 +160,17 @@ _B = "Transformer/encoderblock_{0}/"
 _A = _B + "MultiHeadDotProductAttention_1/"
 
 
+def _attention_rules(src, dst):
+    """The rules of a Keras MultiHeadAttention (already in the official per-head layout) at `src`."""
+    return [rule for name, official in (("query", "query"), ("key", "key"), ("value", "value"), ("output", "out"))
+            for rule in _layer(f"{src}/{name}_dense", dst + official, "dense")]
+
+
 def _block_rules(block, norm1, attention, norm2, dense1, dense2):
     """The rules of one encoder block whose h5 group is `block` (its index the regex group 1)."""
     rules = [*_layer(f"{block}/{norm1}", _B + "LayerNorm_0", "norm"), *_layer(f"{block}/{norm2}", _B + "LayerNorm_2",
                                                                                "norm")]
-    for src, dst in (("query_dense", "query"), ("key_dense", "key"), ("value_dense", "value"), ("output_dense", "out")):
-        rules += _layer(f"{block}/{attention}/{src}", _A + dst, "dense")
+    rules += _attention_rules(f"{block}/{attention}", _A)
     return rules + [*_layer(f"{block}/{dense1}", _B + "MlpBlock_3/Dense_0", "dense"),
                     *_layer(f"{block}/{dense2}", _B + "MlpBlock_3/Dense_1", "dense")]
 
@@ -172,6 +183,8 @@ def _index(name):
 POSEMB = "Transformer/posembed_input/pos_embedding"
 _VIT_EMBED = "model/layers/vi_t_patching_and_embedding"
 _CLIP_EMBED = "model/layers/clip_vision_embedding"
+_SIGLIP_EMBED = "model/layers/sig_lip_vision_embedding"
+_SIGLIP_MAP = "model/layers/sig_lip_multi_head_attention_pooling"
 RULES = {
     "ViTBackbone": (
         (_VIT_EMBED + "/vars/0", "cls", "same"),
@@ -193,6 +206,19 @@ RULES = {
         *_block_rules("model/layers/" + _index("clip_encoder_layer"), "layer_norm_1", "attention", "layer_norm_2",
                       "dense_1", "dense_2"),
         *_layer("model/layers/layer_normalization_1", "Transformer/encoder_norm", "norm"),
+    ),
+    "SigLIPVisionEncoder": (
+        (_SIGLIP_EMBED + "/vars/0", "position_ids", "ids"),
+        *_layer(_SIGLIP_EMBED + "/patch_embedding", "embedding", "dense"),
+        (_SIGLIP_EMBED + "/position_embedding/vars/0", POSEMB, "table"),
+        *_block_rules("model/layers/" + _index("sig_lip_encoder_layer"), "layer_norm1", "self_attn", "layer_norm2",
+                      "mlp/fc1", "mlp/fc2"),
+        *_layer("model/layers/layer_normalization", "Transformer/encoder_norm", "norm"),
+        (_SIGLIP_MAP + "/vars/0", "MAPHead_0/probe", "same"),
+        *_attention_rules(_SIGLIP_MAP + "/attention", "MAPHead_0/MultiHeadDotProductAttention_0/"),
+        *_layer(_SIGLIP_MAP + "/layer_norm", "MAPHead_0/LayerNorm_0", "norm"),
+        *_layer(_SIGLIP_MAP + "/mlp/fc1", "MAPHead_0/MlpBlock_0/Dense_0", "dense"),
+        *_layer(_SIGLIP_MAP + "/mlp/fc2", "MAPHead_0/MlpBlock_0/Dense_1", "dense"),
     ),
 }
 _COMPILED = {kind: tuple((re.compile(p + "$"), t, h) for p, t, h in rules) for kind, rules in RULES.items()}
@@ -245,6 +271,17 @@ def architecture(backbone, task, tensors):
         arch.update(mlp_dim=int(cfg["mlp_dim"]), approximate_gelu=False,
                     layer_norm_epsilon=float(cfg.get("layer_norm_epsilon", 1e-6)), pre_norm=False,
                     mlp_activation="gelu", classifier="token" if cfg.get("use_class_token", True) else "gap")
+    elif kind == "SigLIPVisionEncoder":
+        act = cfg.get("intermediate_activation", "gelu_approximate")
+        epsilon = float(cfg.get("layer_norm_epsilon", 1e-6))
+        if act not in SIGLIP_GELUS:
+            raise ValueError(f"a SigLIPVisionEncoder with intermediate_activation {act!r}; keras_vit builds "
+                             f"{', '.join(map(repr, SIGLIP_GELUS))}")
+        if epsilon != 1e-6:  # its final LayerNorm keeps 1e-6 whatever the config says; keras-vit's share one
+            raise ValueError(f"a SigLIPVisionEncoder of layer_norm_epsilon {epsilon:g}: its final LayerNorm's is "
+                             "1e-6 and keras-vit's LayerNorms share one epsilon; keras_vit reads 1e-6")
+        arch.update(mlp_dim=int(cfg["intermediate_dim"]), approximate_gelu=SIGLIP_GELUS[act],
+                    layer_norm_epsilon=epsilon, pre_norm=False, mlp_activation="gelu", classifier="map")
     else:  # CLIPVisionEncoder
         act = cfg.get("intermediate_activation", "quick_gelu")
         if act not in ("quick_gelu", "gelu"):
