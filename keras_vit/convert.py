@@ -135,9 +135,9 @@ def from_keras_hub(preset_dir, image_size=None, classifier_activation="auto", **
 
     Reads config.json, model.weights.h5 and, for a task, task.json and task.weights.h5, with h5py
     (keras-hub is not needed). Classes read: `ViTBackbone`, `ViTImageClassifier`,
-    `CLIPVisionEncoder` and `SigLIPVisionEncoder` (`keras_vit.weights.keras_hub`); any other is
-    refused by name. A backbone becomes a model without a head that returns the pooled
-    representation: the class token for ViT and CLIP (keras-hub's returns the token sequence;
+    `CLIPVisionEncoder`, `SigLIPVisionEncoder` and `DINOV2Backbone` (`keras_vit.weights.keras_hub`);
+    any other is refused by name. A backbone becomes a model without a head that returns the pooled
+    representation: the class token for ViT, CLIP and DINOv2 (keras-hub's returns the token sequence;
     `include_top=False, pooling=None` gives the patch tokens), the attention-pooling head's output
     for SigLIP (as keras-hub's). A classifier outputs what its task's `activation` says (None:
     logits), unless `classifier_activation` is given.

@@ -61,6 +61,13 @@ CASES = {
              (32, 32)),
     "siglip": (lambda: keras_hub.models.SigLIPVisionEncoder(image_shape=(32, 32, 3), intermediate_dim=64, **TINY),
                (32, 32)),
+    # layer scale, 2 registers, the SwiGLU MLP, position embeddings at the image size
+    "dinov2_swiglu": (lambda: keras_hub.models.DINOV2Backbone(
+        image_shape=(32, 32, 3), position_embedding_shape=(32, 32, 3), intermediate_dim=64, num_register_tokens=2,
+        use_swiglu_ffn=True, layer_scale_init_value=0.1, **TINY), (32, 32)),
+    # the plain MLP, position embeddings kept at 48 px and interpolated by keras-hub to the 32 px image
+    "dinov2_resized": (lambda: keras_hub.models.DINOV2Backbone(
+        image_shape=(32, 32, 3), position_embedding_shape=(48, 48, 3), intermediate_dim=64, **TINY), (32, 32)),
 }
 
 
@@ -72,6 +79,12 @@ def presets(tmp_path_factory):
     for seed, (name, (make, size)) in enumerate(CASES.items()):
         model = make()
         _shake(model, seed)
+        if name.startswith("dinov2"):  # the table the model adds is keras-hub's interpolation of the stored one,
+            # as after from_preset (a shaken model holds two unrelated tables)
+            emb = model.get_layer("embeddings")
+            emb.interpolated_position_embeddings.assign(emb._interpolate_position_embeddings(
+                emb.position_embeddings, patch_size=8, source_shape=emb.position_embedding_shape,
+                target_shape=emb.image_shape))
         folder = str(root / name)
         model.save_to_preset(folder)
         x = _images(*size)
@@ -122,6 +135,19 @@ def test_siglip_vision_encoder_outputs_equal_keras_hub(presets):
     model = from_keras_hub(folder)
     assert model.get_layer("encoderblock_0").approximate_gelu is True and model.output_shape == (None, 32)
     np.testing.assert_allclose(_np(model(x)), pooled, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("case", ["dinov2_swiglu", "dinov2_resized"])
+def test_dinov2_backbone_outputs_equal_keras_hub(presets, case):
+    """The sequence is [class, registers, patches]: keras-vit's default output is the class token, pooling=None
+    the patch tokens (registers dropped)."""
+    folder, x, sequence = presets[case]
+    registers = 2 if case == "dinov2_swiglu" else 0
+    model = from_keras_hub(folder, pooling=None)
+    block = model.get_layer("encoderblock_0")
+    assert block.mlp_activation == ("swiglu" if registers else "gelu") and block.layer_scale is not None
+    np.testing.assert_allclose(_np(model(x)), sequence[:, 1 + registers:].reshape(2, 4, 4, 32), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(_np(from_keras_hub(folder)(x)), sequence[:, 0], atol=ATOL, rtol=0)
 
 
 def test_weights_argument_and_cli_convert_take_a_preset_folder(presets, tmp_path):
@@ -183,12 +209,12 @@ def _edit_json(path, **changes):
 
 
 @pytest.mark.backend_independent
-@pytest.mark.parametrize("kind", ["DINOV3Backbone", "SomeNewBackbone"])
+@pytest.mark.parametrize("kind", ["DINOV3Backbone", "SigLIPBackbone", "SomeNewBackbone"])
 def test_another_architecture_is_refused_by_name(presets, tmp_path, kind):
     folder = _copy(presets, "backbone", tmp_path)
     _edit_json(folder / "config.json", class_name=kind, registered_name=f"keras_hub>{kind}")
     with pytest.raises(ValueError, match=rf"{kind}.*keras_vit reads ViTBackbone, CLIPVisionEncoder, "
-                                         r"SigLIPVisionEncoder, ViTImageClassifier"):
+                                         r"SigLIPVisionEncoder, DINOV2Backbone, ViTImageClassifier"):
         from_keras_hub(folder)
 
 

@@ -32,7 +32,7 @@ def read(path):
             arch = keras_hub.architecture(backbone, task, tensors)
         except ValueError as err:
             raise ValueError(str(err) if str(err).startswith(path) else f"{path}: {err}") from None
-        return "keras-hub", arch, tensors, keras_hub.to_official(backbone["class_name"])
+        return "keras-hub", arch, tensors, keras_hub.to_official(backbone)
     if os.path.isdir(path):
         if not hf.is_hf_folder(path):
             raise ValueError(f"{path} is a folder without config.json; expected a Hugging Face ViT folder")

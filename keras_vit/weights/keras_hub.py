@@ -17,6 +17,9 @@ config.json `class_name` -> what keras-vit builds of it:
                          no patch bias (a zero one)
     SigLIPVisionEncoder  the SigLIP image tower: no class token, the tanh GELU, an attention-pooling (MAP)
                          head, whose output is the encoder's
+    DINOV2Backbone       layer scale on both branches, register tokens (no position embedding), the SwiGLU
+                         MLP with use_swiglu_ffn; built at its image_shape with the position embeddings the
+                         model adds there (`interpolated_position_embeddings`)
 """
 
 import json
@@ -35,11 +38,13 @@ BACKBONES = {
     "ViTBackbone": ("a ViT", "vit"),
     "CLIPVisionEncoder": ("a CLIP vision tower", "clip"),
     "SigLIPVisionEncoder": ("a SigLIP vision tower", "vit"),
+    "DINOV2Backbone": ("a DINOv2 ViT", "imagenet"),
 }
 # what a backbone's config.json must hold (the rest has keras-hub's defaults)
 REQUIRED = {"ViTBackbone": ("image_shape", "patch_size", "num_layers", "num_heads", "hidden_dim", "mlp_dim"),
             "CLIPVisionEncoder": ("patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim"),
-            "SigLIPVisionEncoder": ("patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim")}
+            "SigLIPVisionEncoder": ("patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim"),
+            "DINOV2Backbone": ("patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim")}
 # SigLIPVisionEncoder's intermediate_activation -> approximate_gelu
 SIGLIP_GELUS = {"gelu_approximate": True, "gelu": False}
 # task.json class_name -> its backbone's class
@@ -50,7 +55,6 @@ OTHERS = {
     "CLIPTextEncoder": "a CLIP text tower",
     "SigLIPBackbone": "a whole SigLIP model (image and text towers); save its vision_encoder as a preset",
     "SigLIP2Backbone": "a whole SigLIP 2 model",
-    "DINOV2Backbone": "a DINOv2 ViT (not read yet)",
     "DINOV3Backbone": "a DINOv3 ViT (rotary position embeddings)",
     "DeiTBackbone": "a DeiT ViT (not read yet)",
 }
@@ -184,6 +188,7 @@ POSEMB = "Transformer/posembed_input/pos_embedding"
 _VIT_EMBED = "model/layers/vi_t_patching_and_embedding"
 _CLIP_EMBED = "model/layers/clip_vision_embedding"
 _SIGLIP_EMBED = "model/layers/sig_lip_vision_embedding"
+_DINO_EMBED = "model/layers/dinov2_embedding"
 _SIGLIP_MAP = "model/layers/sig_lip_multi_head_attention_pooling"
 RULES = {
     "ViTBackbone": (
@@ -219,6 +224,22 @@ RULES = {
         *_layer(_SIGLIP_MAP + "/layer_norm", "MAPHead_0/LayerNorm_0", "norm"),
         *_layer(_SIGLIP_MAP + "/mlp/fc1", "MAPHead_0/MlpBlock_0/Dense_0", "dense"),
         *_layer(_SIGLIP_MAP + "/mlp/fc2", "MAPHead_0/MlpBlock_0/Dense_1", "dense"),
+    ),
+    # the embedding's variables by name (`_name_dinov2_embedding`)
+    "DINOV2Backbone": (
+        (_DINO_EMBED + "/cls_token", "cls", "same"),
+        (_DINO_EMBED + "/register_tokens", "registers", "same"),
+        (_DINO_EMBED + "/interpolated_position_embeddings", POSEMB, "same"),
+        (_DINO_EMBED + "/(?:mask_token|position_embeddings)", None, "ignore"),  # masked-image modelling; the table
+        # at position_embedding_shape, from which keras-hub interpolates the one above
+        *_layer(_DINO_EMBED + "/patch_embeddings/projection", "embedding", "dense"),
+        *_block_rules("model/layers/dinov2_encoder/layers/" + _index("dinov2_layer"), "norm1", "attention/attention",
+                      "norm2", "mlp/(?:fc1|weights_in)", "mlp/(?:fc2|weights_out)"),
+        (r"model/layers/dinov2_encoder/layers/" + _index("dinov2_layer") + "/layer_scale1/vars/0",
+         _B + "LayerScale_0/scale", "same"),
+        (r"model/layers/dinov2_encoder/layers/" + _index("dinov2_layer") + "/layer_scale2/vars/0",
+         _B + "LayerScale_1/scale", "same"),
+        *_layer("model/layers/layer_normalization", "Transformer/encoder_norm", "norm"),
     ),
 }
 _COMPILED = {kind: tuple((re.compile(p + "$"), t, h) for p, t, h in rules) for kind, rules in RULES.items()}
@@ -282,6 +303,14 @@ def architecture(backbone, task, tensors):
                              "1e-6 and keras-vit's LayerNorms share one epsilon; keras_vit reads 1e-6")
         arch.update(mlp_dim=int(cfg["intermediate_dim"]), approximate_gelu=SIGLIP_GELUS[act],
                     layer_norm_epsilon=epsilon, pre_norm=False, mlp_activation="gelu", classifier="map")
+    elif kind == "DINOV2Backbone":
+        swiglu = bool(cfg.get("use_swiglu_ffn", False))
+        width = int(cfg["intermediate_dim"])
+        arch.update(mlp_dim=(int(width * 2 / 3) + 7) // 8 * 8 if swiglu else width, approximate_gelu=False,
+                    layer_norm_epsilon=1e-6, pre_norm=False, mlp_activation="swiglu" if swiglu else "gelu",
+                    layer_scale=float(cfg.get("layer_scale_init_value", 1.0)),
+                    num_register_tokens=int(cfg.get("num_register_tokens", 0)),
+                    position_interpolation="bicubic")  # keras-vit's (torch's); keras-hub resizes with Keras' bicubic
     else:  # CLIPVisionEncoder
         act = cfg.get("intermediate_activation", "quick_gelu")
         if act not in ("quick_gelu", "gelu"):
@@ -331,10 +360,30 @@ def _gather(table, ids):
     return table[:, ids]
 
 
-def to_official(kind):
-    """The mapping function of a preset of class `kind`: (tensors, num_heads) -> (official arrays, unmapped keys)."""
+def _name_dinov2_embedding(tensors, cfg):
+    """DINOv2's embedding variables, saved by index (`vars/0`, ...), under their names: which exist depends on
+    use_mask_token and num_register_tokens (trainable ones first, then the position_embeddings table)."""
+    names = ["cls_token", *["mask_token"] * bool(cfg.get("use_mask_token", True)),
+             *["register_tokens"] * bool(cfg.get("num_register_tokens", 0)), "interpolated_position_embeddings",
+             "position_embeddings"]
+    held = {k for k in tensors if re.fullmatch(_DINO_EMBED + r"/vars/\d+", k)}
+    if held != {f"{_DINO_EMBED}/vars/{i}" for i in range(len(names))}:
+        raise ValueError(f"{MODEL_WEIGHTS}: the DINOV2Backbone's embedding holds {len(held)} variables, its config "
+                         f"({', '.join(names)}) {len(names)}")
+    renamed = {k: v for k, v in tensors.items() if k not in held}
+    renamed |= {f"{_DINO_EMBED}/{name}": tensors[f"{_DINO_EMBED}/vars/{i}"] for i, name in enumerate(names)}
+    return renamed
+
+
+def to_official(backbone):
+    """The mapping function of a preset whose config.json is `backbone`: (tensors, num_heads) -> (official
+    arrays, unmapped keys)."""
+    kind = backbone["class_name"]
+
     def mapping(tensors, num_heads):
         arrays, unmapped, ids = {}, [], None
+        if kind == "DINOV2Backbone":
+            tensors = _name_dinov2_embedding(tensors, backbone["config"])
         for key, value in tensors.items():
             if key.startswith("task/"):
                 continue
@@ -343,6 +392,7 @@ def to_official(kind):
                 if match:
                     if how == "ids":
                         ids = value
+                    if how in ("ids", "ignore"):
                         break
                     block = str(int(match.group(1) or 0)) if pattern.groups else ""
                     official = template.format(block)
