@@ -51,9 +51,10 @@ def _log_once(message):
 
 
 def _plain(layer):
-    """True when `layer`'s weights are plain float kernels (not quantized, no LoRA): the fused paths
-    below read them directly; otherwise the layer's own call runs."""
-    return layer.quantization_mode is None and not getattr(layer, "lora_enabled", False)
+    """True when `layer`'s kernel is a float kernel (not quantized): the fused paths below read it as
+    `layer.kernel`, which with LoRA on is Keras' `W + (alpha / rank) * A @ B`; otherwise the layer's
+    own call runs."""
+    return layer.quantization_mode is None
 
 
 def dense(x, kernel, bias, gelu=False, approximate=True):
