@@ -194,6 +194,38 @@ def test_the_docs_example_runs(presets, tmp_path, monkeypatch):
     assert _np(namespace["features"](x)).shape == (2, 4, 4, 32)
 
 
+@pytest.mark.parametrize("classifier, size", [("token", (32, 32)), ("gap", (32, 48))])
+def test_a_keras_vit_model_saved_as_a_preset_is_the_same_vit_backbone_in_keras_hub(classifier, size, tmp_path):
+    """The reverse: keras_vit's plain layout written as a ViTBackbone preset that keras-hub's from_preset loads."""
+    from keras_vit.weights.keras_hub_save import save_keras_hub_preset
+
+    ours = keras_vit.VisionTransformer(**OURS, image_size=size, classifier=classifier, include_top=False,
+                                       pooling=None)
+    _shake(ours, 7)
+    folder = save_keras_hub_preset(ours, tmp_path / "preset")
+    theirs = keras_hub.models.ViTBackbone.from_preset(folder)
+    x = _images(*size)
+    sequence = _np(theirs(x))
+    prefix = int(classifier == "token")
+    grid = (size[0] // 8, size[1] // 8, 32)
+    np.testing.assert_allclose(_np(ours(x)), sequence[:, prefix:].reshape(2, *grid), atol=ATOL, rtol=0)
+    assert np.abs(sequence).max() > 0.1
+    np.testing.assert_allclose(_np(from_keras_hub(folder, pooling=None)(x)), _np(ours(x)), atol=ATOL, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_a_model_keras_hub_cannot_compute_is_not_written(tmp_path):
+    from keras_vit.weights.keras_hub_save import save_keras_hub_preset
+
+    official_gelu = keras_vit.VisionTransformer(**{**OURS, "approximate_gelu": True}, image_size=32)
+    with pytest.raises(ValueError, match=r"no keras-hub ViTBackbone: approximate_gelu=True .*nothing was written"):
+        save_keras_hub_preset(official_gelu, tmp_path / "preset")
+    registers = keras_vit.VisionTransformer(**OURS, image_size=32, num_register_tokens=2)
+    with pytest.raises(ValueError, match="num_register_tokens=2"):
+        save_keras_hub_preset(registers, tmp_path / "preset")
+    assert not (tmp_path / "preset").exists()
+
+
 # ---------------------------------------------------------------------------------------------------
 # refused inputs
 

@@ -1,0 +1,114 @@
+"""A keras_vit ViT as a keras-hub `ViTBackbone` preset folder (config.json + model.weights.h5), written with json
+and h5py alone, so that `keras_hub.models.ViTBackbone.from_preset(folder)` builds the same encoder.
+
+Only what a `ViTBackbone` computes can be written: the paper's layout (no distillation or register
+tokens, layer scale, pre-norm, fc_norm, ResNet stem), learned 1-D position embeddings added once, the
+exact GELU (keras-hub's ViT has no tanh approximation: the official checkpoints' models, built with
+`approximate_gelu=True`, are refused rather than written to a preset that computes something else).
+The head and pre-logits are not part of a backbone and are left out.
+"""
+
+import json
+import os
+
+import keras
+import numpy as np
+
+from keras_vit.configs import FAMILY_DEFAULTS
+from keras_vit.fileio import atomic_write
+from keras_vit.structure import find_vit
+from keras_vit.weights.keras_hub import POSEMB
+from keras_vit.weights.npz import official_variables
+
+_EMBED = "layers/vi_t_patching_and_embedding"
+_BACKBONE_ONLY = ("head/", "head_dist/", "pre_logits/")
+
+
+def _pairs(num_layers, class_token):
+    """(h5 dataset path, official key) of every array of a ViTBackbone, in Keras' layout."""
+    pairs = [(f"{_EMBED}/vars/0", "cls")] if class_token else []
+    pairs += [(f"{_EMBED}/patch_embedding/vars/0", "embedding/kernel"),
+              (f"{_EMBED}/patch_embedding/vars/1", "embedding/bias"),
+              (f"{_EMBED}/position_embedding/vars/0", POSEMB)]
+    for i in range(num_layers):
+        src = "layers/vi_t_encoder/encoder_layers/vi_t_encoder_block" + (f"_{i}" if i else "")
+        dst = f"Transformer/encoderblock_{i}/"
+        layers = [("layer_norm_1", "LayerNorm_0", "scale"), ("layer_norm_2", "LayerNorm_2", "scale"),
+                  *[(f"mha/{name}_dense", f"MultiHeadDotProductAttention_1/{official}", "kernel")
+                    for name, official in (("query", "query"), ("key", "key"), ("value", "value"), ("output", "out"))],
+                  ("mlp/dense_1", "MlpBlock_3/Dense_0", "kernel"), ("mlp/dense_2", "MlpBlock_3/Dense_1", "kernel")]
+        for layer, official, first in layers:
+            pairs += [(f"{src}/{layer}/vars/0", f"{dst}{official}/{first}"), (f"{src}/{layer}/vars/1",
+                                                                                f"{dst}{official}/bias")]
+    return pairs + [("layers/vi_t_encoder/layer_norm/vars/0", "Transformer/encoder_norm/scale"),
+                    ("layers/vi_t_encoder/layer_norm/vars/1", "Transformer/encoder_norm/bias")]
+
+
+def _refusal(model, parts):
+    """Why the ViT in `model` is no ViTBackbone (None when it is one)."""
+    family = parts.family()
+    differ = [f"{k}={family[k]!r}" for k, v in FAMILY_DEFAULTS.items() if family[k] != v]
+    block = parts.blocks[0]
+    if parts.resnet is not None:
+        differ.append("a ResNet stem")
+    if family["classifier"] == "map":
+        differ.append("classifier='map'")
+    if block.approximate_gelu:
+        differ.append("approximate_gelu=True (keras-hub's ViT computes the exact GELU; build with "
+                      "approximate_gelu=False)")
+    if differ:
+        return f"model {model.name!r} is no keras-hub ViTBackbone: " + ", ".join(differ)
+    return None
+
+
+def save_keras_hub_preset(model, preset_dir):
+    """Writes the encoder of the ViT in `model` as a keras-hub `ViTBackbone` preset folder.
+
+    The folder holds config.json, metadata.json and model.weights.h5, as `save_to_preset` writes
+    them; keras-hub loads it with `keras_hub.models.ViTBackbone.from_preset(preset_dir)` (keras-vit
+    with `from_keras_hub`). The backbone returns the token sequence after the final LayerNorm; the
+    model's head and pre-logits are not written. Raises ValueError, before writing anything, for a
+    model a ViTBackbone cannot compute (see the module docstring). Returns `preset_dir`.
+    """
+    import h5py
+
+    preset_dir = os.fspath(preset_dir)
+    parts = find_vit(model)
+    why = _refusal(model, parts)
+    if why:
+        raise ValueError(why + "; nothing was written")
+    variables = {k: v for k, v in official_variables(model).items() if not k.startswith(_BACKBONE_ONLY)}
+    class_token = parts.cls is not None
+    pairs = _pairs(parts.num_layers, class_token)
+    extra = sorted(set(variables) - {key for _, key in pairs})
+    missing = sorted({key for _, key in pairs} - set(variables))
+    if extra or missing:
+        raise ValueError(f"model {model.name!r} is no keras-hub ViTBackbone (another position embedding?): "
+                         f"parameters without a place in one: {extra[:6]}, parameters of one it lacks: {missing[:6]}; "
+                         "nothing was written")
+    block = parts.blocks[0]
+    h, w = parts.image_size
+    config = {
+        "module": "keras_hub.src.models.vit.vit_backbone", "class_name": "ViTBackbone",
+        "config": {"name": "vi_t_backbone", "trainable": True,
+                   "dtype": {"module": "keras", "class_name": "DTypePolicy", "config": {"name": "float32"},
+                             "registered_name": None},
+                   "image_shape": [h, w, 3], "patch_size": [parts.embedding.patch_size] * 2,
+                   "num_layers": parts.num_layers, "num_heads": block.num_heads,
+                   "hidden_dim": parts.embedding.hidden_size, "mlp_dim": block.mlp_dim, "dropout_rate": 0.0,
+                   "attention_dropout": 0.0, "layer_norm_epsilon": float(block.layer_norm_epsilon),
+                   "use_mha_bias": True, "use_mlp_bias": True, "use_class_token": class_token,
+                   "use_patch_bias": True},
+        "registered_name": "keras_hub>ViTBackbone",
+    }
+    os.makedirs(preset_dir, exist_ok=True)
+    with atomic_write(os.path.join(preset_dir, "model.weights.h5"), suffix=".h5") as tmp, h5py.File(tmp, "w") as f:
+        for path, key in pairs:
+            value = np.asarray(keras.ops.convert_to_numpy(variables[key]), np.float32)
+            f.create_dataset(path, data=value[0] if key == POSEMB else value)  # the table is (N, D) in keras-hub
+    count = int(sum(np.prod(v.shape) for v in variables.values()))
+    metadata = {"keras_version": keras.__version__, "parameter_count": count, "written_by": "keras_vit"}
+    for name, value in (("config.json", config), ("metadata.json", metadata)):
+        with atomic_write(os.path.join(preset_dir, name)) as tmp, open(tmp, "w") as f:
+            json.dump(value, f, indent=4)
+    return preset_dir
