@@ -6,7 +6,7 @@ layers, schedules and losses, so `keras.saving.load_model` finds them in safe mo
 
 from keras_vit import distribute, layers, recipes
 from keras_vit.configs import VARIANTS, VariantConfig, get_variant
-from keras_vit.convert import from_huggingface, from_timm
+from keras_vit.convert import from_huggingface, from_keras_hub, from_timm
 from keras_vit.features import feature_extractor
 from keras_vit.lora import enable_lora, load_lora, merge_lora, save_lora
 from keras_vit.patch_resize import resize_patch_embedding
@@ -20,5 +20,5 @@ __version__ = "0.1.0"
 __all__ = sorted({
     "VARIANTS", "VariantConfig", "decode_predictions", "distribute", "enable_lora", "exact_float32",
     "feature_extractor", "load_lora", "merge_lora", "save_lora",
-    "from_huggingface", "from_timm", "get_variant", "jit_compile_default", "layers", "list_weights", "load_weights", "preprocess_input",
+    "from_huggingface", "from_keras_hub", "from_timm", "get_variant", "jit_compile_default", "layers", "list_weights", "load_weights", "preprocess_input",
     "recipes", "resize_patch_embedding", *_factories})

@@ -103,6 +103,28 @@ def test_quick_demo_checkpoint_and_pngs(quick_run):
     np.testing.assert_allclose(keras.ops.convert_to_numpy(a(x)), keras.ops.convert_to_numpy(b(x)), atol=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.one_backend
+def test_three_ways_example_from_the_demo_checkpoint(quick_run, tmp_path):
+    """examples/lora_digits.py on the quick demo's checkpoint: full, layer-decayed and LoRA fine-tuning
+    with one budget; LoRA trains fewer weights and its adapter file reloads to the same predictions."""
+    out, _ = quick_run
+    env = dict(os.environ, KERAS_BACKEND=backend(), PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "lora_digits.py"), "--quick", "--verbose", "0",
+                             "--pretrained", str(out / "pretrained.npz"), "--out", str(tmp_path / "lora")],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    arms = json.loads((tmp_path / "lora" / "metrics.json").read_text())["arms"]
+    assert set(arms) == {"full", "layer_decay", "lora"}
+    assert all(0 <= a["test_accuracy"] <= 1 and a["updates"] == arms["full"]["updates"] for a in arms.values())
+    assert arms["lora"]["trainable_parameters"] < arms["full"]["trainable_parameters"] / 2
+    assert arms["lora"]["adapter_reload_max_abs_difference"] <= 1e-5
+    assert arms["lora"]["adapter_file_bytes"] == (tmp_path / "lora" / "adapters.npz").stat().st_size
+    missing = subprocess.run([sys.executable, str(ROOT / "examples" / "lora_digits.py"), "--pretrained",
+                              str(tmp_path / "none.npz")], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert missing.returncode == 2 and "make demo" in missing.stderr
+
+
 def test_refuses_existing_output_folder(tmp_path):
     out = tmp_path / "taken"
     out.mkdir()

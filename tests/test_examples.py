@@ -142,10 +142,13 @@ def test_default_weights_are_a_pretrained_release_of_every_variant():
 def test_bad_flags_are_refused(tmp_path, capsys):
     for extra, message in ((["--batch-size", "8", "--device-batch-size", "3"], "multiple of"),
                            (["--steps", "7"], "multiple of --eval-every"),
-                           (["--lr", "-1"], "positive number")):
+                           (["--lr", "-1"], "positive number"), (["--layer-decay", "0"], "positive number"),
+                           (["--layer-decay", "1.5"], "must be in (0, 1]")):
         with pytest.raises(SystemExit):
             _finetune.parse_args("cifar10", flags(tmp_path / "x") + extra)
         assert message in capsys.readouterr().err
+    args = _finetune.parse_args("cifar10", flags(tmp_path / "x") + ["--layer-decay", "0.75"])
+    assert args.layer_decay == 0.75 and _finetune.run_flags(args)["layer_decay"] == 0.75
     with pytest.raises(SystemExit, match="--model: unknown variant 'ViT_X99'"):
         run(tmp_path / "y", "--model", "ViT_X99")
     assert not (tmp_path / "y" / "metrics.json").exists()

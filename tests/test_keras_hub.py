@@ -186,8 +186,6 @@ def test_the_docs_example_runs(presets, tmp_path, monkeypatch):
     folder, x, expected = presets["classifier_token"]
     shutil.copytree(folder, tmp_path / "vit_preset")
     monkeypatch.chdir(tmp_path)
-    # until keras_vit/__init__.py exports it, the public name is this module's function
-    monkeypatch.setattr(keras_vit, "from_keras_hub", from_keras_hub, raising=False)
     namespace = {}
     exec(compile(code, "docs/keras-hub.md", "exec"), namespace)  # noqa: S102  the project's own page
     np.testing.assert_allclose(_np(namespace["model"](x)), expected, atol=ATOL, rtol=0)

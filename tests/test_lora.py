@@ -164,3 +164,16 @@ def test_keras_file_with_lora_on_reloads_in_safe_mode(images, tmp_path):
     model.save(tmp_path / "m.keras")
     reloaded = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
     np.testing.assert_allclose(out(reloaded, images), out(model, images), atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_a_training_backup_refuses_a_lora_model(images, tmp_path):
+    """Keras writes a LoRA layer's kernel merged and zeroes the adapters on reading: a resumed run would
+    train nothing, so the backup says so instead."""
+    model = lora.enable_lora(random_model(), 2)
+    recipes.compile_for_finetuning(model, total_steps=2, warmup_steps=0, batch_size=3, jit_compile=False)
+    backup = recipes.TrainingBackup(tmp_path / "backup")
+    with pytest.raises(ValueError, match="LoRA on"):
+        model.fit(images, np.array([1, 2, 3]), batch_size=3, epochs=1, verbose=0, callbacks=[backup])
+    with pytest.raises(ValueError, match="LoRA on"):
+        backup.restore(model)  # an existing backup would be read the same way

@@ -232,6 +232,29 @@ def test_quick_start(user, capsys):
     assert not np.any(np_(ns.clf.get_layer("head").kernel))
 
 
+def test_ways_to_finetune(user):
+    """LoRA trains the adapters and the head, its file holds only those and reloads into a fresh model
+    as the merged model; layer decay gives block i of 12 the rate 0.75 ** (12 - i)."""
+    code = block(RUN_WAYS)
+    user.serve("ViT_B16", "imagenet21k")
+    base = photos(224)
+    ns = run(code, train_images=np.concatenate([base] * 11)[:32], train_labels=np.arange(32) % 10)
+    x = keras_vit.preprocess_input(base)
+    assert all("lora_kernel" in v.path or v.path.startswith("head/") for v in ns.again.trainable_weights)
+    # three updates of one batch: the warm-up's first rate is 0, the zero head then moves, then the adapters
+    assert int(np_(ns.model.optimizer.iterations)) == 3 and int(np_(ns.full.optimizer.iterations)) == 1
+    with np.load("cifar10-lora.npz", allow_pickle=False) as f:
+        assert {n for n in f.files if not n.startswith("__")} == {v.path for v in ns.model.trainable_weights}
+    assert np.abs(np_(ns.model.get_layer("head").kernel)).max() > 0  # it trained, the adapters too
+    assert all(np.abs(np_(layer.lora_kernel_b)).max() > 0 for layer in keras_vit.lora.lora_layers(ns.model))
+    np.testing.assert_allclose(np_(ns.again(x)), np_(ns.model(x)), atol=1e-6)
+    np.testing.assert_allclose(np_(ns.serving(x)), np_(ns.model(x)), atol=1e-5)
+    scales = ns.full.optimizer.scales
+    for i in range(12):
+        assert scales[f"encoderblock_{i}/LayerNorm_0/gamma"] == pytest.approx(0.75 ** (12 - i))
+    assert scales["head/kernel"] == 1 and scales["embedding/kernel"] == pytest.approx(0.75 ** 13)
+
+
 def test_configuration_block_is_vit_b16():
     """`VisionTransformer(...)` with the arguments shown is ViT-Base: 86M parameters (Table 1)."""
     ns = run(block(RUN_CONFIGURATION))
@@ -472,14 +495,17 @@ RUN_FAMILIES = ("docs/families.md", "dino = keras_vit.from_timm(")
 RUN_FINETUNE = ("docs/finetuning.md", 'data.load("cifar10"')
 RUN_ABLATIONS = ("docs/experiments.md", 'position_embedding="learned_2d"')
 RUN_MASKED_PATCH = ("docs/experiments.md", "MaskedPatchPredictor(")
+RUN_WAYS = ("docs/ways-to-finetune.md", "keras_vit.enable_lora(model, rank=8)")
 RUN = (RUN_TWENTY_LINES, RUN_QUICK_START, RUN_CONFIGURATION, RUN_RESOLUTION, RUN_TIMM_HF, RUN_FAMILIES, RUN_FINETUNE,
-       RUN_ABLATIONS, RUN_MASKED_PATCH)
+       RUN_ABLATIONS, RUN_MASKED_PATCH, RUN_WAYS)
 NOT_RUN = {
     ("docs/scaling.md", "model_parallel((2, 4))"):
         "2 replicas x 4-way tensor parallel needs 8 devices; the same calls run on 8 virtual CPU devices in "
         "tests/test_distribute.py (jax8)",
 }
 CHECKED = {
+    ("docs/keras-hub.md", "model = keras_vit.from_keras_hub(preset_dir)"):
+        "run with a keras-hub preset written by save_to_preset in tests/test_keras_hub.py::test_the_docs_example_runs",
     ("docs/index.md", 'ViT_B16(weights="imagenet21k+imagenet2012", image_size=224)'):
         "the home page's three lines: the README's twenty lines (RUN_TWENTY_LINES) run the same calls",
 }

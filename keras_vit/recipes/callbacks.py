@@ -7,6 +7,7 @@ import warnings
 import keras
 
 from keras_vit.fileio import atomic_write
+from keras_vit.lora import lora_layers
 
 
 class NonFiniteLossError(RuntimeError):
@@ -104,6 +105,7 @@ class TrainingBackup(keras.callbacks.Callback):
 
     def restore(self, model):
         """Load the backup into a compiled ``model``; return the train_step calls done (0 if none)."""
+        _refuse_lora(model)
         optimizer = getattr(model, "optimizer", None)
         if optimizer is None:
             raise ValueError("Compile the model before restoring its training state.")
@@ -120,6 +122,7 @@ class TrainingBackup(keras.callbacks.Callback):
         return updates * (optimizer.gradient_accumulation_steps or 1)
 
     def on_train_begin(self, logs=None):
+        _refuse_lora(self.model)
         accumulation = getattr(self.model.optimizer, "gradient_accumulation_steps", None) or 1
         steps = (self.params or {}).get("steps")
         if accumulation > 1 and steps and steps % accumulation:
@@ -144,3 +147,12 @@ class TrainingBackup(keras.callbacks.Callback):
                 os.rmdir(self.backup_dir)
             except OSError:
                 pass
+
+
+def _refuse_lora(model):
+    """A backup of a model with LoRA on would not resume: Keras writes an adapted kernel merged and
+    zeroes the adapters when it reads it back, after which they get no gradient."""
+    if lora_layers(model):
+        raise ValueError("TrainingBackup cannot back up a model with LoRA on (Keras saves its kernels merged "
+                         "and zeroes the adapters on loading); save the adapters with keras_vit.save_lora at "
+                         "the end of fit instead")

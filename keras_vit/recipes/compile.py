@@ -45,6 +45,10 @@ def fit_steps(model_or_optimizer, updates):
     """Number of batches ``model.fit`` must run for ``updates`` optimizer updates.
 
     ``updates * gradient_accumulation_steps`` of the compiled optimizer.
+
+    Args:
+        model_or_optimizer: a model compiled by a recipe, or its optimizer.
+        updates: the number of optimizer updates wanted.
     """
     optimizer = getattr(model_or_optimizer, "optimizer", model_or_optimizer)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -62,6 +66,12 @@ class SparseCategoricalCrossentropyWithSmoothing(keras.losses.Loss):
 
     Keras' sparse cross-entropy has no ``label_smoothing``; this one-hot encodes
     the labels to the width of the predictions and uses the categorical loss.
+
+    Args:
+        from_logits: whether the predictions are logits (else probabilities).
+        label_smoothing: in [0, 1): the one-hot targets become
+            ``(1 - label_smoothing) * onehot + label_smoothing / classes``.
+        name: the loss's name.
     """
 
     def __init__(self, from_logits=False, label_smoothing=0.0,
@@ -222,6 +232,25 @@ def compile_for_finetuning(model, total_steps, base_lr=0.01, warmup_steps=500,
     and on TensorFlow also on a CPU, where Keras' own "auto" turns it off;
     eager on torch); ``True``/``False`` override it.
 
+    Args:
+        model: the model to compile (a keras-vit model for ``layer_decay``).
+        total_steps: optimizer updates of the whole run (the schedule's length).
+        base_lr: the peak learning rate (Table 4's grid: 0.001 to 0.03).
+        warmup_steps: updates of linear warm-up from 0 (the official code: 500).
+        batch_size: images per update.
+        device_batch_size: images per step when smaller than ``batch_size``
+            (gradient accumulation), else None.
+        ema: keep a Polyak average of the weights, assigned to them at the end of ``fit``.
+        label_smoothing: in [0, 1), on the targets of the cross-entropy.
+        jit_compile: "auto", True or False (see above).
+        momentum: SGD momentum.
+        global_clipnorm: clip the gradient to this global norm (None: no clipping).
+        ema_momentum: the average's momentum per update.
+        from_logits: whether the model outputs logits (None: read from its output layer).
+        sparse_labels: integer labels (True) or one-hot labels (False).
+        layer_decay: None, or the per-block learning-rate decay in (0, 1].
+        **compile_kwargs: passed to ``model.compile`` (not ``optimizer`` or ``loss``).
+
     Returns:
         the same model, compiled.
     """
@@ -258,6 +287,31 @@ def compile_for_pretraining(model, total_steps, base_lr=1e-3, weight_decay=0.1,
     token (appendix D.3, Figure 9: 3e-4 against 8e-4). ``layer_decay`` as in
     :func:`compile_for_finetuning`, the weight decay of each variable scaled
     with its learning rate.
+
+    Args:
+        model: the model to compile (a keras-vit model for ``layer_decay``).
+        total_steps: optimizer updates of the whole run (the schedule's length).
+        base_lr: the peak learning rate.
+        weight_decay: decoupled weight decay (Table 3: 0.03 to 0.3).
+        warmup_steps: updates of linear warm-up from 0.
+        decay: "linear" (the paper's) or "cosine" decay after the warm-up.
+        label_smoothing: in [0, 1), on the targets of the cross-entropy.
+        global_clipnorm: clip the gradient to this global norm (None: no clipping).
+        batch_size: images per update.
+        device_batch_size: images per step when smaller than ``batch_size``
+            (gradient accumulation), else None.
+        ema: keep a Polyak average of the weights, assigned to them at the end of ``fit``.
+        jit_compile: "auto", True or False (as in :func:`compile_for_finetuning`).
+        beta_1: Adam's first-moment decay.
+        beta_2: Adam's second-moment decay.
+        ema_momentum: the average's momentum per update.
+        from_logits: whether the model outputs logits (None: read from its output layer).
+        sparse_labels: integer labels (True) or one-hot labels (False).
+        layer_decay: None, or the per-block learning-rate decay in (0, 1].
+        **compile_kwargs: passed to ``model.compile`` (not ``optimizer`` or ``loss``).
+
+    Returns:
+        the same model, compiled.
     """
     optimizer_class = _optimizer(keras.optimizers.AdamW, LayerDecayAdamW, model, layer_decay)
     accumulation = gradient_accumulation_steps(batch_size, device_batch_size)

@@ -74,8 +74,8 @@ def prepare_output_dir(out, flags, overwrite):
                 raise SystemExit(
                     f"error: --output-dir {out!r} holds a finished run; pass --overwrite to "
                     "replace it or choose another folder.")
-            if previous != flags:
-                changed = {k: (previous.get(k), v) for k, v in flags.items() if previous.get(k) != v}
+            changed = {k: (previous.get(k), v) for k, v in flags.items() if previous.get(k) != v}
+            if changed:  # a flag added since the run began reads as its default, None
                 raise SystemExit(
                     f"error: --output-dir {out!r} holds an interrupted run with other flags "
                     f"(was -> now: {changed}); repeat its flags to resume it, or pass "
@@ -211,7 +211,7 @@ def main(dataset, argv=None, callbacks=()):
         model = build_model(args, info.num_classes)
         recipes.compile_for_finetuning(
             model, total_steps=args.steps, base_lr=args.lr, warmup_steps=args.warmup_steps,
-            batch_size=args.batch_size, device_batch_size=step_batch, ema=args.ema,
+            batch_size=args.batch_size, device_batch_size=step_batch, ema=args.ema, layer_decay=args.layer_decay,
             steps_per_execution=args.steps_per_execution)
 
     # kept until metrics.json is written, so a run killed after training

@@ -95,6 +95,9 @@ def parse_args(dataset, argv=None):
                         "model (default: a quarter of the bytes, no scaling on the host), or float32 "
                         "images scaled on the host; the saved model.keras takes the same")
     parser.add_argument("--ema", action="store_true", help="Polyak averaging of the weights (0.9999)")
+    parser.add_argument("--layer-decay", type=_positive_float, default=None, metavar="DECAY",
+                        help="layer-wise learning-rate decay in (0, 1], e.g. 0.75: block i of L learns at "
+                        "DECAY**(L-i) times the rate, the head at the full rate (default: off, as in the paper)")
     parser.add_argument("--remat", action="store_true",
                         help="recompute each encoder block in the backward pass: far less memory per "
                         "image (TensorFlow, torch, GPUs) for about 15%% more time")
@@ -124,6 +127,8 @@ def parse_args(dataset, argv=None):
             args.mesh = "x".join(map(str, distribute.parse_mesh(args.mesh)))
         except ValueError as e:
             parser.error(f"--mesh: {e}")
+    if args.layer_decay is not None and args.layer_decay > 1:
+        parser.error(f"--layer-decay must be in (0, 1] (1 is no decay), got {args.layer_decay}")
     if args.warmup_steps is None:
         args.warmup_steps = min(setup.warmup_steps, args.steps)
     if args.eval_every is None:
@@ -147,6 +152,6 @@ def parse_args(dataset, argv=None):
 def run_flags(args):
     """The flags that define a run (a resumed run must repeat them)."""
     keys = ("dataset", "model", "weights", "image_size", "batch_size", "device_batch_size",
-            "steps", "lr", "warmup_steps", "eval_every", "ema", "seed", "shuffle_buffer",
+            "steps", "lr", "warmup_steps", "eval_every", "ema", "layer_decay", "seed", "shuffle_buffer",
             "validate", "distribute", "mesh", "input_dtype")
     return {k: getattr(args, k) for k in keys}
