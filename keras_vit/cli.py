@@ -62,7 +62,7 @@ def _build(args):
     Face folder builds what the file holds (with --model, the file must be that variant), anything
     else the variant's factory (--model, default ViT_B16)."""
     import keras_vit
-    from keras_vit.weights.foreign import describe, is_foreign
+    from keras_vit.weights.foreign import is_foreign, read
 
     size = getattr(args, "image_size", None)
     if size is not None and size < 1:
@@ -70,7 +70,8 @@ def _build(args):
     if args.weights is not None and is_foreign(args.weights) and os.path.exists(args.weights):
         from keras_vit.convert import build_from
 
-        return build_from(args.weights, args.model, image_size=size), describe(args.weights)["input_mode"]
+        file = read(args.weights)  # once, for the model and its input mode
+        return build_from(file, args.model, image_size=size), file.arch["input_mode"]
     name = get_variant(args.model or "ViT_B16").name
     kwargs = {"weights": none_or(default_weights(name) if args.weights is None else args.weights)}
     if size is not None:

@@ -6,8 +6,7 @@ import os
 from keras_vit.configs import VARIANTS, find_variant, get_variant, pair, resnet_stride
 from keras_vit.fileio import atomic_write
 from keras_vit.variants import VisionTransformer
-from keras_vit.weights import load_weights
-from keras_vit.weights.foreign import describe, file_image_size, file_options, is_foreign, settle_layout
+from keras_vit.weights.foreign import file_image_size, file_options, is_foreign, load_foreign, read, settle_layout
 from keras_vit.weights.heads import CLASSIFIER, PROJECTION, default_activation
 from keras_vit.weights.keras_hub import is_preset as is_keras_hub_preset
 from keras_vit.weights.timm import TIMM_HEADS, name_options
@@ -47,7 +46,9 @@ def _head_count(path, arch, variant, num_heads):
 
 
 def build_from(path, variant=None, num_heads=None, image_size=None, classifier_activation="auto", **overrides):
-    """The ViT of a timm file or a Hugging Face folder, with its weights loaded.
+    """The ViT of a timm file, a Hugging Face folder or a keras-hub preset (`path`, or the
+    `keras_vit.weights.foreign.ForeignFile` already read from it: the file is read once), with its
+    weights loaded.
 
     Everything the file says is taken from it: dimensions, classes, numerics and the family options
     (distillation / register tokens, layer scale, pre-norm, fc_norm, MLP, attention-pool head,
@@ -65,7 +66,8 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
     backbone's pooled representation. A `classes` other than the file's is a new classifier (on a
     file without a head too: `classes=` builds one, zero-initialised).
     """
-    arch = describe(path)
+    file = read(path)  # once: the architecture below and the tensors loaded at the end
+    path, arch = file.path, file.arch
     if variant is not None:
         _check_variant(path, arch, variant)
     heads = _head_count(path, arch, variant, num_heads)
@@ -92,7 +94,7 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
     if args.get("pooling", "representation") != "representation":
         args["representation_size"] = None  # pre-logits belong to the pooled representation
     model = VisionTransformer(**args)
-    load_weights(model, path)
+    load_foreign(model, file)
     return model
 
 

@@ -8,7 +8,7 @@ import os
 from keras_vit.configs import VARIANTS, get_variant, pair, resnet_stride
 from keras_vit.model import build_vit
 from keras_vit.weights import KERAS_SUFFIXES, fetch, get_weights, is_path, list_weights, load_weights, peek_npz
-from keras_vit.weights.foreign import describe, file_image_size, file_options, is_foreign
+from keras_vit.weights.foreign import ForeignFile, describe, file_image_size, file_options, is_foreign, read
 from keras_vit.weights.heads import CLASSIFIER, PROJECTION, default_activation
 
 
@@ -40,7 +40,7 @@ VisionTransformer.__doc__ += "\n" + build_vit.__doc__.split("\n", 2)[2]
 
 def weights_file(variant, weights, image_size=None):
     """`weights` as a path: a registry tag of `variant` is downloaded (once) and its file named."""
-    if weights is None or is_path(os.fspath(weights)):
+    if weights is None or isinstance(weights, ForeignFile) or is_path(os.fspath(weights)):
         return weights
     record = get_weights(variant, weights, image_size)
     return fetch(record.url, record.filename)
@@ -63,6 +63,8 @@ def _file_facts(variant, weights, image_size):
     """(image_size, classes, has_pre_logits, classifier, numerics) of the weights (None where they do not say)."""
     if weights is None:
         return None, None, False, None, OFFICIAL_NUMERICS
+    if isinstance(weights, ForeignFile):
+        return _foreign_facts(variant, weights, image_size)
     if not isinstance(weights, (str, os.PathLike)):
         raise TypeError(f"weights must be None, a registry tag or a path, got {type(weights).__name__}")
     weights = os.fspath(weights)
@@ -171,6 +173,8 @@ def _factory(variant):
               input_shape=None, pooling="representation", patch_size=None, input_dtype="float32"):
         if image_size is None and input_shape is not None and len(input_shape) == 3 and None not in input_shape[:2]:
             image_size = tuple(input_shape[:2])
+        if isinstance(weights, (str, os.PathLike)) and is_foreign(os.fspath(weights)) and os.path.exists(weights):
+            weights = read(weights)  # once: its facts shape the model, then its tensors load into it
         args = resolve_build_args(variant, weights, image_size, classes, include_top, representation_size, classifier)
         arch = get_variant(variant).build_args()
         if patch_size is not None and patch_size != arch["patch_size"]:

@@ -95,6 +95,36 @@ def test_factory_takes_architecture_and_numerics_from_a_timm_file(tmp_path):
     np.testing.assert_allclose(_ours(model, x), _torch_out(ref, x).numpy(), atol=1e-5, rtol=0)
 
 
+@pytest.mark.backend_independent
+def test_a_foreign_file_is_read_once(tmp_path, monkeypatch, capsys):
+    """Each way in reads the file once and passes what it read on: the model is shaped by the file's
+    facts, then its tensors load, and the CLI's input mode comes from the same reading."""
+    from keras_vit.cli import main
+    from keras_vit.weights import foreign
+
+    timm_file = _save(_timm(image_size=32), tmp_path / "tiny.safetensors")
+    _hf_folder(tmp_path / "hf", transformers.ViTForImageClassification, image_size=32, num_labels=5)
+    reads = []
+    real = foreign._read
+    monkeypatch.setattr(foreign, "_read", lambda path: reads.append(path) or real(path))
+    ti_file = _save(TimmViT(img_size=32, patch_size=16, embed_dim=192, depth=12, num_heads=3, num_classes=7),
+                    tmp_path / "vit_tiny.safetensors")
+    for load in (lambda: keras_vit.from_timm(timm_file, num_heads=2), lambda: build_from(tmp_path / "hf"),
+                 lambda: keras_vit.ViT_Ti16(weights=ti_file),
+                 lambda: keras_vit.from_huggingface(tmp_path / "hf"),
+                 lambda: keras_vit.VisionTransformer(**ARCH, image_size=32, classes=10, approximate_gelu=False,
+                                                     weights=timm_file),
+                 lambda: main(["predict", "--weights", str(tmp_path / "hf"), str(tmp_path / "img.png")])):
+        reads.clear()
+        if not os.path.exists(tmp_path / "img.png"):
+            from PIL import Image
+
+            Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "img.png")
+        load()
+        assert len(reads) == 1, reads
+    capsys.readouterr()
+
+
 def _hf_folder(path, cls, seed=0, **config):
     cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                                  patch_size=8, **config)

@@ -6,7 +6,7 @@ import os
 from keras_vit.configs import find_variant
 from keras_vit.structure import find_vit
 from keras_vit.weights.download import fetch
-from keras_vit.weights.foreign import is_foreign, load_foreign
+from keras_vit.weights.foreign import ForeignFile, is_foreign, load_foreign
 from keras_vit.weights.keras_files import file_array_count, weight_file_mismatch
 from keras_vit.weights.npz import (
     load_npz,
@@ -78,6 +78,8 @@ def load_weights(model, weights):
     them, and a head of another class count is replaced by a zero-initialised one.
     Returns the list of notes on what was adapted.
     """
+    if isinstance(weights, ForeignFile):  # a foreign file already read (by a factory or build_from)
+        return load_foreign(model, weights)
     if not isinstance(weights, (str, os.PathLike)):
         raise TypeError(f"weights must be a registry tag or a path, got {type(weights).__name__}")
     weights = os.fspath(weights)

@@ -4,6 +4,7 @@ and load through the official loader (all or nothing)."""
 import logging
 import math
 import os
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -22,10 +23,27 @@ def is_foreign(path):
     return str(path).endswith(TORCH_SUFFIXES) or hf.is_hf_folder(path)
 
 
+class ForeignFile(NamedTuple):
+    """What `read` took from a foreign file, read once and passed on to `describe`, `load_foreign`,
+    `keras_vit.load_weights`, the factories' `weights=` and `keras_vit.convert.build_from`."""
+
+    source: str  # "timm", "Hugging Face" or "keras-hub"
+    arch: dict  # the builder arguments the file dictates (`describe`)
+    tensors: dict  # name -> numpy array, as the file holds them
+    to_official: Callable[..., Any]  # (tensors, num_heads) -> (official arrays, unmapped names)
+    path: str
+
+
 def read(path):
-    """(source, architecture dict, tensors, mapping function) of a timm file, a Hugging Face folder or a
-    keras-hub preset folder."""
+    """The `ForeignFile` of a timm file, a Hugging Face folder or a keras-hub preset folder (`path`
+    itself when it is one already: nothing is read twice)."""
+    if isinstance(path, ForeignFile):
+        return path
     path = os.fspath(path)
+    return ForeignFile(*_read(path), path)
+
+
+def _read(path):
     if keras_hub.is_preset(path):
         try:
             backbone, task, tensors = keras_hub.read_preset(path)
@@ -92,9 +110,9 @@ def settle_layout(arch, grid):
 
 
 def describe(path, grid=None):
-    """The architecture (builder arguments, `tokens` for the position embeddings) of a foreign file,
-    its layout settled for the patch `grid` when known (`settle_layout`)."""
-    return settle_layout(read(path)[1], grid)
+    """The architecture (builder arguments, `tokens` for the position embeddings) of a foreign file
+    (a path or a `ForeignFile`), its layout settled for the patch `grid` when known (`settle_layout`)."""
+    return settle_layout(read(path).arch, grid)
 
 
 def numerics(model):
@@ -125,8 +143,9 @@ def family_mismatch(model, arch, path):
 
 
 def load_foreign(model, path):
-    """Loads a timm file or a Hugging Face folder into `model`: all or nothing, like `load_npz`."""
-    source, arch, tensors, to_official = read(path)
+    """Loads a timm file, a Hugging Face folder or a keras-hub preset (a path or its `ForeignFile`) into
+    `model`: all or nothing, like `load_npz`."""
+    source, arch, tensors, to_official, path = read(path)
     arch = settle_layout(arch, find_vit(model).grid_size)
     mismatch = family_mismatch(model, arch, path)
     if mismatch:
