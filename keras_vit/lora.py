@@ -56,6 +56,11 @@ def target_layers(model, targets=DEFAULT_TARGETS):
     return layers
 
 
+def _head_weights(model):
+    """The weights of `model`'s classifier head (`HEAD_LAYERS`), which LoRA fine-tuning trains too."""
+    return [v for layer in model.layers if layer.name in HEAD_LAYERS for v in layer.weights]
+
+
 def lora_layers(model):
     """The layers of `model` with LoRA on."""
     return [layer for layer in model._flatten_layers(include_self=False) if getattr(layer, "lora_enabled", False)]
@@ -87,7 +92,7 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
     for layer in layers:
         layer.enable_lora(rank, lora_alpha=alpha)
     adapters = {id(v) for layer in layers for v in (layer.lora_kernel_a, layer.lora_kernel_b)}
-    head = {id(v) for layer in model.layers if layer.name in HEAD_LAYERS for v in layer.weights}
+    head = {id(v) for v in _head_weights(model)}
     for variable in model.weights:
         if variable.trainable and id(variable) not in adapters | head:
             variable.trainable = False
@@ -100,13 +105,13 @@ def _state(model):
     if not layers:
         raise ValueError(f"model {model.name!r} has no LoRA adapters; call keras_vit.enable_lora(model, rank) first")
     state = {v.path: v for layer in layers for v in (layer.lora_kernel_a, layer.lora_kernel_b)}
-    state |= {v.path: v for layer in model.layers if layer.name in HEAD_LAYERS for v in layer.weights}
+    state |= {v.path: v for v in _head_weights(model)}
     return state
 
 
 def _meta(model):
-    paths = sorted(layer.path for layer in lora_layers(model))
-    first = lora_layers(model)[0]
+    layers = lora_layers(model)
+    paths, first = sorted(layer.path for layer in layers), layers[0]
     return {"rank": int(first.lora_rank), "alpha": float(first.lora_alpha), "layers": paths,
             "targets": list(_targets_of(model, paths, f"model {model.name!r}"))}
 
@@ -185,7 +190,7 @@ def _shapes_after_enable(model, rank, targets):
         kernel = tuple(layer.kernel.shape)
         shapes[f"{layer.path}/lora_kernel_a"] = (*kernel[:-1], rank)
         shapes[f"{layer.path}/lora_kernel_b"] = (rank, kernel[-1])
-    shapes |= {v.path: tuple(v.shape) for layer in model.layers if layer.name in HEAD_LAYERS for v in layer.weights}
+    shapes |= {v.path: tuple(v.shape) for v in _head_weights(model)}
     return shapes
 
 

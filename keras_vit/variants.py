@@ -67,10 +67,8 @@ def _file_facts(variant, weights, image_size):
         return _foreign_facts(variant, weights, image_size)
     if not isinstance(weights, (str, os.PathLike)):
         raise TypeError(f"weights must be None, a registry tag or a path, got {type(weights).__name__}")
-    weights = os.fspath(weights)
-    if is_foreign(weights) and os.path.exists(weights):
-        return _foreign_facts(variant, weights, image_size)
-    return (*_official_facts(variant, weights, image_size), None, OFFICIAL_NUMERICS)
+    # a foreign file that exists came here read (the factory's `read`); this is an official file or tag
+    return (*_official_facts(variant, os.fspath(weights), image_size), None, OFFICIAL_NUMERICS)
 
 
 def _official_facts(variant, weights, image_size):

@@ -295,19 +295,10 @@ def compile_for_pretraining(model, total_steps, base_lr=1e-3, weight_decay=0.1,
         weight_decay: decoupled weight decay (Table 3: 0.03 to 0.3).
         warmup_steps: updates of linear warm-up from 0.
         decay: "linear" (the paper's) or "cosine" decay after the warm-up.
-        label_smoothing: in [0, 1), on the targets of the cross-entropy.
-        global_clipnorm: clip the gradient to this global norm (None: no clipping).
-        batch_size: images per update.
-        device_batch_size: images per step when smaller than ``batch_size``
-            (gradient accumulation), else None.
-        ema: keep a Polyak average of the weights, assigned to them at the end of ``fit``.
-        jit_compile: "auto", True or False (as in :func:`compile_for_finetuning`).
         beta_1: Adam's first-moment decay.
         beta_2: Adam's second-moment decay.
-        ema_momentum: the average's momentum per update.
-        from_logits: whether the model outputs logits (None: read from its output layer).
-        sparse_labels: integer labels (True) or one-hot labels (False).
-        layer_decay: None, or the per-block learning-rate decay in (0, 1].
+        label_smoothing, global_clipnorm, batch_size, device_batch_size, ema: as in :func:`compile_for_finetuning`.
+        jit_compile, ema_momentum, from_logits, sparse_labels, layer_decay: as in :func:`compile_for_finetuning`.
         **compile_kwargs: passed to ``model.compile`` (not ``optimizer`` or ``loss``).
 
     Returns:
