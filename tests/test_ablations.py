@@ -1,5 +1,7 @@
-"""examples/ablations.py --quick end to end on the current backend (a fresh process)."""
+"""examples/ablations.py --quick end to end on the current backend (a fresh process), then its refusal to
+overwrite the results (in this one)."""
 
+import importlib
 import json
 import os
 import pathlib
@@ -14,7 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 @pytest.mark.one_backend
-def test_ablations_quick_writes_the_tables(tmp_path):
+def test_ablations_quick_writes_the_tables(tmp_path, monkeypatch):
     out = tmp_path / "ablations"
     env = dict(os.environ, KERAS_BACKEND=backend(), PYTHONPATH=str(ROOT))
     run = subprocess.run([sys.executable, str(ROOT / "examples" / "ablations.py"), "--quick", "--out", str(out)],
@@ -40,7 +42,8 @@ def test_ablations_quick_writes_the_tables(tmp_path):
     assert "| No Pos. Emb. |" in table and "N/A" in table and "masked patch prediction" in table
     assert (out / "ablations.png").stat().st_size > 10_000
     assert (out / "ssl_encoder_seed0.npz").exists()
-    # a second run refuses to overwrite without --overwrite
-    again = subprocess.run([sys.executable, str(ROOT / "examples" / "ablations.py"), "--quick", "--out", str(out)],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode != 0 and "--overwrite" in again.stderr
+    # a second run refuses to overwrite without --overwrite (before it trains: here, not in another process)
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    ablations = importlib.import_module("ablations")
+    with pytest.raises(SystemExit, match="already holds ablation results; pass --overwrite"):
+        ablations.main(["--quick", "--out", str(out)])
