@@ -2,6 +2,7 @@
 
 from keras_vit.export.onnx_rewrites import _fix_onnx, _optimize_onnx
 from keras_vit.export.serving import serving_model
+from keras_vit.runtime import platform_chosen_on_host
 
 
 def _write(model, path, format, top_k, batch_size, input_mode="vit"):
@@ -16,7 +17,10 @@ def _write(model, path, format, top_k, batch_size, input_mode="vit"):
         _torch_litert(serving, path, batch_size)
     else:
         spec = keras.InputSpec(shape=(batch_size, *model.input_shape[1:]), dtype="uint8", name="images")
-        serving.export(path, format=format, input_signature=[spec], verbose=False)
+        # JAX's converters (jax2onnx, jax2tf) have no rule for a computation chosen per lowered
+        # platform: the layers' CPU/accelerator choices are made here, for this machine, when tracing
+        with platform_chosen_on_host():
+            serving.export(path, format=format, input_signature=[spec], verbose=False)
     if format == "onnx":
         _fix_onnx(path, sorted(serving.output))
         _optimize_onnx(path)

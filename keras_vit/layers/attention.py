@@ -6,7 +6,7 @@ import math
 import keras
 from keras import ops
 
-from keras_vit.runtime import on_cpu
+from keras_vit.runtime import per_platform
 
 # "flash": the device's fused attention kernel (cuDNN's on JAX, flash/cuDNN SDPA on torch);
 # "standard": the path without it; "auto": flash where `flash_unavailable` finds nothing against it
@@ -151,11 +151,11 @@ def _fused_attention(q, k, v, scale):
         # the device has them): no contiguous copies of q, k, v as keras.ops makes
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale).transpose(1, 2)
-    if on_cpu():
-        # batched matmuls in (B, heads, T, head_dim) layout: faster on oneDNN and XLA:CPU
-        return _matmul_attention(q, k, v, scale)
-    # XLA's attention (cuDNN's fused kernel is `_flash_attention`, chosen in the layer's build)
-    return ops.dot_product_attention(q, k, v, scale=scale, flash_attention=False)
+    # batched matmuls in (B, heads, T, head_dim) layout on a CPU: faster on oneDNN and XLA:CPU;
+    # elsewhere XLA's attention (cuDNN's fused kernel is `_flash_attention`, chosen in the layer's build)
+    return per_platform(q, k, v, cpu=lambda q, k, v: _matmul_attention(q, k, v, scale),
+                        default=lambda q, k, v: ops.dot_product_attention(q, k, v, scale=scale,
+                                                                          flash_attention=False))
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

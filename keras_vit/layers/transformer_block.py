@@ -6,7 +6,7 @@ from keras import ops
 from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, check_attention_implementation, dense
 from keras_vit.layers.mlp import activate, check_mlp_activation, hidden_width
 from keras_vit.layers.quantized import with_sublayer_policies
-from keras_vit.runtime import on_cpu
+from keras_vit.runtime import per_platform
 
 LAYER_NORM_EPSILON = 1e-6
 
@@ -20,9 +20,11 @@ def _cotangent_barrier(x):
     of ViT-S/16 spent half its time there. A conditional is a fusion boundary XLA keeps (an
     optimization barrier is expanded away on CPU before fusion), so the gradient goes through one
     whose predicate is always true, yet not foldable at compile time. Not on GPU/TPU, where XLA
-    fuses well and a conditional would cost a host round trip.
+    fuses well and a conditional would cost a host round trip: the choice is made for the platform
+    the step is lowered for (`runtime.per_platform`), so a step traced on a CPU host and lowered
+    for a TPU or GPU holds no conditional.
     """
-    return _jax_cotangent_barrier()(x) if _jax_on_cpu() else x
+    return _jax_cotangent_barrier()(x) if keras.backend.backend() == "jax" else x
 
 
 _JAX_BARRIER = []
@@ -40,16 +42,20 @@ def _jax_cotangent_barrier():
             return x, None
 
         def bwd(_, g):
-            # the branches must differ, or XLA folds the conditional away; the second never runs
-            return (jax.lax.cond(_always_true(g), lambda t: t, lambda t: -t, g),)
+            return (per_platform(g, cpu=_materialised, default=lambda t: t),)
 
         barrier.defvjp(fwd, bwd)
         _JAX_BARRIER.append(barrier)
     return _JAX_BARRIER[0]
 
 
-def _jax_on_cpu():
-    return keras.backend.backend() == "jax" and on_cpu()
+def _materialised(x, after=None):
+    """`x` through a conditional XLA keeps as a fusion boundary (JAX), its predicate computed from
+    `after` (default `x`), so it runs once `after` is there: the branches must differ, or XLA folds
+    it away; the second never runs."""
+    import jax
+
+    return jax.lax.cond(_always_true(x if after is None else after), lambda t: t, lambda t: -t, x)
 
 
 def _always_true(x):
@@ -60,36 +66,37 @@ def _always_true(x):
     return jnp.isnan(first) | ~jnp.isnan(first)
 
 
-def _jax_cpu_remat(fn, variables, x):
-    """`fn(x)` with its activations recomputed in the backward pass, for JAX on the CPU.
+def _jax_cpu_remat(fn, variables, x, keep=()):
+    """`fn(x, keep)` with its activations recomputed in the backward pass, for JAX on the CPU.
 
     `jax.checkpoint` (what `keras.remat` is on JAX) saves nothing there: XLA:CPU expands the
     optimization barriers that keep the recomputation apart before common-subexpression
     elimination, which then merges the recomputation back into the forward pass. Here the forward
-    keeps only the input and the weights (`variables`' current values, passed explicitly so their
-    gradients flow), and the backward recomputes from the input passed through a conditional, a
-    value XLA cannot identify with the forward's, so nothing merges.
+    keeps only the input, the dropout masks `keep` and the weights (`variables`' current values,
+    passed explicitly so their gradients flow), and the backward recomputes from the input passed
+    through a conditional, a value XLA cannot identify with the forward's, so nothing merges.
+    `fn` closes over no traced value: the backward is traced later, where none would be in scope
+    (inside `per_platform`'s conditional, JAX fails to lower one).
     """
     import jax
 
-    def pure(x, values):
+    def pure(x, values, keep):
         with keras.StatelessScope(state_mapping=list(zip(variables, values))):
-            return fn(x)
+            return fn(x, keep)
 
     @jax.custom_vjp
-    def run(x, values):
-        return pure(x, values)
+    def run(x, values, keep):
+        return pure(x, values, keep)
 
-    def fwd(x, values):
-        return pure(x, values), (x, values)
+    def fwd(x, values, keep):
+        return pure(x, values, keep), (x, values, keep)
 
     def bwd(saved, g):
-        x, values = saved
-        x = jax.lax.cond(_always_true(g), lambda t: t, lambda t: -t, x)
-        return jax.vjp(pure, x, values)[1](g)
+        x, values, keep = saved
+        return jax.vjp(pure, _materialised(x, after=g), values, keep)[1](g)
 
     run.defvjp(fwd, bwd)
-    return run(x, [v.value for v in variables])
+    return run(x, [v.value for v in variables], keep)
 
 
 def _norm_params(layer):
@@ -185,10 +192,12 @@ class TransformerBlock(keras.layers.Layer):
         x = _cotangent_barrier(x)
         if self.remat and training and not return_attention:
             keep = self._keep_masks(x)
-            forward = lambda x: self._forward(x, training, keep=keep)  # noqa: E731
-            if _jax_on_cpu():
-                return _jax_cpu_remat(forward, self.variables, x)
-            return keras.remat(forward)(x)
+            forward = lambda x, keep: self._forward(x, training, keep=keep)  # noqa: E731
+            if keras.backend.backend() != "jax":
+                return keras.remat(lambda x: forward(x, keep))(x)
+            # chosen for the platform the step is lowered for: `jax.checkpoint` on a GPU or TPU
+            return per_platform(x, keep, cpu=lambda x, keep: _jax_cpu_remat(forward, self.variables, x, keep),
+                                default=keras.remat(forward))
         return self._forward(x, training, return_attention=return_attention)
 
     def _keep_masks(self, x):

@@ -3,6 +3,9 @@
 Nothing here depends on the model; the layers, the recipes and the tools import it.
 """
 
+import contextlib
+import contextvars
+
 import keras
 
 
@@ -18,6 +21,60 @@ def on_cpu():
 
         return not tf.config.list_physical_devices("GPU")
     return False
+
+
+# The name scope of every JAX computation keras-vit chooses for a CPU only (the cpu branch of
+# `per_platform`): a step lowered for a TPU or GPU holds none (tests/test_lowering.py)
+CPU_ONLY_SCOPE = "keras_vit_cpu_only"
+_CHOSEN_ON_HOST = contextvars.ContextVar("keras_vit_platform_chosen_on_host", default=False)
+
+
+def per_platform(*args, cpu, default):
+    """`cpu(*args)` where the computation runs on a CPU, `default(*args)` on a GPU or TPU.
+
+    On JAX the choice is made for the platform a jitted step is lowered for, not the tracing host's
+    (`jax.lax.platform_dependent`: both are traced, the other platform's branch is dropped when
+    lowering), so a step traced on a CPU and lowered for a TPU or GPU holds no CPU-only branch;
+    the cpu branch runs under the CPU_ONLY_SCOPE name scope. Inside `platform_chosen_on_host()`,
+    and on the other backends, `on_cpu()` chooses when tracing.
+
+    Args:
+        *args: the arrays (or pytrees of arrays) both branches take.
+        cpu: the computation chosen for a CPU.
+        default: the computation chosen for any other platform.
+
+    Returns:
+        The chosen branch's result; both branches must return the same shapes and dtypes.
+    """
+    if keras.backend.backend() != "jax":
+        return cpu(*args) if on_cpu() else default(*args)
+    import jax
+
+    def scoped(*args):
+        with jax.named_scope(CPU_ONLY_SCOPE):
+            return cpu(*args)
+
+    if _CHOSEN_ON_HOST.get():
+        return scoped(*args) if on_cpu() else default(*args)
+    return jax.lax.platform_dependent(*args, cpu=scoped, default=default)
+
+
+@contextlib.contextmanager
+def platform_chosen_on_host():
+    """Within it, `per_platform` chooses by `on_cpu()` when tracing instead of per lowered platform.
+
+    For exporters that trace JAX into another format whose converters have no rule for
+    `jax.lax.platform_dependent`'s `platform_index` (jax2onnx; jax2tf for a SavedModel): the
+    artefact then holds the computation chosen for the exporting machine, as it did before the
+    choice moved to lowering time. keras_vit.export enters it around every trace it makes.
+    JAX reuses the trace of a function it traced before with the same argument shapes, whatever
+    this says: trace a function made inside it (as Keras' exporters do).
+    """
+    token = _CHOSEN_ON_HOST.set(True)
+    try:
+        yield
+    finally:
+        _CHOSEN_ON_HOST.reset(token)
 
 
 def jit_compile_default(training=True):
@@ -74,4 +131,5 @@ def exact_float32(enabled=True):
     return backend
 
 
-__all__ = ["exact_float32", "jit_compile_default", "on_cpu"]
+__all__ = ["CPU_ONLY_SCOPE", "exact_float32", "jit_compile_default", "on_cpu", "per_platform",
+           "platform_chosen_on_host"]
