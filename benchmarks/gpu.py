@@ -1,456 +1,423 @@
-"""What a user runs, timed where ViTs are trained, with the peers in the same run (issue #18).
+"""One command for a GPU session: what a user runs, timed where ViTs are trained, with the peers in
+the same run (issues #18, #27).
 
-    .venv/bin/python benchmarks/gpu.py --out gpu.json     # on a GPU machine: the full run
-    .venv/bin/python benchmarks/gpu.py --quick            # a tiny model on any machine, seconds per backend
+    python3 benchmarks/gpu.py --wheels .whl --out gpu-session.json   # a bare GPU machine: the whole session
+    python3 benchmarks/gpu.py --resume gpu-session.json ...          # a second command: what the first left
+    .venv/bin/python benchmarks/gpu.py --render gpu-session.json     # here: the README tables from its JSON
+    .venv/bin/python benchmarks/gpu.py --fetch-wheels .whl           # here, before: the wheels to bring along
+    .venv/bin/python benchmarks/gpu.py --quick                       # a tiny model on any machine: a rehearsal
 
-Per case (default: ViT-B/16 at batch 256 and ViT-L/16 at batch 128, 224 px, mixed_bfloat16):
-- keras-vit on every Keras backend that imports (one subprocess each): `model.fit` of
-  `VisionTransformer(input_dtype="uint8")` compiled by the library's recipes
+On a GPU machine with Python, JAX, torch and timm but no Keras, no TensorFlow and no network, it
+first installs what is missing from the wheels folder (pip, no index, no dependencies), then runs
+its parts one process each, most telling first, within `--budget` seconds:
+- keras-vit's `model.fit` of `VisionTransformer(input_dtype="uint8")` under both recipes
   (`compile_for_pretraining`: AdamW with clipping; `compile_for_finetuning`: SGD with momentum and
-  clipping), fed uint8 batches by tf.data where TensorFlow is installed (a `keras.utils.PyDataset`
-  otherwise); then inference: `model.predict` throughput at `--infer-batch` and the median latency
-  of `predict_on_batch` on one image;
-- keras-hub's ViT of the same shape on the same backend, compiled by the same recipes, where
-  keras-hub imports (behind the same uint8 input and `Rescaling`);
-- timm's ViT of the same configuration, eager and under `torch.compile`, with AdamW, gradient
-  clipping at norm 1 and bfloat16 autocast, fed the same uint8 batches from host memory
-  and scaled on the device.
-Printed per row: img/s, the ratio to each timm peer, peak device memory (the allocator's peak on a
-GPU, the process's peak RSS on a CPU) and the model FLOP utilisation against the bfloat16 matrix
-rate measured at start (on a CPU: torch's bfloat16 matmul on the CPU). Only the figures of a run
-on a GPU answer the issue's questions; `--quick` checks that the command runs end to end.
-Warm-up: `--warmup` steps (a first `fit` call: compilation), then `--steps` timed steps in a
-second `fit` call; fit returns after the device has finished, so the wall time is the work done.
+  clipping) on a uint8 feed (tf.data, or a `PyDataset` without TensorFlow), then `predict` at
+  `--infer-batch` and the batch-1 latency of `predict_on_batch`, per Keras backend: ViT-B/16 at
+  batch 256, then ViT-L/16 at batch 128, 224 px, `mixed_bfloat16`;
+- timm's ViT of the same configuration, eager and under `torch.compile`, AdamW with clipping and
+  bfloat16 autocast, fed the same uint8 batches, beside each;
+- the levers on JAX, ViT-B/16: cuDNN's fused attention in training, `steps_per_execution=4`, a
+  float32 feed instead of uint8, remat;
+- keras-hub's ViT of the same shape under the pretraining recipe, per backend.
+A part whose package is missing, that fails, or that the budget does not reach is one "not run"
+line and the session goes on; the JSON is rewritten after every part, so a command stopped at its
+limit hands over what it finished, and `--resume` runs the rest. On a GPU the session then
+rewrites the GPU tables of README.md and benchmarks/README.md from the JSON. Per row: img/s, the
+ratio to each timm peer, peak device memory (the process's peak RSS on a CPU) and the model FLOP
+utilisation against the bfloat16 matrix rate measured first.
 """
 
 import argparse
+import datetime
+import glob
+import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
-import resource
-import statistics
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from flops import arch_config, model_flops, train_flops  # noqa: E402
+from gpu_workers import dump  # noqa: E402  (the standard library only: Keras may not be installed yet)
 
-BACKENDS = ("jax", "tensorflow", "torch")
+BACKENDS = ("jax", "torch", "tensorflow")
 PEERS = ("timm", "timm-compile", "keras-hub")
 RECIPES = ("pretraining", "finetuning")
-FULL = dict(cases=(("ViT_B16", 256), ("ViT_L16", 128)), image_size=224, steps=30, warmup=5, infer_batch=256,
-            latency_repeats=50)
-QUICK = dict(cases=(("tiny", 8),), image_size=32, steps=3, warmup=2, infer_batch=8, latency_repeats=3)
+LEVERS = {"flash attention": {"attention_implementation": "flash"}, "steps_per_execution=4": {"steps_per_execution": 4},
+          "float32 feed": {"input_dtype": "float32"}, "remat": {"remat": True}}
+FULL = dict(cases=[["ViT_B16", 256], ["ViT_L16", 128]], image_size=224, steps=20, warmup=3, infer_batch=256,
+            latency_repeats=30, budget=540)
+QUICK = dict(cases=[["tiny", 8]], image_size=32, steps=3, warmup=2, infer_batch=8, latency_repeats=3, budget=900)
+# module -> distribution, for what a part needs; WHEELS: what --fetch-wheels brings for a bare GPU machine
+DISTRIBUTIONS = {"keras": "keras", "jax": "jax", "torch": "torch", "tensorflow": "tensorflow", "keras_hub": "keras-hub",
+                 "timm": "timm"}
+WHEELS = ("keras", "namex", "optree", "keras-hub", "kagglehub", "kagglesdk")
+VERSIONS = ("keras", "jax", "jaxlib", "torch", "timm", "keras-hub", "tensorflow", "numpy")
+RESULTS = os.path.join(HERE, "results", "gpu-session.json")
+BEGIN, END = "<!-- gpu-session: begin", "<!-- gpu-session: end -->"
 
 
-def _uint8_batch(batch, size, classes, seed=0):
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return (rng.integers(0, 256, (batch, size, size, 3)).astype("uint8"),
-            rng.integers(0, classes, (batch,)).astype("int32"))
-
-
-def _pipeline(x, y):
-    """An endless stream of the uint8 batch (x, y): tf.data with prefetching, or a PyDataset."""
+# -- installing from the wheels folder ----------------------------------------------------------
+def _installed(dist):
     try:
-        import tensorflow as tf
-    except ImportError:
-        import keras
-
-        class Batches(keras.utils.PyDataset):
-            def __len__(self):
-                return 2**31 - 1
-
-            def __getitem__(self, index):
-                return x, y
-
-        return Batches(), "PyDataset"
-    return tf.data.Dataset.from_tensors((x, y)).repeat().prefetch(tf.data.AUTOTUNE), "tf.data"
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
-def _device_peak(backend):
-    """The device allocator's peak bytes (None on a CPU) and a reset for it."""
-    from workers import _gpu_memory
-
-    mem = _gpu_memory(backend)
-    return mem if mem else (lambda: None, lambda: None)
-
-
-def _peak_mb(read):
-    peak = read()
-    if peak is not None:
-        return peak / 2**20, "device"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10, "rss"
-
-
-def _keras_hub_model(config, keras):
-    import keras_hub
-
-    backbone = keras_hub.models.ViTBackbone(
-        image_shape=(config["image_size"], config["image_size"], 3), patch_size=config["patch_size"],
-        num_layers=config["num_layers"], num_heads=config["num_heads"], hidden_dim=config["hidden_size"],
-        mlp_dim=config["mlp_dim"])
-    inputs = keras.Input((config["image_size"], config["image_size"], 3), dtype="uint8")
-    x = keras.layers.Rescaling(1 / 127.5, offset=-1.0, dtype="float32")(inputs)
-    outputs = keras_hub.models.ViTImageClassifier(backbone, config["classes"], activation=None)(x)
-    return keras.Model(inputs, outputs)
-
-
-def keras_worker(spec):
-    """fit and inference of keras-vit (and keras-hub) on this process's Keras backend."""
-    import keras
-
-    import keras_vit
-    from keras_vit import recipes
-
-    backend = keras.backend.backend()
-    keras.mixed_precision.set_global_policy(spec["policy"])
-    reset, read = _device_peak(backend)
-    results = []
-    for variant, batch in spec["cases"]:
-        config = arch_config(variant, spec["image_size"])
-        x, y = _uint8_batch(batch, spec["image_size"], config["classes"])
-        data, feeder = _pipeline(x, y)
-        libraries = [("keras-vit", lambda: keras_vit.VisionTransformer(**config, input_dtype="uint8",
-                                                                       classifier_activation=None))]
-        if "keras-hub" in spec["peers"]:
-            libraries.append(("keras-hub", lambda: _keras_hub_model(config, keras)))
-        for library, build in libraries:
-            for recipe in spec["recipes"]:
-                case = dict(library=library, backend=backend, variant=variant, batch=batch, mode=f"fit ({recipe})",
-                            feeder=feeder, policy=spec["policy"])
-                try:
-                    keras.utils.clear_session()
-                    model = build()
-                    compile_recipe = getattr(recipes, f"compile_for_{recipe}")
-                    compile_recipe(model, total_steps=10_000, warmup_steps=10, batch_size=batch, from_logits=True,
-                                   metrics=[], steps_per_execution=spec["steps_per_execution"])
-                    steps = spec["steps"] - spec["steps"] % spec["steps_per_execution"] or spec["steps_per_execution"]
-                    model.fit(data, steps_per_epoch=max(spec["warmup"], spec["steps_per_execution"]), verbose=0)
-                    reset()
-                    start = time.perf_counter()
-                    model.fit(data, steps_per_epoch=steps, verbose=0)
-                    seconds = time.perf_counter() - start
-                    peak, where = _peak_mb(read)
-                    results.append({**case, "images_per_s": steps * batch / seconds, "peak_mb": peak,
-                                    "memory": where, "steps": steps})
-                    if recipe != spec["recipes"][-1]:
-                        continue
-                    results.extend(_inference(model, case, spec, x, reset, read))
-                except ImportError as err:
-                    results.append({**case, "skipped": f"{library} does not import here: {err}"})
-                    break
-                except Exception as err:  # noqa: BLE001 - one failed case must not lose the others
-                    results.append({**case, "error": f"{type(err).__name__}: {str(err)[:300]}"})
-    return results
-
-
-def _inference(model, case, spec, x, reset, read):
-    import numpy as np
-
-    batch = spec["infer_batch"]
-    images = np.resize(x, (batch, *x.shape[1:]))
-    model.predict(images, batch_size=batch, verbose=0)
-    reset()
-    repeats = max(2, spec["steps"] // 2)
-    stack = np.concatenate([images] * repeats)
-    start = time.perf_counter()
-    model.predict(stack, batch_size=batch, verbose=0)
-    seconds = time.perf_counter() - start
-    peak, where = _peak_mb(read)
-    out = [{**case, "mode": "predict", "batch": batch, "images_per_s": len(stack) / seconds, "peak_mb": peak,
-            "memory": where}]
-    out.append(_latency_row(case, lambda: np.asarray(model.predict_on_batch(images[:1])), spec["latency_repeats"]))
-    return out
-
-
-def _latency_row(case, run_one, repeats):
-    """The batch-1 latency row of `case`: `run_one()` (one image, its result on the host) once to warm up,
-    then the median of `repeats` timed calls."""
-    run_one()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run_one()
-        times.append(time.perf_counter() - start)
-    median = statistics.median(times)
-    return {**case, "mode": "latency", "batch": 1, "latency_ms": 1e3 * median, "images_per_s": 1 / median}
-
-
-def timm_worker(spec):
-    """timm's ViT, eager and compiled: AdamW + clipping + bfloat16 autocast, uint8 batches from the host."""
-    import torch
-
-    from workers import timm_model
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    reset, read = _device_peak("torch")
-    results = []
-    for variant, batch in spec["cases"]:
-        config = arch_config(variant, spec["image_size"])
-        x, y = (torch.from_numpy(a) for a in _uint8_batch(batch, spec["image_size"], config["classes"]))
-        if device == "cuda":
-            x, y = x.pin_memory(), y.pin_memory()
-        for peer in [p for p in ("timm", "timm-compile") if p in spec["peers"]]:
-            case = dict(library=peer, backend="torch", variant=variant, batch=batch, mode="fit (AdamW)",
-                        feeder="host uint8", policy="bf16 autocast")
-            try:
-                torch.manual_seed(0)
-                model = timm_model(config).to(device).train()
-                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-                net = torch.compile(model) if peer == "timm-compile" else model
-
-                def step():
-                    images = _nchw(x.to(device, non_blocking=True))
-                    with torch.autocast(device, dtype=torch.bfloat16):
-                        loss = torch.nn.functional.cross_entropy(net(images), y.to(device, non_blocking=True).long())
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                    optimizer.step()
-
-                for _ in range(spec["warmup"]):
-                    step()
-                sync()
-                reset()
-                start = time.perf_counter()
-                for _ in range(spec["steps"]):
-                    step()
-                sync()
-                seconds = time.perf_counter() - start
-                peak, where = _peak_mb(read)
-                results.append({**case, "images_per_s": spec["steps"] * batch / seconds, "peak_mb": peak,
-                                "memory": where})
-                results.extend(_timm_inference(net, model, case, spec, x, device, sync))
-            except Exception as err:  # noqa: BLE001
-                results.append({**case, "error": f"{type(err).__name__}: {str(err)[:300]}"})
-    return results
-
-
-def _nchw(images):
-    """uint8 NHWC on the device -> float32 NCHW in [-1, 1], as timm takes it."""
-    return images.permute(0, 3, 1, 2).float().sub_(127.5).div_(127.5)
-
-
-def _timm_inference(net, model, case, spec, x, device, sync):
-    import torch
-
-    model.eval()
-    batch = spec["infer_batch"]
-    images = x.repeat((batch + len(x) - 1) // len(x), 1, 1, 1)[:batch]
-
-    def forward(images):
-        with torch.inference_mode(), torch.autocast(device, dtype=torch.bfloat16):
-            return net(_nchw(images.to(device, non_blocking=True)))
-
-    forward(images)
-    sync()
-    repeats = max(2, spec["steps"] // 2)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        forward(images)
-    sync()
-    seconds = time.perf_counter() - start
-    out = [{**case, "mode": "predict", "batch": batch, "images_per_s": repeats * batch / seconds}]
-    out.append(_latency_row(case, lambda: forward(images[:1]).float().cpu(), spec["latency_repeats"]))
-    return out
-
-
-def bf16_matrix_rate(quick):
-    """The measured bfloat16 matmul rate in GFLOP/s and where: the GPU's (torch, CUDA), else the CPU's."""
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    n = 8192 if device == "cuda" else (256 if quick else 2048)
-    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    best = float("inf")
-    for _ in range(3):
-        a @ b
-        sync()
-        start = time.perf_counter()
-        for _ in range(5):
-            a @ b
-        sync()
-        best = min(best, (time.perf_counter() - start) / 5)
-    name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
-    return {"gflops": 2 * n**3 / best / 1e9, "device": f"{device}: {name}"}
-
-
-def feed_worker(spec):
-    """Host milliseconds per batch of the input pipeline, float32 against uint8 images: tf.data
-    resizing 256 px uint8 images to the model's size (`keras_vit.data.eval_preprocess`), batching,
-    then the batch handed to this backend as a device array (what `model.fit` does per step)."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
-    from keras_vit import data
-
-    backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        def to_device(batch):
-            return jax.block_until_ready(jax.device_put(batch.numpy()))
-    elif backend == "torch":
-        import torch
-
-        def to_device(batch):
-            return torch.as_tensor(batch.numpy(), device="cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        def to_device(batch):
-            return tf.identity(batch)
-
-    source = np.random.default_rng(0).integers(0, 256, (64, 256, 256, 3)).astype("uint8")
-    results = []
-    for dtype in ("float32", "uint8"):
-        ds = tf.data.Dataset.from_tensor_slices(source).repeat()
-        ds = ds.map(lambda im: data.eval_preprocess(im, spec["image_size"], dtype), num_parallel_calls=1)
-        batches = iter(ds.batch(spec["feed_batch"]))
-        for _ in range(2):
-            to_device(next(batches))
-        times = []
-        for _ in range(spec["steps"]):
-            start = time.perf_counter()
-            to_device(next(batches))
-            times.append(time.perf_counter() - start)
-        results.append({"library": "keras-vit", "backend": backend, "mode": f"feed ({dtype})",
-                        "batch": spec["feed_batch"], "host_ms_per_batch": 1e3 * statistics.median(times),
-                        "mb_per_batch": spec["feed_batch"] * spec["image_size"] ** 2 * 3
-                        * (4 if dtype == "float32" else 1) / 2**20})
-    return results
-
-
-WORKERS = {"keras": keras_worker, "timm": timm_worker, "feed": feed_worker}
-
-
-def run_worker(kind, spec, backend=None):
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out.json")
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-        env["PYTHONPATH"] = os.path.dirname(HERE) + os.pathsep + env.get("PYTHONPATH", "")
-        if backend:
-            env["KERAS_BACKEND"] = backend
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", kind, json.dumps(spec), out],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if proc.returncode or not os.path.exists(out):
-            tail = " | ".join(proc.stdout.strip().splitlines()[-5:])
-            return [{"library": kind, "backend": backend, "error": f"worker exit {proc.returncode}: {tail[-500:]}"}]
-        with open(out) as f:
-            return json.load(f)
-
-
-def add_derived(results, rate, image_size):
-    """FLOP utilisation of each row, and its ratio to each timm peer of the same case."""
-    def kind(mode):  # timm trains with AdamW: the pretraining recipe's fit is its counterpart
-        return {"fit (AdamW)": "fit", "fit (pretraining)": "fit"}.get(mode, mode)
-
-    timm = {(r["library"], r["variant"], kind(r["mode"]), r["batch"]): r["images_per_s"]
-            for r in results if r.get("library", "").startswith("timm") and "images_per_s" in r}
-    for r in results:
-        if "images_per_s" not in r:
+def install_wheels(folder, site):
+    """Installs into `site` each wheel of `folder` whose distribution is not installed here (pip, no
+    index, no dependencies: the folder brings them), and puts `site` on this process's path.
+    Returns one line per wheel."""
+    if not folder or not os.path.isdir(folder):
+        return [f"no wheels folder {folder!r}: nothing installed"]
+    os.makedirs(site, exist_ok=True)
+    sys.path.insert(0, site)
+    importlib.invalidate_caches()
+    lines = []
+    for path in sorted(glob.glob(os.path.join(folder, "*.whl"))):
+        name, version = os.path.basename(path).split("-")[:2]
+        name = re.sub(r"[-_.]+", "-", name).lower()
+        have = _installed(name)
+        if have:
+            lines.append(f"kept {name} {have} (already here; the folder's {version} not used)")
             continue
-        flops = model_flops(**arch_config(r["variant"], image_size))["total"]
-        if r["mode"].startswith("fit"):
-            flops = train_flops(flops)
-        r["mfu"] = flops * r["images_per_s"] / 1e9 / rate["gflops"]
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+                               "--no-compile", "--disable-pip-version-check", "--upgrade", "--target", site, path],
+                              capture_output=True, text=True)
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        lines.append(f"not installed {name} {version}: {last[:200]}" if proc.returncode else f"installed {name} {version}")
+        importlib.invalidate_caches()
+    return lines
+
+
+def fetch_wheels(folder, python_version):
+    """Downloads WHEELS for a Linux x86-64 CPython `python_version` machine into `folder`, at the
+    versions installed here where they are (what the tests ran); one line per wheel."""
+    os.makedirs(folder, exist_ok=True)
+    tags = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
+    lines = []
+    for dist in WHEELS:
+        pin = f"{dist}=={_installed(dist)}" if _installed(dist) else dist
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                               "--disable-pip-version-check", "--python-version", python_version, "--implementation",
+                               "cp", *[a for t in tags for a in ("--platform", t)], "-d", folder, pin],
+                              capture_output=True, text=True)
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        lines.append(f"not fetched {pin}: {last[:200]}" if proc.returncode else f"fetched {pin}")
+    return lines
+
+
+def _missing(modules, wheels):
+    """Why a part needing `modules` cannot run here, or None."""
+    absent = [DISTRIBUTIONS[m] for m in modules if importlib.util.find_spec(m) is None]
+    if not absent:
+        return None
+    where = f" and {wheels} holds no wheel for {'it' if len(absent) == 1 else 'them'}" if wheels and os.path.isdir(wheels) else ""
+    return f"{', '.join(absent)} not installed{where}"
+
+
+# -- the parts -----------------------------------------------------------------------------------
+def plan(preset, backends, peers, recipes, levers):
+    """The session's parts, most telling first: per case keras-vit on the first backend, timm, the
+    other backends, the JAX levers (first case); then keras-hub."""
+    parts = []
+    timm = [p for p in ("timm", "timm-compile") if p in peers]
+    for i, (variant, batch) in enumerate(preset["cases"]):
+        case = dict(variant=variant, batch=batch)
+        ours = [dict(case, key=f"keras-vit/{b}/{variant}", kind="keras", library="keras-vit", backend=b,
+                     recipes=recipes, inference=True, needs=["keras", b]) for b in backends]
+        parts += ours[:1]
+        if timm:
+            parts.append(dict(case, key=f"timm/{variant}", kind="timm", backend="torch", library="timm", peers=timm,
+                              needs=["keras", "torch", "timm"]))  # keras: the configuration comes from keras_vit
+        parts += ours[1:]
+        if i == 0 and "jax" in backends:
+            parts += [dict(case, key=f"lever {name}/jax/{variant}", kind="keras", library="keras-vit", backend="jax",
+                           recipes=["pretraining"], inference=False, lever=LEVERS[name], lever_name=name,
+                           needs=["keras", "jax"]) for name in levers]
+    if "keras-hub" in peers:
+        parts += [dict(variant=v, batch=n, key=f"keras-hub/{b}/{v}", kind="keras", library="keras-hub", backend=b,
+                       recipes=recipes[:1], inference=True, needs=["keras", b, "keras_hub"])
+                  for v, n in preset["cases"] for b in backends]
+    return parts
+
+
+def _head(part):
+    keys = ("backend", "variant", "batch")
+    return {"library": part.get("library", part["key"]), **{k: part[k] for k in keys if k in part}, "mode": "",
+            "part": part["key"],
+            **({"lever": part["lever_name"]} if "lever_name" in part else {})}
+
+
+def run_part(part, spec, env, timeout):
+    """Runs one part in its own process; returns (rows, status). A part stopped at `timeout` keeps
+    the rows it wrote."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "rows.json")
+        dump(spec_path, spec)
+        cmd = [sys.executable, os.path.join(HERE, "gpu_workers.py"), part["kind"], spec_path, out]
+        try:
+            proc = subprocess.run(cmd, env=dict(env, KERAS_BACKEND=part["backend"]), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=timeout)
+            status, log = ("done" if proc.returncode == 0 else f"worker exit {proc.returncode}"), proc.stdout
+        except subprocess.TimeoutExpired as err:
+            status, log = "timed out", err.stdout or ""
+        log = log.decode(errors="replace") if isinstance(log, bytes) else log
+        rows = []
+        if os.path.exists(out):
+            with open(out) as f:
+                rows = json.load(f)
+    if status == "timed out":
+        rows.append({**_head(part), "not_run": "the session's time budget ran out during this part; --resume runs it"})
+    elif status != "done" and not rows:
+        tail = " | ".join(log.strip().splitlines()[-4:])
+        rows.append({**_head(part), "not_run": f"{status}: {tail[-400:]}"})
+    return [{**r, "part": part["key"]} for r in rows], status
+
+
+def derive(results):
+    """Each row's ratio to each timm peer of the same case, and each lever's to its base row."""
+    def kind(mode):  # timm trains with AdamW: the pretraining recipe's fit is its counterpart
+        return "fit" if mode in ("fit (AdamW)", "fit (pretraining)") else mode
+
+    done = [r for r in results if "images_per_s" in r]
+    timm = {(r["library"], r["variant"], kind(r["mode"]), r["batch"]): r["images_per_s"]
+            for r in done if r["library"].startswith("timm")}
+    base = {(r["backend"], r["variant"]): r["images_per_s"] for r in done
+            if r["library"] == "keras-vit" and r["mode"] == "fit (pretraining)" and "lever" not in r}
+    for r in done:
+        if "lever" in r:
+            if (r["backend"], r["variant"]) in base:
+                r["x_base"] = r["images_per_s"] / base[r["backend"], r["variant"]]
+            continue
         for peer in ("timm", "timm-compile"):
             ref = timm.get((peer, r["variant"], kind(r["mode"]), r["batch"]))
             if ref and r["library"] != peer:
                 r[f"x_{peer}"] = r["images_per_s"] / ref
+    return results
 
 
-def table(results):
-    head = ["library", "backend", "variant", "batch", "mode", "img/s", "x timm", "x timm-compile", "peak MB", "MFU"]
-    rows = []
-    for r in results:
-        if "images_per_s" not in r:
-            what = r.get("skipped") or "error: " + r.get("error", "")
-            rows.append([r.get("library", ""), r.get("backend") or "", r.get("variant", ""), str(r.get("batch", "")),
-                         r.get("mode", ""), what[:90], "", "", "", ""])
+def session(args, preset, backends, peers, recipes, levers):
+    """Installs, runs every part not done yet within the budget, writes the JSON after each; returns it."""
+    budget = args.budget or preset["budget"]
+    deadline = time.monotonic() + budget
+    install = install_wheels(args.wheels, args.site)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, args.site, os.environ.get("PYTHONPATH")) if p))
+    prior = {}
+    if args.resume:
+        with open(args.resume) as f:
+            prior = json.load(f)
+    record = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), quick=args.quick,
+                  command=" ".join(["python3 benchmarks/gpu.py", *sys.argv[1:]]), cases=preset["cases"], budget_s=budget, python=platform.python_version(),
+                  machine=platform.platform(), versions={d: _installed(d) for d in VERSIONS},
+                  install=prior.get("install", []) + install, rate=prior.get("rate"), parts={}, results=[])
+    parts = [dict(key="rate", kind="rate", backend="torch", needs=["torch"])]
+    parts += plan(preset, backends, peers, recipes, levers)
+    for n, part in enumerate(parts, 1):
+        key = part["key"]
+        if prior.get("parts", {}).get(key, {}).get("status") == "done":
+            record["parts"][key] = prior["parts"][key]
+            record["results"] += [r for r in prior["results"] if r.get("part") == key]
             continue
-        speed = f"{r['images_per_s']:.1f}" + (f" ({r['latency_ms']:.1f} ms)" if "latency_ms" in r else "")
-        rows.append([r["library"], r["backend"], r["variant"], str(r["batch"]), r["mode"], speed,
-                     f"{r['x_timm']:.2f}" if "x_timm" in r else "",
-                     f"{r['x_timm-compile']:.2f}" if "x_timm-compile" in r else "",
-                     f"{r['peak_mb']:.0f} ({r['memory']})" if "peak_mb" in r else "", f"{100 * r['mfu']:.1f}%"])
-    widths = [max(len(c) for c in col) for col in zip(head, *rows)]
-    return "\n".join("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in [head, *rows])
+        reason, status, rows, start = _missing(part["needs"], args.wheels), None, [], time.monotonic()
+        if reason:
+            status, rows = "not installed", [{**_head(part), "not_run": reason}]
+        elif deadline - time.monotonic() <= 0:
+            status, rows = "budget", [{**_head(part), "not_run": f"the time budget ({budget:.0f} s) was spent "
+                                                               "before this part; --resume runs it"}]
+        else:
+            print(f"[{n}/{len(parts)}] {key} ...", flush=True)
+            spec = dict(preset, **part, policy=args.policy, quick=args.quick,
+                        rate_gflops=(record["rate"] or {}).get("gflops"))
+            rows, status = run_part(part, spec, env, deadline - time.monotonic())
+            print(f"    {status} in {time.monotonic() - start:.0f} s", flush=True)
+        if key == "rate":
+            record["rate"] = next((r for r in rows if "gflops" in r), None)
+            rows = [r for r in rows if "not_run" in r]
+        record["parts"][key] = {"status": status, "seconds": round(time.monotonic() - start, 1)}
+        record["results"] += rows
+        derive(record["results"])
+        if args.out:
+            dump(args.out, record)
+    return record
 
 
-def _importable(name):
-    import importlib.util
+# -- tables --------------------------------------------------------------------------------------
+def _on_gpu(record):
+    return not record.get("quick") and (record.get("rate") or {}).get("device", "").startswith("cuda")
 
-    return importlib.util.find_spec(name) is not None
+
+def _variant(name):
+    return re.sub(r"^ViT_(\w)(\d+)$", r"ViT-\1/\2", name)
+
+
+def _speed(r):
+    if "not_run" in r:
+        return "not run: " + r["not_run"].replace("|", "/")[:120]
+    latency = f" ({r['latency_ms']:.1f} ms)" if "latency_ms" in r else ""
+    return f"{r['images_per_s']:,.0f}{latency}"
+
+
+def _ratio(r, key):
+    return f"{r[key]:.2f}" if key in r else ""
+
+
+def results_table(record):
+    """The session's rows as one markdown table (the levers with their ratio to the base row)."""
+    head = "| library | backend | variant | batch | mode | img/s | x timm | x timm compiled | peak GB | MFU |"
+    lines = [head, "|" + "---|" * 10]
+    for r in record["results"]:
+        lever = f"{r['lever']}" + (f" ({r['x_base']:.2f}x base)" if "x_base" in r else "") if "lever" in r else ""
+        mode = ", ".join(m for m in (r["mode"], lever) if m)
+        peak = f"{r['peak_mb'] / 1024:.1f}{'' if r.get('memory') == 'device' else ' (RSS)'}" if "peak_mb" in r else ""
+        mfu = f"{100 * r['mfu']:.0f}%" if r.get("mfu") else ""
+        lines.append(f"| {r['library']} | {r.get('backend', '')} | {r.get('variant', '')} | {r.get('batch', '')} | "
+                     f"{mode} | {_speed(r)} | {_ratio(r, 'x_timm')} | {_ratio(r, 'x_timm-compile')} | {peak} | {mfu} |")
+    return "\n".join(lines)
+
+
+def _describe(record):
+    rate = record["rate"] or {}
+    versions = ", ".join(f"{d} {v}" for d, v in record["versions"].items() if v)
+    return (f"{record['date']}, {rate.get('device', 'device not measured')}; bfloat16 matmul "
+            f"{rate.get('gflops', float('nan')) / 1e3:.0f} TFLOP/s; Python {record['python']}, {versions}")
+
+
+def render_benchmarks(record):
+    """The GPU-session block of benchmarks/README.md (`record` None: the block that waits for one)."""
+    if record is None:
+        return "No GPU session is recorded yet: every figure of this section waits for one (the steps below)."
+    parts = ", ".join(f"{k} {v['seconds']:.0f} s" for k, v in record["parts"].items() if v["status"] == "done")
+    return "\n".join([f"Measured {_describe(record)}.", "", f"    {record['command']}", "", results_table(record), "",
+                      f"Wheels: {'; '.join(record['install'])}.", "", f"Parts (seconds): {parts}."])
+
+
+def render_readme(record):
+    """The README's GPU table: `model.fit` under the pretraining recipe (AdamW, timm's counterpart) per
+    library and backend, one column per case (`record` None: the rows a session fills, waiting)."""
+    cases = record["cases"] if record else FULL["cases"]
+    fits = {(r["library"], r["backend"], r["variant"]): r for r in (record["results"] if record else [])
+            if r["mode"] in ("fit (pretraining)", "fit (AdamW)", "") and "lever" not in r}
+    names = {"timm": "timm, eager", "timm-compile": "timm, `torch.compile`"}
+    lines = ["| `model.fit`, `mixed_bfloat16`, AdamW | " + " | ".join(f"{_variant(v)}, batch {b}" for v, b in cases)
+             + " |", "|---|" + "---|" * len(cases)]
+    order = [("keras-vit", b) for b in BACKENDS] + [("timm", "torch"), ("timm-compile", "torch")]
+    for library, backend in order + [("keras-hub", b) for b in BACKENDS]:
+        cells = []
+        for variant, _ in cases:
+            r = fits.get((library, backend, variant))
+            if r is None:
+                cells.append("waits" if record is None else "")
+            elif "images_per_s" in r:
+                peer = next((f" ({r[k]:.2f}x timm {name})" for k, name in (("x_timm-compile", "compiled"),
+                                                                         ("x_timm", "eager")) if k in r), "")
+                cells.append(f"{r['images_per_s']:,.0f} img/s{peer}")
+            else:
+                cells.append(_speed(r))
+        if any(cells):
+            lines.append(f"| {names.get(library) or f'{library}, {backend}'} | " + " | ".join(cells) + " |")
+    what = (f"Measured {_describe(record)}." if record else
+            "No GPU session is recorded yet: every cell waits for one.")
+    return what + "\n\n" + "\n".join(lines)
+
+
+def replace_block(text, block, where):
+    """`text` with the block between the gpu-session markers replaced by `block`."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"{where} has no '{BEGIN} ... {END}' block to rewrite")
+    start = text.index("-->", start) + 3
+    return text[:start] + "\n" + block + "\n" + text[end:]
+
+
+def update_tables(record, root=ROOT):
+    """Rewrites the GPU blocks of README.md and benchmarks/README.md under `root` from `record` (None:
+    the blocks that wait for a session)."""
+    for rel, render in (("README.md", render_readme), (os.path.join("benchmarks", "README.md"), render_benchmarks)):
+        path = os.path.join(root, rel)
+        with open(path) as f:
+            text = replace_block(f.read(), render(record), rel)
+        with open(path + ".part", "w") as f:
+            f.write(text)
+        os.replace(path + ".part", path)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the tiny model, a few steps: checks the command")
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="Keras backends (those that import run)")
+    parser.add_argument("--quick", action="store_true", help="the tiny model, a few steps: a rehearsal on any machine")
+    parser.add_argument("--wheels", default=os.path.join(ROOT, ".whl"),
+                        help="folder of wheels to install what is missing from (default: .whl in the repository)")
+    parser.add_argument("--site", default=os.path.join(tempfile.gettempdir(), "keras-vit-gpu-site"),
+                        help="where the wheels are installed (pip --target)")
+    parser.add_argument("--out", default="gpu-session.json", help="the session's JSON (rewritten after each part)")
+    parser.add_argument("--resume", metavar="JSON", help="keep the parts this session JSON has done, run the rest")
+    parser.add_argument("--budget", type=float, default=None,
+                        help=f"seconds for all parts (default {FULL['budget']}; --quick {QUICK['budget']})")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="Keras backends (those installed run)")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"peers in the same run, from {','.join(PEERS)}")
-    parser.add_argument("--recipes", default=",".join(RECIPES), help="the library's recipes fit runs under")
+    parser.add_argument("--recipes", default=",".join(RECIPES), help="the recipes fit runs under")
+    parser.add_argument("--levers", default=",".join(LEVERS), help=f"JAX levers, from {','.join(LEVERS)}")
     parser.add_argument("--policy", default="mixed_bfloat16", help="Keras dtype policy (default mixed_bfloat16)")
     parser.add_argument("--steps", type=int, default=None, help="timed fit steps")
-    parser.add_argument("--steps-per-execution", type=int, default=1, help="compile(steps_per_execution=...)")
+    parser.add_argument("--render", metavar="JSON", help="instead: rewrite the README tables from a session's JSON")
+    parser.add_argument("--fetch-wheels", metavar="DIR", help="instead: download the wheels a bare GPU machine needs")
+    parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python, for --fetch-wheels")
     parser.add_argument("--feed", action="store_true",
                         help="instead: host time per batch of a float32 vs a uint8 pipeline on each backend")
     parser.add_argument("--feed-batch", type=int, default=64, help="batch of --feed (default 64)")
-    parser.add_argument("--out", default=None, help="write the results as JSON here")
-    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        kind, spec, out = args.worker
-        from keras_vit.fileio import write_json
-
-        write_json(out, WORKERS[kind](json.loads(spec)))
+    if args.fetch_wheels:
+        print("\n".join(fetch_wheels(args.fetch_wheels, args.python_version)))
         return 0
-    preset = QUICK if args.quick else FULL
-    peers = [p for p in args.peers.split(",") if p]
-    recipes = [r for r in args.recipes.split(",") if r]
-    unknown = sorted(set(peers) - set(PEERS)) + sorted(set(recipes) - set(RECIPES))
-    if unknown:
-        parser.error(f"unknown peer or recipe {unknown}; peers: {PEERS}, recipes: {RECIPES}")
-    spec = dict(preset, peers=peers, recipes=recipes, policy=args.policy, steps=args.steps or preset["steps"],
-                steps_per_execution=args.steps_per_execution, feed_batch=args.feed_batch)
+    if args.render:
+        with open(args.render) as f:
+            record = json.load(f)
+        if not _on_gpu(record):
+            parser.error(f"{args.render} is not a full session on a GPU (quick={record.get('quick')}, device "
+                         f"{(record.get('rate') or {}).get('device')!r}): the README's GPU tables take only those")
+        os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+        shutil.copyfile(args.render, RESULTS)
+        update_tables(record)
+        print(f"rewrote README.md and benchmarks/README.md from {args.render}; kept it as {RESULTS}")
+        return 0
+    listed = {"peer": (args.peers, PEERS), "recipe": (args.recipes, RECIPES), "lever": (args.levers, LEVERS),
+              "backend": (args.backends, BACKENDS)}
+    chosen = {}
+    for what, (value, known) in listed.items():
+        chosen[what] = [v for v in value.split(",") if v]
+        unknown = sorted(set(chosen[what]) - set(known))
+        if unknown:
+            parser.error(f"unknown {what} {unknown}; expected some of {', '.join(known)}")
+    preset = dict(QUICK if args.quick else FULL)
+    preset["steps"] = args.steps or preset["steps"]
     if args.feed:
-        rows = [r for b in args.backends.split(",") if b for r in run_worker("feed", spec, b)]
-        for r in rows:
-            print(r if "error" in r else f"{r['backend']:<11} {r['mode']:<15} batch {r['batch']}: "
-                  f"{r['host_ms_per_batch']:.1f} ms of host time, {r['mb_per_batch']:.1f} MiB")
+        spec = dict(preset, feed_batch=args.feed_batch, steps=args.steps or 20)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+        for backend in chosen["backend"]:
+            rows, _ = run_part(dict(key=f"feed/{backend}", kind="feed", backend=backend), spec, env, None)
+            for r in rows:
+                print(r.get("not_run") or f"{r['backend']:<11} {r['mode']:<15} batch {r['batch']}: "
+                      f"{r['host_ms_per_batch']:.1f} ms of host time, {r['mb_per_batch']:.1f} MiB")
         return 0
-    rate = bf16_matrix_rate(args.quick) if _importable("torch") else {"gflops": float("nan"), "device": "unmeasured"}
-    print(f"bfloat16 matrix rate: {rate['gflops']:.0f} GFLOP/s on {rate['device']}", flush=True)
-    if not rate["device"].startswith("cuda"):
-        print("no GPU: these figures only check that the command runs; the issue's figures need a GPU", flush=True)
-    results = []
-    for backend in [b for b in args.backends.split(",") if b]:
-        if not _importable({"tensorflow": "tensorflow"}.get(backend, backend)):
-            results.append({"library": "keras-vit", "backend": backend, "skipped": f"{backend} is not installed"})
-            continue
-        print(f"keras-vit on {backend} ...", flush=True)
-        results += run_worker("keras", spec, backend)
-    if "keras-hub" in peers and not _importable("keras_hub"):
-        results.append({"library": "keras-hub", "skipped": "keras-hub is not installed (pip install keras-hub)"})
-    if {"timm", "timm-compile"} & set(peers):
-        if _importable("timm") and _importable("torch"):
-            print("timm ...", flush=True)
-            results += run_worker("timm", spec, "torch")
-        else:
-            results.append({"library": "timm", "skipped": "timm or torch is not installed"})
-    add_derived(results, rate, preset["image_size"])
-    print(table(results))
-    if args.out:
-        from keras_vit.fileio import write_json
-
-        write_json(args.out, {"rate": rate, "spec": spec, "machine": platform.platform(), "results": results})
+    record = session(args, preset, chosen["backend"], chosen["peer"], chosen["recipe"], chosen["lever"])
+    print(results_table(record))
+    if not _on_gpu(record):
+        print("no GPU: these figures only check that the command runs; the issue's figures need a GPU; "
+              "the README tables are left as they are")
+    else:
+        update_tables(record)
+        print(f"rewrote the GPU tables of README.md and benchmarks/README.md from {args.out}")
     return 0
 
 

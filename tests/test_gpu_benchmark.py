@@ -1,43 +1,186 @@
-"""benchmarks/gpu.py end to end in its --quick mode (a tiny model on the CPU), on the current backend."""
+"""benchmarks/gpu.py, the one-command GPU session, rehearsed on the CPU as it runs on a bare GPU
+machine: an interpreter that lacks Keras (this environment with keras, keras-hub and TensorFlow
+taken out), the keras wheel fetched into a wheels folder by `--fetch-wheels` from a local index
+and installed by the session, a time budget that stops it, `--resume` that finishes it, and the
+README tables rewritten from its JSON."""
 
-import importlib.util
+import base64
+import hashlib
+import importlib.metadata
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import sysconfig
+import zipfile
 
-import keras
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPU = os.path.join(ROOT, "benchmarks", "gpu.py")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import gpu  # noqa: E402  (the standard library only)
+
+# what a bare GPU machine lacks: Keras and what needs it, TensorFlow
+HIDDEN = re.compile(r"^(keras|tensorflow|tf_keras)([-_.].*)?$", re.IGNORECASE)
+
+
+def _wheel_of_installed(dist_name, folder):
+    """A wheel of the installed distribution `dist_name`, packed from its installed files."""
+    dist = importlib.metadata.distribution(dist_name)
+    info = f"{dist.metadata['Name'].replace('-', '_')}-{dist.version}.dist-info"
+    path = folder / f"{dist.metadata['Name'].replace('-', '_')}-{dist.version}-py3-none-any.whl"
+    record = []
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for f in dist.files:
+            if "__pycache__" in f.parts or f.parts[0] == ".." or f.name == "RECORD" or f.suffix == ".pth":
+                continue
+            data = dist.locate_file(f).read_bytes()
+            z.writestr(str(f), data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{f},sha256={digest},{len(data)}")
+        z.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    return path
+
+
+def _bare_python(tmp):
+    """An interpreter seeing this environment's packages but keras, keras-hub and TensorFlow."""
+    site = sysconfig.get_paths()["purelib"]
+    farm = tmp / "packages"
+    farm.mkdir()
+    for name in os.listdir(site):
+        if not HIDDEN.match(name) and not name.endswith(".pth"):
+            os.symlink(os.path.join(site, name), farm / name)
+    venv = tmp / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(purelib, "packages.pth"), "w") as f:
+        f.write(f"{farm}\n")
+    return str(python)
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory):
+    """The session as a GPU machine runs it, on the CPU: a first command stopped by its budget, a
+    second that resumes it. Returns (first JSON, second JSON, fetch output, the folder)."""
+    tmp = tmp_path_factory.mktemp("gpu-session")
+    python = _bare_python(tmp)
+    probe = subprocess.run([python, "-c", "import keras"], capture_output=True, text=True)
+    assert "No module named 'keras'" in probe.stderr  # the rehearsal starts where a bare GPU machine does
+    (tmp / "index").mkdir()
+    _wheel_of_installed("keras", tmp / "index")
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp / "index"))
+    env.pop("PYTHONPATH", None)
+    fetch = subprocess.run([python, GPU, "--fetch-wheels", str(tmp / "wheels")], env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert fetch.returncode == 0, fetch.stdout + fetch.stderr
+    common = ["--quick", "--wheels", str(tmp / "wheels"), "--site", str(tmp / "site"), "--backends",
+              "jax,torch,tensorflow", "--peers", "timm,keras-hub"]
+    runs = []
+    for extra in (["--out", str(tmp / "first.json"), "--budget", "15"],
+                  ["--out", str(tmp / "second.json"), "--resume", str(tmp / "first.json")]):
+        proc = subprocess.run([python, GPU, *common, *extra], cwd=tmp, env=env, capture_output=True, text=True,
+                              timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs.append(proc.stdout)
+    assert "the issue's figures need a GPU" in runs[1]  # says so where it ran without one
+    load = lambda name: json.loads((tmp / name).read_text())  # noqa: E731
+    return load("first.json"), load("second.json"), fetch.stdout, tmp
 
 
 @pytest.mark.slow
 @pytest.mark.one_backend
-def test_quick_run_times_fit_and_inference_beside_timm(tmp_path):
-    if importlib.util.find_spec("timm") is None:  # timm itself imports torchvision, which gpu.py stands in for
-        pytest.importorskip("timm")
-    backend = keras.backend.backend()
-    out = tmp_path / "gpu.json"
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "gpu.py"), "--quick", "--backends", backend,
-         "--peers", "timm", "--recipes", "pretraining", "--out", str(out)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "the issue's figures need a GPU" in proc.stdout  # says so where it ran without one
-    rows = json.loads(out.read_text())["results"]
-    assert not [r for r in rows if "error" in r], rows
-    ours = {r["mode"]: r for r in rows if r["library"] == "keras-vit"}
-    assert set(ours) == {"fit (pretraining)", "predict", "latency"}, rows
-    fit = ours["fit (pretraining)"]
-    assert fit["backend"] == backend and fit["images_per_s"] > 0 and fit["peak_mb"] > 0 and fit["mfu"] > 0
-    assert fit["x_timm"] > 0 and ours["predict"]["x_timm"] > 0 and ours["latency"]["latency_ms"] > 0
+@pytest.mark.timeout(900)  # the first one sets the rehearsal up: two session commands
+def test_the_keras_wheel_is_fetched_then_installed_where_keras_is_missing(rehearsal):
+    first, second, fetched, tmp = rehearsal
+    keras = importlib.metadata.version("keras")
+    assert "fetched keras\n" in fetched + "\n" and "not fetched optree" in fetched  # optree: not in the index
+    assert f"installed keras {keras}" in first["install"]
+    assert f"kept keras {keras} (already here; the folder's {keras} not used)" in second["install"]
+    assert second["versions"]["keras"] == keras and second["versions"]["tensorflow"] is None
+    assert os.path.isdir(tmp / "site" / "keras")
+
+
+@pytest.mark.slow
+@pytest.mark.one_backend
+@pytest.mark.timeout(900)  # the first one sets the rehearsal up: two session commands
+def test_the_budget_stops_a_session_and_resume_finishes_it(rehearsal):
+    first, second, _, _ = rehearsal
+    cut = {k for k, v in first["parts"].items() if v["status"] in ("timed out", "budget")}
+    assert cut and all("--resume" in r["not_run"] for r in first["results"] if r["part"] in cut and "not_run" in r)
+    assert {k for k, v in second["parts"].items() if v["status"] not in ("done", "not installed")} == set()
+    done_first = {k for k, v in first["parts"].items() if v["status"] == "done"}
+    assert all(second["parts"][k] == first["parts"][k] for k in done_first)  # kept, not run again
+
+
+@pytest.mark.slow
+@pytest.mark.one_backend
+@pytest.mark.timeout(900)  # the first one sets the rehearsal up: two session commands
+def test_every_part_is_figures_or_one_line_saying_why_not(rehearsal):
+    _, second, _, _ = rehearsal
+    rows = second["results"]
+    assert second["rate"]["gflops"] > 0 and second["rate"]["device"].startswith("cpu")
+    for backend in ("jax", "torch"):
+        ours = {r["mode"]: r for r in rows if r["library"] == "keras-vit" and r["backend"] == backend
+                and "lever" not in r}
+        assert set(ours) == {"fit (pretraining)", "fit (finetuning)", "predict", "latency"}, rows
+        assert all(r["images_per_s"] > 0 for r in ours.values()), ours
+        assert ours["fit (pretraining)"]["x_timm"] > 0 and ours["predict"]["x_timm"] > 0
+        assert ours["fit (pretraining)"]["peak_mb"] > 0 and ours["latency"]["latency_ms"] > 0
     assert {r["mode"] for r in rows if r["library"] == "timm"} == {"fit (AdamW)", "predict", "latency"}
+    levers = {r["lever"]: r for r in rows if "lever" in r}
+    assert set(levers) == set(gpu.LEVERS)
+    assert "attention_implementation='flash' cannot run here" in levers["flash attention"]["not_run"]
+    assert all(r["x_base"] > 0 for name, r in levers.items() if name != "flash attention"), levers
+    missing = {r["part"]: r["not_run"] for r in rows if r["part"].startswith(("keras-vit/tensorflow", "keras-hub"))}
+    assert set(missing) == {"keras-vit/tensorflow/tiny", "keras-hub/jax/tiny", "keras-hub/torch/tiny",
+                            "keras-hub/tensorflow/tiny"}, missing
+    assert all("not installed and" in why and "holds no wheel for" in why for why in missing.values()), missing
 
 
-def test_unknown_peer_is_refused():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import gpu
-
+@pytest.mark.slow
+@pytest.mark.one_backend
+@pytest.mark.timeout(900)  # the first one sets the rehearsal up: two session commands
+def test_the_tables_are_rewritten_from_the_json_and_a_cpu_session_is_refused(rehearsal):
+    _, second, _, tmp = rehearsal
+    (tmp / "repo" / "benchmarks").mkdir(parents=True)
+    for rel in ("README.md", "benchmarks/README.md"):
+        shutil.copyfile(os.path.join(ROOT, rel), tmp / "repo" / rel)
+    gpu.update_tables(second, root=tmp / "repo")
+    readme = (tmp / "repo" / "README.md").read_text()
+    fit = next(r for r in second["results"] if r["part"] == "keras-vit/jax/tiny" and r["mode"] == "fit (pretraining)")
+    assert f"| keras-vit, jax | {fit['images_per_s']:,.0f} img/s (" in readme
+    assert "| keras-vit, tensorflow | not run: tensorflow not installed" in readme
+    bench = (tmp / "repo" / "benchmarks" / "README.md").read_text()
+    assert gpu.results_table(second) in bench and "Wheels: installed keras" in bench
+    for rel, text in (("README.md", readme), ("benchmarks/README.md", bench)):  # nothing outside the block moved
+        with open(os.path.join(ROOT, rel)) as f:
+            original = f.read()
+        assert text.split(gpu.BEGIN)[0] == original.split(gpu.BEGIN)[0]
+        assert text.split(gpu.END)[1] == original.split(gpu.END)[1]
     with pytest.raises(SystemExit):
-        gpu.main(["--quick", "--peers", "hf"])
+        gpu.main(["--render", str(tmp / "second.json")])
+
+
+@pytest.mark.backend_independent
+def test_the_committed_tables_are_those_of_the_recorded_session():
+    record = None
+    if os.path.exists(gpu.RESULTS):
+        with open(gpu.RESULTS) as f:
+            record = json.load(f)
+    for rel, render in (("README.md", gpu.render_readme), ("benchmarks/README.md", gpu.render_benchmarks)):
+        with open(os.path.join(ROOT, rel)) as f:
+            text = f.read()
+        assert gpu.replace_block(text, render(record), rel) == text, f"{rel}: run benchmarks/gpu.py --render"
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("argv", [["--peers", "hf"], ["--levers", "fp8"], ["--backends", "mxnet"]])
+def test_unknown_names_are_refused(argv):
+    with pytest.raises(SystemExit):
+        gpu.main(["--quick", *argv])
