@@ -22,10 +22,10 @@ def _run_demo(*args, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _load_demo_module():
+def _load_demo_module(path=DEMO, name="keras_vit_demo"):
     if str(DEMO.parent) not in sys.path:  # as `python examples/demo.py` has it: its helpers beside it
         sys.path.insert(0, str(DEMO.parent))
-    spec = importlib.util.spec_from_file_location("keras_vit_demo", DEMO)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -105,7 +105,7 @@ def test_quick_demo_checkpoint_and_pngs(quick_run):
 
 @pytest.mark.slow
 @pytest.mark.one_backend
-def test_three_ways_example_from_the_demo_checkpoint(quick_run, tmp_path):
+def test_three_ways_example_from_the_demo_checkpoint(quick_run, tmp_path, capsys):
     """examples/lora_digits.py on the quick demo's checkpoint: full, layer-decayed and LoRA fine-tuning
     with one budget; LoRA trains fewer weights and its adapter file reloads to the same predictions."""
     out, _ = quick_run
@@ -120,21 +120,24 @@ def test_three_ways_example_from_the_demo_checkpoint(quick_run, tmp_path):
     assert arms["lora"]["trainable_parameters"] < arms["full"]["trainable_parameters"] / 2
     assert arms["lora"]["adapter_reload_max_abs_difference"] <= 1e-5
     assert arms["lora"]["adapter_file_bytes"] == (tmp_path / "lora" / "adapters.npz").stat().st_size
-    missing = subprocess.run([sys.executable, str(ROOT / "examples" / "lora_digits.py"), "--pretrained",
-                              str(tmp_path / "none.npz")], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert missing.returncode == 2 and "make demo" in missing.stderr
+    # a missing checkpoint is refused before anything runs (here, not in another process)
+    lora_digits = _load_demo_module(ROOT / "examples" / "lora_digits.py", "keras_vit_lora_digits")
+    with pytest.raises(SystemExit) as missing:
+        lora_digits.main(["--pretrained", str(tmp_path / "none.npz")])
+    assert missing.value.code == 2 and "make demo" in capsys.readouterr().err
 
 
 def test_refuses_existing_output_folder(tmp_path):
+    """The demo's main refuses before it trains (in-process: the refusal is the demo's, not the interpreter's)."""
+    demo = _load_demo_module()
     out = tmp_path / "taken"
     out.mkdir()
     (out / "notes.txt").write_text("someone else's work")
-    result = _run_demo("--quick", "--out", str(out), timeout=120)
-    assert result.returncode != 0
-    assert "already exists" in result.stderr and "--overwrite" in result.stderr
+    with pytest.raises(SystemExit, match="already exists.*--overwrite"):
+        demo.main(["--quick", "--out", str(out)])
     # --overwrite still refuses a folder that is no demo output
-    result = _run_demo("--quick", "--overwrite", "--out", str(out), timeout=120)
-    assert result.returncode != 0 and "does not look like the output of this demo" in result.stderr
+    with pytest.raises(SystemExit, match="does not look like the output of this demo"):
+        demo.main(["--quick", "--overwrite", "--out", str(out)])
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     assert (out / "notes.txt").read_text() == "someone else's work"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no staging folder made
