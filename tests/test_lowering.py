@@ -146,7 +146,7 @@ def test_the_host_callback_check_finds_a_callback():
 
 
 def test_export_tracing_chooses_on_the_host():
-    """jax2onnx and jax2tf have no rule for `platform_index`: inside `platform_chosen_on_host` the
+    """jax2onnx has no converter for `platform_index`: inside `platform_chosen_on_host` the
     choice is made when tracing, for this machine (a CPU), and the trace holds no platform_index."""
     import jax
 

@@ -17,8 +17,9 @@ def _write(model, path, format, top_k, batch_size, input_mode="vit"):
         _torch_litert(serving, path, batch_size)
     else:
         spec = keras.InputSpec(shape=(batch_size, *model.input_shape[1:]), dtype="uint8", name="images")
-        # JAX's converters (jax2onnx, jax2tf) have no rule for a computation chosen per lowered
-        # platform: the layers' CPU/accelerator choices are made here, for this machine, when tracing
+        # jax2onnx has no converter for a computation chosen per lowered platform (platform_index):
+        # the layers' CPU/accelerator choices are made for this machine when tracing (every format,
+        # so that every artefact is made the same way)
         with platform_chosen_on_host():
             serving.export(path, format=format, input_signature=[spec], verbose=False)
     if format == "onnx":

@@ -63,10 +63,11 @@ def per_platform(*args, cpu, default):
 def platform_chosen_on_host():
     """Within it, `per_platform` chooses by `on_cpu()` when tracing instead of per lowered platform.
 
-    For exporters that trace JAX into another format whose converters have no rule for
-    `jax.lax.platform_dependent`'s `platform_index` (jax2onnx; jax2tf for a SavedModel): the
-    artefact then holds the computation chosen for the exporting machine, as it did before the
-    choice moved to lowering time. keras_vit.export enters it around every trace it makes.
+    For exporters that trace JAX into another format: jax2onnx has no converter for
+    `jax.lax.platform_dependent`'s `platform_index`. The artefact then holds the computation chosen
+    for the exporting machine, as it did before the choice moved to lowering time;
+    keras_vit.export enters it around every trace it makes (the SavedModel's jax2tf too, which
+    lowers `platform_index` itself, so that every artefact is made the same way).
     JAX reuses the trace of a function it traced before with the same argument shapes, whatever
     this says: trace a function made inside it (as Keras' exporters do).
     """
