@@ -95,7 +95,8 @@ def install_wheels(folder, site):
                                "--no-compile", "--disable-pip-version-check", "--upgrade", "--target", site, path],
                               capture_output=True, text=True)
         last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        lines.append(f"not installed {name} {version}: {last[:200]}" if proc.returncode else f"installed {name} {version}")
+        done = f"installed {name} {version}"
+        lines.append(f"not {done}: {last[:200]}" if proc.returncode else done)
         importlib.invalidate_caches()
     return lines
 
@@ -122,7 +123,9 @@ def _missing(modules, wheels):
     absent = [DISTRIBUTIONS[m] for m in modules if importlib.util.find_spec(m) is None]
     if not absent:
         return None
-    where = f" and {wheels} holds no wheel for {'it' if len(absent) == 1 else 'them'}" if wheels and os.path.isdir(wheels) else ""
+    where = ""
+    if wheels and os.path.isdir(wheels):
+        where = f" and {wheels} holds no wheel for {'it' if len(absent) == 1 else 'them'}"
     return f"{', '.join(absent)} not installed{where}"
 
 
@@ -219,8 +222,9 @@ def session(args, preset, backends, peers, recipes, levers):
         with open(args.resume) as f:
             prior = json.load(f)
     record = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), quick=args.quick,
-                  command=" ".join(["python3 benchmarks/gpu.py", *sys.argv[1:]]), cases=preset["cases"], budget_s=budget, python=platform.python_version(),
-                  machine=platform.platform(), versions={d: _installed(d) for d in VERSIONS},
+                  command=" ".join(["python3 benchmarks/gpu.py", *sys.argv[1:]]), cases=preset["cases"],
+                  budget_s=budget, python=platform.python_version(), machine=platform.platform(),
+                  versions={d: _installed(d) for d in VERSIONS},
                   install=prior.get("install", []) + install, rate=prior.get("rate"), parts={}, results=[])
     parts = [dict(key="rate", kind="rate", backend="torch", needs=["torch"])]
     parts += plan(preset, backends, peers, recipes, levers)

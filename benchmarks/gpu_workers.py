@@ -110,7 +110,8 @@ def keras_part(spec, emit):
     feed = x if input_dtype == "uint8" else x.astype("float32") / 127.5 - 1
     data, feeder = _pipeline(feed, y)
     base = dict(library=spec["library"], backend=backend, variant=spec["variant"], batch=batch,
-                feeder=f"{feeder}, {input_dtype}", policy=spec["policy"], **({"lever": spec["lever_name"]} if lever else {}))
+                feeder=f"{feeder}, {input_dtype}", policy=spec["policy"],
+                **({"lever": spec["lever_name"]} if lever else {}))
 
     def build():
         if spec["library"] == "keras-hub":
@@ -316,7 +317,8 @@ def feed_part(spec, emit):
             times.append(time.perf_counter() - start)
         emit({"library": "keras-vit", "backend": backend, "mode": f"feed ({dtype})", "batch": spec["feed_batch"],
               "host_ms_per_batch": 1e3 * statistics.median(times),
-              "mb_per_batch": spec["feed_batch"] * spec["image_size"] ** 2 * 3 * (4 if dtype == "float32" else 1) / 2**20})
+              "mb_per_batch": spec["feed_batch"] * spec["image_size"] ** 2 * 3 * (4 if dtype == "float32" else 1)
+              / 2**20})
 
 
 PARTS = {"keras": keras_part, "timm": timm_part, "rate": rate_part, "feed": feed_part}
