@@ -1,8 +1,12 @@
-"""tf.data input pipelines over TensorFlow Datasets, with the ViT paper's preprocessing.
+"""Input pipelines with the ViT paper's preprocessing: TensorFlow Datasets, or a folder of your own images.
 
     from keras_vit import data
     train, test = data.load("cifar10", image_size=384, batch_size=512)
+    train, validation = data.from_directory("photos", image_size=224, batch_size=32)  # photos/<class>/*.jpg
     model.fit(train, steps_per_epoch=..., epochs=..., validation_data=test)
+
+`from_directory` runs without TensorFlow too (a `keras.utils.PyDataset` giving the same batches, see
+`keras_vit.image_folder`); what follows is about `load`.
 
 Both datasets yield ``(images, labels)``: float32 NHWC images in [-1, 1]
 (``(x - 127.5) / 127.5``), or with ``image_dtype="uint8"`` uint8 images in [0, 255] for a model
@@ -23,7 +27,7 @@ batches in every process, and ``skip_batches`` starts the stream at any batch
 without decoding the images skipped, which is what an exact resume of an
 interrupted run needs.
 
-Requires TensorFlow and tensorflow-datasets (the ``tensorflow`` extra), whatever
+`load` requires TensorFlow and tensorflow-datasets (the ``tensorflow`` extra), whatever
 the Keras backend.
 """
 
@@ -31,10 +35,12 @@ import contextlib
 import dataclasses
 import difflib
 
+from keras_vit import image_folder
 from keras_vit.configs import pair
+from keras_vit.image_folder import ImageFolder
 
-__all__ = ["ImageDatasetInfo", "dataset_info", "load", "dev_splits", "train_preprocess",
-           "eval_preprocess"]
+__all__ = ["ImageDatasetInfo", "ImageFolder", "dataset_info", "load", "from_directory", "dev_splits",
+           "train_preprocess", "eval_preprocess"]
 
 _AUTOTUNE = -1  # tf.data.AUTOTUNE
 # (0.05, 1) area and the default 3/4 - 4/3 aspect ratios: the official crop.
@@ -214,6 +220,29 @@ def _positive_int(name, value):
     return value
 
 
+def _check_stream(batch_size, eval_batch_size, skip_batches, seed, repeat, drop_remainder, process_index,
+                  process_count):
+    """The checks of the arguments `load` and `from_directory` share; returns (batch_size, eval_batch_size)."""
+    batch_size = _positive_int("batch_size", batch_size)
+    eval_batch_size = _positive_int("eval_batch_size", eval_batch_size or batch_size)
+    if isinstance(skip_batches, bool) or not isinstance(skip_batches, int) or skip_batches < 0:
+        raise ValueError(f"`skip_batches` must be an integer >= 0; got {skip_batches!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"`seed` must be an integer; got {seed!r}.")
+    process_count = _positive_int("process_count", process_count)
+    if isinstance(process_index, bool) or not isinstance(process_index, int) or not 0 <= process_index < process_count:
+        raise ValueError(f"`process_index` must be an integer in [0, {process_count}); got {process_index!r}.")
+    for what, count in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+        if count % process_count:
+            raise ValueError(
+                f"`{what}` ({count}) must be divisible by `process_count` ({process_count}): each host "
+                f"reads an equal part of every batch; expected a multiple of {process_count}.")
+    if process_count > 1 and not (repeat or drop_remainder):
+        raise ValueError("Several processes need equal batches on every host: pass repeat=True or "
+                         "drop_remainder=True.")
+    return batch_size, eval_batch_size
+
+
 def _decode(tf, encoded):
     image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
     image.set_shape([None, None, 3])
@@ -332,24 +361,9 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
     tf, tfds = _tf()
     size = pair(image_size, "image_size")
     _check_image_dtype(image_dtype)
-    batch_size = _positive_int("batch_size", batch_size)
-    eval_batch_size = _positive_int("eval_batch_size", eval_batch_size or batch_size)
     shuffle_buffer = _positive_int("shuffle_buffer", shuffle_buffer)
-    if isinstance(skip_batches, bool) or not isinstance(skip_batches, int) or skip_batches < 0:
-        raise ValueError(f"`skip_batches` must be an integer >= 0; got {skip_batches!r}.")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"`seed` must be an integer; got {seed!r}.")
-    process_count = _positive_int("process_count", process_count)
-    if isinstance(process_index, bool) or not isinstance(process_index, int) or not 0 <= process_index < process_count:
-        raise ValueError(f"`process_index` must be an integer in [0, {process_count}); got {process_index!r}.")
-    for what, count in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
-        if count % process_count:
-            raise ValueError(
-                f"`{what}` ({count}) must be divisible by `process_count` ({process_count}): each host "
-                f"reads an equal part of every batch; expected a multiple of {process_count}.")
-    if process_count > 1 and not (repeat or drop_remainder):
-        raise ValueError("Several processes need equal batches on every host: pass repeat=True or "
-                         "drop_remainder=True.")
+    batch_size, eval_batch_size = _check_stream(batch_size, eval_batch_size, skip_batches, seed, repeat,
+                                                drop_remainder, process_index, process_count)
     if isinstance(split, str) or len(split) != 2:
         raise ValueError(f"`split` must be a pair (train split, eval split); got {split!r}.")
     train_split, eval_split = split
@@ -446,3 +460,77 @@ def _this_process(ds, batch_size, process_index, process_count):
     rows = batch_size // process_count
     ds = ds.enumerate().filter(lambda n, _: (n % batch_size) // rows == process_index)
     return ds.map(lambda n, example: example)
+
+
+def from_directory(directory, image_size, batch_size, validation_split=0.1, seed=0, *, labels_csv=None,
+                   strict=False, repeat=True, skip_batches=0, eval_batch_size=None, drop_remainder=True,
+                   process_index=0, process_count=1, image_dtype="float32", pipeline="auto", workers=None,
+                   max_pixels=image_folder.MAX_PIXELS, verbose=False):
+    """Training and validation pipelines of a folder of your own images.
+
+    The folder holds one subfolder of images per class (``photos/cat/*.jpg``; nested folders are read, the
+    sorted subfolder names are the classes), or a ``labels.csv`` of (relative path, class name) rows.
+    JPEG, PNG, BMP, GIF (first frame) and WebP files are read, their EXIF orientation applied, grayscale,
+    palette, RGBA, CMYK and 16-bit images converted to RGB. Files that cannot be used (not images, empty,
+    truncated, larger than ``max_pixels``) are skipped and listed (``strict=True`` refuses them instead).
+    ``ceil(n * validation_split)`` of each class's ``n`` images (a shuffle seeded by ``seed``) validate.
+
+    Training images get the paper's preprocessing as ``load`` does (Inception crop of 5-100% of the area,
+    bilinear resize, random flip) from a plan that is a pure function of ``seed`` and the pass over the
+    data, so ``skip_batches`` resumes a run exactly; validation images are resized. Images are decoded
+    from disk in parallel as the batches are drawn (the folder is never held in memory).
+
+    Args:
+        directory: the folder, or an ``ImageFolder`` already scanned (``keras_vit.image_folder.scan``).
+        image_size, batch_size, seed, repeat, skip_batches, eval_batch_size, drop_remainder,
+            process_index, process_count, image_dtype: as in :func:`load`.
+        validation_split: fraction of each class held out, in [0, 1) (0: no validation set).
+        labels_csv: a CSV of (path relative to the folder, class name); default ``labels.csv`` in the
+            folder when it exists.
+        strict: refuse a folder with unusable files instead of skipping them.
+        pipeline: "tf.data" (TensorFlow's threads decode), "pydataset" (a ``keras.utils.PyDataset``, no
+            TensorFlow needed; ``workers`` threads) or "auto": tf.data when TensorFlow is installed.
+        max_pixels: larger images are skipped (refused with ``strict``).
+        verbose: a progress bar while the folder is checked.
+
+    Returns:
+        ``(train, validation)``: datasets of ``(images, labels)`` batches (``validation`` is None with
+        ``validation_split=0``), each with ``class_names`` and ``image_folder`` (the ``ImageFolder``:
+        which file went where, what was skipped; ``image_folder.save(path)`` writes it) attributes.
+        ``repeat=True`` streams forever: give ``model.fit`` a ``steps_per_epoch``.
+
+    Raises:
+        ValueError: one message naming the folder or file (see ``keras_vit.image_folder.scan``), or bad
+            arguments.
+    """
+    size = pair(image_size, "image_size")
+    _check_image_dtype(image_dtype)
+    batch_size, eval_batch_size = _check_stream(batch_size, eval_batch_size, skip_batches, seed, repeat,
+                                                drop_remainder, process_index, process_count)
+    if pipeline not in image_folder.PIPELINES:
+        raise ValueError(f"`pipeline` must be one of {image_folder.PIPELINES}; got {pipeline!r}.")
+    folder = directory if isinstance(directory, ImageFolder) else image_folder.scan(
+        directory, validation_split, seed, labels_csv=labels_csv, strict=strict, max_pixels=max_pixels,
+        verbose=verbose)
+    n = len(folder.train)
+    start = skip_batches * batch_size
+    if not repeat and start >= n:
+        raise ValueError(f"`skip_batches` ({skip_batches}) goes past the single pass of {n} training images; "
+                         "use repeat=True.")
+    if drop_remainder and not repeat and n - start < batch_size:
+        raise ValueError(f"{folder.root!r} has {n - start} training images, fewer than one batch of {batch_size}; "
+                         "lower batch_size or pass drop_remainder=False.")
+    stream = image_folder.Stream(batch_size, start, repeat, drop_remainder, process_index, process_count)
+    if pipeline == "auto":
+        pipeline = "tf.data" if image_folder.tensorflow_available() else "pydataset"
+    if pipeline == "tf.data":
+        if not image_folder.tensorflow_available():
+            raise ImportError("pipeline='tf.data' needs tensorflow (pip install 'keras-vit[tensorflow]'); "
+                              "pipeline='pydataset' or 'auto' runs without it.")
+        train, validation = image_folder.tf_datasets(folder, size, stream, eval_batch_size, image_dtype)
+    else:
+        train, validation = image_folder.pydatasets(folder, size, stream, eval_batch_size, image_dtype, workers)
+    for ds in (train, validation):
+        if ds is not None:
+            ds.class_names, ds.image_folder = folder.class_names, folder
+    return train, validation
