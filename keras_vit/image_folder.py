@@ -40,6 +40,8 @@ MAX_PIXELS = 50_000_000
 CROP_ATTEMPTS = 100
 # how a file is decoded in the tf.data pipeline: by Pillow (through numpy), TensorFlow's JPEG or PNG decoder
 PILLOW, TF_JPEG, TF_PNG = 0, 1, 2
+# pixels beyond a JPEG crop that are decoded too (see tf_datasets' decode_box)
+JPEG_CROP_MARGIN = 32
 PIPELINES = ("auto", "tf.data", "pydataset")
 
 
@@ -108,16 +110,19 @@ def _to_rgb(img):
     return np.asarray(img.convert("RGB"))
 
 
-def read_image(path):
+def read_image(path, plain=False):
     """The image file at `path` as uint8 RGB (H, W, 3): the first frame of an animation, the EXIF
-    orientation applied, grayscale, palette, RGBA, CMYK and 16-bit images converted. Raises ValueError
-    naming the file when it cannot be read."""
+    orientation applied, grayscale, palette, RGBA, CMYK and 16-bit images converted (`plain`: the file is
+    known to be 8-bit RGB or grayscale without a rotation, as `probe` finds for TensorFlow's decoders).
+    Raises ValueError naming the file when it cannot be read."""
     from PIL import Image, ImageOps
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as img:
+                if plain:
+                    return np.asarray(img if img.mode == "RGB" else img.convert("RGB"))
                 img.seek(0)
                 return _to_rgb(ImageOps.exif_transpose(img))
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
@@ -358,23 +363,29 @@ def plan_pass(records, seed, pass_index):
 def resize_bilinear(image, size):
     """uint8 or float (H, W, C) -> float32 (h, w, C) as `tf.image.resize(image, size, "bilinear")` computes
     it (half-pixel centres, no antialiasing), in numpy."""
-    out_h, out_w = size
-    src = np.asarray(image, np.float32)
 
     def taps(n_in, n_out):
         scale = np.float32(n_in) / np.float32(n_out)
         x = (np.arange(n_out, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
         low = np.floor(x)
-        frac = (x - low).astype(np.float32)
-        return (np.clip(low, 0, n_in - 1).astype(np.int64), np.clip(np.ceil(x), 0, n_in - 1).astype(np.int64),
-                frac)
+        return (np.clip(low, 0, n_in - 1).astype(np.intp), np.clip(np.ceil(x), 0, n_in - 1).astype(np.intp),
+                (x - low).astype(np.float32))
 
-    y0, y1, fy = taps(src.shape[0], out_h)
-    x0, x1, fx = taps(src.shape[1], out_w)
-    fx = fx[None, :, None]
-    top = src[y0][:, x0] + (src[y0][:, x1] - src[y0][:, x0]) * fx
-    bottom = src[y1][:, x0] + (src[y1][:, x1] - src[y1][:, x0]) * fx
-    return top + (bottom - top) * fy[:, None, None]
+    image = np.asarray(image)
+    y0, y1, fy = taps(image.shape[0], size[0])
+    x0, x1, fx = taps(image.shape[1], size[1])
+    channels = image.shape[2]
+    # columns gathered as channel-interleaved offsets into flattened rows (numpy's fastest gather)
+    x0, x1 = ((x[:, None] * channels + np.arange(channels)).ravel() for x in (x0, x1))
+    fx, fy = np.repeat(fx, channels)[None, :], fy[:, None]
+
+    def lerp_columns(rows):
+        rows = rows.reshape(len(rows), -1)
+        left = rows[:, x0].astype(np.float32)
+        return left + (rows[:, x1].astype(np.float32) - left) * fx
+
+    top = lerp_columns(image[y0])
+    return (top + (lerp_columns(image[y1]) - top) * fy).reshape(size[0], size[1], channels)
 
 
 def finish(image, image_dtype):
@@ -416,15 +427,17 @@ def _train_item(folder, stream, size, image_dtype, plans, g):
     """(image, label) of example `g` of the training stream, in numpy."""
     n = len(folder.train)
     order, boxes, flips = plans(g // n)
-    path, label, *_ = folder.train[order[g % n]]
+    path, label, _, _, decoder = folder.train[order[g % n]]
     top, left, h, w = boxes[g % n]
-    image = resize_bilinear(read_image(os.path.join(folder.root, path))[top:top + h, left:left + w], size)
+    image = read_image(os.path.join(folder.root, path), plain=decoder != PILLOW)
+    image = resize_bilinear(image[top:top + h, left:left + w], size)
     return finish(image[:, ::-1] if flips[g % n] else image, image_dtype), label
 
 
 def _eval_item(folder, size, image_dtype, i):
-    path, label, *_ = folder.validation[i]
-    return finish(resize_bilinear(read_image(os.path.join(folder.root, path)), size), image_dtype), label
+    path, label, _, _, decoder = folder.validation[i]
+    image = read_image(os.path.join(folder.root, path), plain=decoder != PILLOW)
+    return finish(resize_bilinear(image, size), image_dtype), label
 
 
 def pydatasets(folder, image_size, stream, eval_batch_size, image_dtype="float32", workers=None):
@@ -489,7 +502,8 @@ def tf_datasets(folder, image_size, stream, eval_batch_size, image_dtype="float3
 
     def tables(records):
         return (tf.constant([os.path.join(folder.root, r[0]) for r in records]),
-                tf.constant([r[1] for r in records], tf.int32), tf.constant([r[4] for r in records], tf.int32))
+                tf.constant([r[1] for r in records], tf.int32), tf.constant([r[4] for r in records], tf.int32),
+                tf.constant([r[2:4] for r in records], tf.int64))
 
     def decode(path, decoder):
         def pillow():
@@ -501,8 +515,24 @@ def tf_datasets(folder, image_size, stream, eval_batch_size, image_dtype="float3
             lambda: tf.io.decode_jpeg(tf.io.read_file(path), channels=3, dct_method="INTEGER_ACCURATE"),
             lambda: tf.io.decode_png(tf.io.read_file(path), channels=3)])
 
+    def decode_box(path, decoder, box, shape):
+        """The `box` (top, left, height, width) of the image, as a full decode would give it. A JPEG decodes
+        only a window a margin wider than the box: libjpeg's cropped decode differs from the full one
+        near the window's edges (chroma upsampling), never farther in than one iMCU (<= 32 px)."""
+        def jpeg():
+            start = tf.maximum(box[:2] - JPEG_CROP_MARGIN, 0)
+            end = tf.minimum(box[:2] + box[2:] + JPEG_CROP_MARGIN, shape)
+            window = tf.image.decode_and_crop_jpeg(tf.io.read_file(path), tf.cast(tf.concat([start, end - start], 0),
+                                                   tf.int32), channels=3, dct_method="INTEGER_ACCURATE")
+            return tf.slice(window, tf.concat([box[:2] - start, [0]], 0), tf.concat([box[2:], [3]], 0))
+
+        def whole():
+            return tf.slice(decode(path, decoder), tf.concat([box[:2], [0]], 0), tf.concat([box[2:], [3]], 0))
+
+        return tf.cond(tf.equal(decoder, TF_JPEG), jpeg, whole)
+
     n = len(folder.train)
-    paths, labels, decoders = tables(folder.train)
+    paths, labels, decoders, shapes = tables(folder.train)
     first_pass, offset = divmod(stream.start, n)
 
     def one_pass(pass_index):
@@ -513,8 +543,7 @@ def tf_datasets(folder, image_size, stream, eval_batch_size, image_dtype="float3
         return ds.skip(tf.where(pass_index == first_pass, tf.constant(offset, tf.int64), 0))
 
     def train_map(index, box, flip):
-        image = decode(paths[index], decoders[index])
-        image = tf.image.resize(tf.slice(image, [box[0], box[1], 0], [box[2], box[3], 3]), size, "bilinear")
+        image = tf.image.resize(decode_box(paths[index], decoders[index], box, shapes[index]), size, "bilinear")
         image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
         image.set_shape([*size, 3])
         return _finish(tf, image, image_dtype), labels[index]
@@ -529,7 +558,7 @@ def tf_datasets(folder, image_size, stream, eval_batch_size, image_dtype="float3
         tf.data.INFINITE_CARDINALITY if count is None else count)).prefetch(autotune)
     if not folder.validation:
         return train, None
-    paths_v, labels_v, decoders_v = tables(folder.validation)
+    paths_v, labels_v, decoders_v, _ = tables(folder.validation)
 
     def eval_map(index):
         image = tf.image.resize(decode(paths_v[index], decoders_v[index]), size, "bilinear")
