@@ -1,5 +1,7 @@
 """The Vision Transformer builder (paper section 3.1, Figure 1)."""
 
+import collections
+
 import keras
 
 from keras_vit import layers as L
@@ -8,6 +10,8 @@ from keras_vit.configs import pair, resnet_stride
 from keras_vit.interpolation import check_interpolation
 from keras_vit.layers.attention import check_attention_implementation
 from keras_vit.layers.mlp import check_mlp_activation
+from keras_vit.preprocessing import NORMALIZATIONS, input_scaling
+from keras_vit.structure import output_kind
 
 CLASSIFIERS = ("token", "gap", "map")
 POOLINGS = ("representation", None, "token", "avg")
@@ -25,7 +29,63 @@ HEADS = ("classifier", "projection")
 class ViTModel(KeepsStateOnError, keras.Model):
     """The functional `keras.Model` the builder returns: a plain functional model whose `fit`,
     `evaluate` and `predict` (and `*_on_batch`) check the images first and leave the weights as they
-    were when they fail or are interrupted (see `keras_vit.calls`)."""
+    were when they fail or are interrupted (see `keras_vit.calls`).
+
+    `class_names`: None, or a tuple of str, one per output of the classifier head, kept in the
+    model's config so that `model.save("x.keras")` and `keras.saving.load_model` keep them, and
+    what `keras_vit.decode_predictions(..., class_names=model)` and `keras-vit predict` print. Set
+    them by assignment, `model.class_names = ["cat", "dog", ...]`, which checks them (the one way:
+    a str per class of the head, distinct) and stores a tuple; `None` removes them. A model
+    without a classifier head (`include_top=False`, `head="projection"`) takes none.
+    """
+
+    _class_names = None
+
+    @property
+    def class_names(self):
+        return self._class_names
+
+    @class_names.setter
+    def class_names(self, names):
+        if names is not None:
+            kind = output_kind(self)
+            if kind in ("embeddings", "features") or len(self.output_shape) != 2:
+                raise ValueError(f"model {self.name!r} outputs {kind or f'shape {self.output_shape}'}, not classes: "
+                                 "class names are for a classifier head")
+            names = check_class_names(names, self.output_shape[-1], f"the head of model {self.name!r}")
+        self._class_names = names
+
+    def get_config(self):
+        config = super().get_config()
+        if self.class_names is not None:
+            config["class_names"] = list(self.class_names)
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        names = config.pop("class_names", None)  # absent from files saved before it existed
+        model = super().from_config(config, custom_objects=custom_objects)
+        model.class_names = names
+        return model
+
+
+def check_class_names(names, classes, what):
+    """`names` as a tuple of str, one per class of `what` (the head or predictions of `classes` classes,
+    named in the message): a TypeError for anything but a sequence of str, a ValueError for repeated
+    names or another count."""
+    if isinstance(names, (str, bytes, dict)) or not hasattr(names, "__iter__"):
+        raise TypeError(f"class names must be a sequence of str, one per class; got {type(names).__name__}")
+    names = tuple(names)
+    odd = [n for n in names if not isinstance(n, str)]
+    if odd:
+        raise TypeError(f"class names must be str; got {odd[0]!r} ({type(odd[0]).__name__})")
+    repeated = sorted(n for n, count in collections.Counter(names).items() if count > 1)
+    if repeated:
+        raise ValueError(f"class names must be distinct; repeated: {', '.join(map(repr, repeated[:5]))}")
+    if len(names) != classes:
+        raise ValueError(f"{len(names)} class names given for {classes} classes ({what})")
+    return tuple(str(n) for n in names)
 
 
 def grid_size(image_size, patch_size, resnet=None):
@@ -108,6 +168,7 @@ def build_vit(
     approximate_gelu=True,
     layer_norm_epsilon=1e-6,
     input_dtype="float32",
+    input_mode="vit",
     attention_implementation="auto",
     distillation_token=False,
     num_register_tokens=0,
@@ -170,6 +231,8 @@ def build_vit(
             [0, 255], scaled to [-1, 1] in float32 by the model's first layer (`Rescaling`, named
             "rescale"), so a pipeline sends a quarter of the bytes to the device and does no
             scaling on the host. The weights are the same either way.
+        input_mode: with input_dtype="uint8", the scaling the weights were trained with, a
+            `keras_vit.preprocess_input` mode: "vit" ([-1, 1]), "imagenet" (DeiT, DINOv2) or "clip".
         attention_implementation: "auto", "flash" or "standard": whether the encoder's attention
             runs the GPU's fused kernel (see `keras_vit.layers.MultiHeadDotProductAttention`);
             "flash" where it cannot run is a ValueError here, before anything is compiled.
@@ -210,6 +273,9 @@ def build_vit(
         )
     if input_dtype not in INPUT_DTYPES:
         raise ValueError(f"unknown input_dtype {input_dtype!r}; expected one of {INPUT_DTYPES}")
+    if input_mode not in NORMALIZATIONS or (input_mode != "vit" and input_dtype != "uint8"):
+        raise ValueError(f"input_mode {input_mode!r} must be one of {tuple(NORMALIZATIONS)}, and other than 'vit' "
+                         f"only with input_dtype='uint8' (got input_dtype={input_dtype!r})")
     check_attention_implementation(attention_implementation)
     if head not in HEADS:
         raise ValueError(f"unknown head {head!r}; expected one of {HEADS}")
@@ -274,8 +340,11 @@ def build_vit(
         x = inputs
     else:
         inputs, x = input_tensor, input_tensor
-    if input_dtype == "uint8":
+    if input_dtype == "uint8" and input_mode == "vit":
         x = keras.layers.Rescaling(1 / 127.5, offset=-1.0, name="rescale", dtype="float32")(x)
+    elif input_dtype == "uint8":
+        scale, offset = input_scaling(input_mode)
+        x = keras.layers.Rescaling(scale, offset=offset, name="rescale", dtype="float32")(x)
     images = x
 
     if resnet is not None:
