@@ -166,14 +166,33 @@ def test_keras_file_with_lora_on_reloads_in_safe_mode(images, tmp_path):
     np.testing.assert_allclose(out(reloaded, images), out(model, images), atol=1e-5, rtol=0)
 
 
-@pytest.mark.backend_independent
-def test_a_training_backup_refuses_a_lora_model(images, tmp_path):
-    """Keras writes a LoRA layer's kernel merged and zeroes the adapters on reading: a resumed run would
-    train nothing, so the backup says so instead."""
-    model = lora.enable_lora(random_model(), 2)
-    recipes.compile_for_finetuning(model, total_steps=2, warmup_steps=0, batch_size=3, jit_compile=False)
-    backup = recipes.TrainingBackup(tmp_path / "backup")
-    with pytest.raises(ValueError, match="LoRA on"):
-        model.fit(images, np.array([1, 2, 3]), batch_size=3, epochs=1, verbose=0, callbacks=[backup])
-    with pytest.raises(ValueError, match="LoRA on"):
-        backup.restore(model)  # an existing backup would be read the same way
+def test_a_training_backup_of_a_lora_model_resumes_to_the_same_adapters(images, tmp_path):
+    """Keras writes a LoRA layer's kernel merged and zeroes the adapters on reading, so the backup keeps
+    every variable of the model and optimizer instead: 2 epochs, then a fresh model resumed from the
+    backup after the first, end with the same adapters and head."""
+    labels = np.array([1, 2, 0])
+
+    def fresh():
+        keras.utils.set_random_seed(0)  # the adapters' A starts random
+        model = lora.enable_lora(random_model(), 2)
+        recipes.compile_for_finetuning(model, total_steps=4, base_lr=0.5, warmup_steps=0, batch_size=3,
+                                       jit_compile=False)
+        return model
+
+    whole = fresh()
+    whole.fit(images, labels, batch_size=3, epochs=2, verbose=0, shuffle=False)
+    first = fresh()
+    backup = recipes.TrainingBackup(tmp_path / "backup", delete_on_end=False)
+    first.fit(images, labels, batch_size=3, epochs=1, verbose=0, shuffle=False, callbacks=[backup])
+    assert os.path.exists(backup.lora_path) and not os.path.exists(backup.path)
+    resumed = fresh()
+    assert backup.restore(resumed) == 1
+    resumed.fit(images, labels, batch_size=3, epochs=2, initial_epoch=1, verbose=0, shuffle=False)
+    trained = [keras.ops.convert_to_numpy(v) for v in whole.trainable_variables]
+    assert max(np.abs(t).max() for t in trained) > 0  # the adapters learned something
+    for a, b in zip(trained, (keras.ops.convert_to_numpy(v) for v in resumed.trainable_variables)):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+    plain = random_model()
+    recipes.compile_for_finetuning(plain, total_steps=4, warmup_steps=0, batch_size=3, jit_compile=False)
+    with pytest.raises(ValueError, match="with LoRA"):  # not read into a model without LoRA
+        backup.restore(plain)

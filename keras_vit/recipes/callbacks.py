@@ -5,6 +5,7 @@ import os
 import warnings
 
 import keras
+import numpy as np
 
 from keras_vit.fileio import atomic_write
 from keras_vit.lora import lora_layers
@@ -85,12 +86,17 @@ class TrainingBackup(keras.callbacks.Callback):
     step counter inside that file, so it can never disagree with the weights.
     A backup is not written when the epoch's loss is non-finite.
 
+    A model with LoRA on (``keras_vit.enable_lora``) is backed up as every variable of the model and
+    the optimizer in an ``.npz`` (``LORA_FILENAME``): Keras' weights file holds an adapted kernel
+    merged and zeroes the adapters when it is read back, after which they would learn nothing.
+
     Args:
         backup_dir: folder for the backup (created when needed).
         delete_on_end: remove the backup when ``fit`` ends normally.
     """
 
     FILENAME = "latest.weights.h5"
+    LORA_FILENAME = "latest.variables.npz"
 
     def __init__(self, backup_dir, delete_on_end=True):
         super().__init__()
@@ -99,13 +105,13 @@ class TrainingBackup(keras.callbacks.Callback):
         self.backup_dir = os.fspath(backup_dir)
         self.delete_on_end = delete_on_end
         self.path = os.path.join(self.backup_dir, self.FILENAME)
+        self.lora_path = os.path.join(self.backup_dir, self.LORA_FILENAME)
 
     def exists(self):
-        return os.path.exists(self.path)
+        return os.path.exists(self.path) or os.path.exists(self.lora_path)
 
     def restore(self, model):
         """Load the backup into a compiled ``model``; return the train_step calls done (0 if none)."""
-        _refuse_lora(model)
         optimizer = getattr(model, "optimizer", None)
         if optimizer is None:
             raise ValueError("Compile the model before restoring its training state.")
@@ -115,14 +121,20 @@ class TrainingBackup(keras.callbacks.Callback):
             raise ValueError("Build the model (e.g. call it once) before restoring.")
         if not optimizer.built:
             optimizer.build(model.trainable_variables)
-        model.load_weights(self.path)
+        lora = bool(lora_layers(model))
+        if lora != os.path.exists(self.lora_path):
+            raise ValueError(f"the backup in {self.backup_dir} is of a model with{'out' if lora else ''} LoRA; "
+                             f"this model has {'LoRA on' if lora else 'no LoRA'}: resume with the same settings")
+        if lora:
+            _assign_all(_state_variables(model), self.lora_path)
+        else:
+            model.load_weights(self.path)
         # optimizer.iterations counts updates; one update is
         # gradient_accumulation_steps train_step calls.
         updates = int(keras.ops.convert_to_numpy(optimizer.iterations))
         return updates * (optimizer.gradient_accumulation_steps or 1)
 
     def on_train_begin(self, logs=None):
-        _refuse_lora(self.model)
         accumulation = getattr(self.model.optimizer, "gradient_accumulation_steps", None) or 1
         steps = (self.params or {}).get("steps")
         if accumulation > 1 and steps and steps % accumulation:
@@ -136,23 +148,40 @@ class TrainingBackup(keras.callbacks.Callback):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(float(loss)):
             return
-        with atomic_write(self.path) as tmp:
-            self.model.save_weights(tmp, overwrite=True)
+        if lora_layers(self.model):
+            values = [keras.ops.convert_to_numpy(v) for v in _state_variables(self.model)]
+            with atomic_write(self.lora_path) as tmp:
+                np.savez(tmp, *values)
+        else:
+            with atomic_write(self.path) as tmp:
+                self.model.save_weights(tmp, overwrite=True)
 
     def on_train_end(self, logs=None):
         if self.delete_on_end and not self.model.stop_training:
-            if os.path.exists(self.path):
-                os.remove(self.path)
+            for path in (self.path, self.lora_path):
+                if os.path.exists(path):
+                    os.remove(path)
             try:
                 os.rmdir(self.backup_dir)
             except OSError:
                 pass
 
 
-def _refuse_lora(model):
-    """A backup of a model with LoRA on would not resume: Keras writes an adapted kernel merged and
-    zeroes the adapters when it reads it back, after which they get no gradient."""
-    if lora_layers(model):
-        raise ValueError("TrainingBackup cannot back up a model with LoRA on (Keras saves its kernels merged "
-                         "and zeroes the adapters on loading); save the adapters with keras_vit.save_lora at "
-                         "the end of fit instead")
+def _state_variables(model):
+    """Every variable of `model` and of its optimizer, in a fixed order."""
+    return [*model.variables, *model.optimizer.variables]
+
+
+def _assign_all(variables, path):
+    """Assigns the arrays of the `.npz` at `path` (as `TrainingBackup` writes them) to `variables`."""
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            values = [stored[f"arr_{i}"] for i in range(len(stored.files))]
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"cannot read the training backup {path}: {err}") from None
+    shapes = [tuple(v.shape) for v in variables]
+    if [tuple(v.shape) for v in values] != shapes:
+        raise ValueError(f"the training backup {path} holds {len(values)} arrays that do not fit this model and "
+                         f"optimizer ({len(variables)} variables): resume with the same model and settings")
+    for variable, value in zip(variables, values):
+        variable.assign(value)
