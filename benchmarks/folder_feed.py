@@ -1,0 +1,428 @@
+#!/usr/bin/env python
+"""A feed that keeps up: images per second from a folder of JPEGs (issue 34, item 5).
+
+    .venv/bin/python benchmarks/folder_feed.py --timm-python /tmp/timmvenv/bin/python
+    .venv/bin/python benchmarks/folder_feed.py --quick          # a small folder and a tiny model: the test
+
+Writes a folder of `--images` JPEGs (500x375, quality 90) in four class subfolders, random crops of
+scikit-image's photographs (astronaut, coffee, chelsea, rocket), into a temporary folder, then:
+
+1. Decoding + training augmentation to 224 px uint8 batches, in images per second, of:
+   keras-vit's `data.from_directory` through tf.data and through its PyDataset (iterated as `model.fit`
+   iterates it: Keras' PyDataset adapter and its worker threads), Keras'
+   `keras.utils.image_dataset_from_directory` (decode and resize only, float32: no augmentation, its
+   own best case), and timm's loader (`timm.data.ImageDataset`, `create_transform(224, is_training=True,
+   scale=(0.05, 1), ratio=(3/4, 4/3), interpolation="bilinear", hflip=0.5, color_jitter=None,
+   use_prefetcher=True)`: RandomResizedCrop, flip, a uint8 tensor, batched by timm's `fast_collate` in a
+   `torch.utils.data.DataLoader(num_workers=2)`, timm's own uint8 path). timm needs torchvision, which
+   has no build beside this project's torch, so it runs in a worker process of another interpreter
+   (`--timm-python`) on the same folder; without one its row reads "not run". Every pipeline yields a
+   warm-up batch first (threads and processes started), then `--batches` batches are timed; the
+   pipelines take turns, one repeat each per round, and the median of `--repeats` rounds is reported
+   with its ratio to timm's loader.
+2. Per Keras backend (a process each), `model.fit` step time of ViT-S/16 (`input_dtype="uint8"`, the
+   fine-tuning recipe) fed from the folder (`from_directory`, uint8, each pipeline) against the same
+   batches held in memory as numpy arrays: the ratio says whether training is input-bound (1.0: the
+   folder costs nothing). The step is timed between the ends of the first and the last step of each
+   `fit` (compilation and the first batch left out); the feeds take turns, `--fit-rounds` rounds, the
+   median ratio of each round's pair is reported.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
+JPEG_SIZE = (500, 375)  # width, height
+IMAGE_SIZE = 224
+# the Inception crop of keras_vit.data (AREA_RANGE, ASPECT_RATIO_RANGE), as timm's transform takes it
+SCALE, RATIO = (0.05, 1.0), (3 / 4, 4 / 3)
+FULL = {"images": 256, "batch": 32, "batches": 16, "repeats": 5, "model": "ViT_S16", "fit_image_size": 224,
+        "fit_batch": 16, "fit_steps": 6, "fit_rounds": 2}
+QUICK = {"images": 32, "batch": 8, "batches": 2, "repeats": 2, "model": "tiny", "fit_image_size": 32,
+         "fit_batch": 4, "fit_steps": 2, "fit_rounds": 1}
+TINY = dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
+KERAS_VIT_TF = "keras-vit from_directory, tf.data"
+KERAS_VIT_PY = "keras-vit from_directory, PyDataset (Keras' adapter, 2 threads)"
+KERAS_IDFD = "keras.utils.image_dataset_from_directory (decode + resize only, float32)"
+TIMM = "timm ImageDataset + DataLoader(num_workers=2), uint8"
+
+
+# --------------------------------------------------------------------------
+# the folder
+# --------------------------------------------------------------------------
+def write_folder(root, n, seed=0):
+    """`n` JPEGs of 500x375 (quality 90), random crops of scikit-image's photographs, `n / 4` in each of the
+    class folders `root/<photograph>/`. Returns `root`."""
+    from PIL import Image
+    from skimage import data
+
+    rng = np.random.default_rng(seed)
+    photos = {name: getattr(data, name)() for name in PHOTOS}
+    for i in range(n):
+        name = PHOTOS[i % len(PHOTOS)]
+        photo = photos[name]
+        height, width = photo.shape[:2]
+        h = int(rng.uniform(0.6, 1.0) * height)
+        w = min(width, round(h * JPEG_SIZE[0] / JPEG_SIZE[1]))
+        top, left = rng.integers(0, height - h + 1), rng.integers(0, width - w + 1)
+        crop = Image.fromarray(photo[top:top + h, left:left + w]).resize(JPEG_SIZE, Image.BILINEAR)
+        if rng.uniform() < 0.5:
+            crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
+        os.makedirs(os.path.join(root, name), exist_ok=True)
+        crop.save(os.path.join(root, name, f"{i:05d}.jpg"), quality=90)
+    return root
+
+
+def cpu_name():
+    """The CPU as /proc/cpuinfo names it (with its family and model when the name is generic), and cores."""
+    facts = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                facts.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    name = facts.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in facts:
+        name += f" (family {facts['cpu family']}, model {facts.get('model', '?')})"
+    return f"{name}, {os.cpu_count()} cores"
+
+
+def load_average():
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
+# --------------------------------------------------------------------------
+# part 1: decoding + augmentation
+# --------------------------------------------------------------------------
+def timed(start, batches):
+    """Images per second of `batches` batches from the iterator `start()` returns (with its `stop`), after
+    one warm-up batch."""
+    iterator, stop = start()
+    try:
+        first = next(iterator)
+        count = 0
+        t0 = time.perf_counter()
+        for _ in range(batches):
+            count += len(next(iterator)[1])
+        seconds = time.perf_counter() - t0
+    finally:
+        stop()
+    return count / seconds, first
+
+
+def keras_vit_pipelines(folder, batch):
+    """{name: start()} of the pipelines that run in this interpreter."""
+    import tensorflow as tf
+    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+    sys.path.insert(0, ROOT)
+    from keras_vit import data
+
+    tf_train, _ = data.from_directory(folder, IMAGE_SIZE, batch, validation_split=0.0, pipeline="tf.data",
+                                      image_dtype="uint8")
+    py_train, _ = data.from_directory(folder, IMAGE_SIZE, batch, validation_split=0.0, pipeline="pydataset",
+                                      image_dtype="uint8")
+    import keras
+
+    idfd = keras.utils.image_dataset_from_directory(folder, image_size=(IMAGE_SIZE, IMAGE_SIZE), batch_size=batch,
+                                                    shuffle=True, seed=0, interpolation="bilinear", verbose=False)
+    idfd = idfd.repeat()
+
+    def tf_data(ds):
+        def start():
+            iterator = ds.as_numpy_iterator()
+            return iterator, lambda: None
+
+        return start
+
+    def pydataset():  # as model.fit iterates it: the adapter's worker threads, one epoch
+        adapter = PyDatasetAdapter(py_train, shuffle=False)
+        adapter.on_epoch_begin()
+        return adapter.get_numpy_iterator(), adapter.on_epoch_end
+
+    return {KERAS_VIT_TF: tf_data(tf_train), KERAS_VIT_PY: pydataset, KERAS_IDFD: tf_data(idfd)}
+
+
+class TimmWorker:
+    """timm's loader in a process of `python` (an interpreter with torch, torchvision and timm), one timed
+    repeat per `run()`."""
+
+    def __init__(self, python, folder, batch, batches):
+        self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--timm-worker", folder, "--batch",
+                                      str(batch), "--batches", str(batches)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, cwd=HERE)
+        self.versions = self._read()
+
+    def _read(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the timm worker stopped (exit status {self.proc.wait()})")
+        return json.loads(line)
+
+    def run(self):
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        return self._read()["images_per_s"]
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=60)
+
+
+def timm_worker(args):
+    """Runs in the timm interpreter: one timed repeat per 'run' line on stdin, a JSON line each."""
+    import PIL
+    import timm
+    import torch
+    import torchvision
+    from timm.data import ImageDataset, create_transform
+    from timm.data.loader import fast_collate
+
+    transform = create_transform(IMAGE_SIZE, is_training=True, scale=SCALE, ratio=RATIO, hflip=0.5, vflip=0.0,
+                                 color_jitter=None, interpolation="bilinear", use_prefetcher=True)
+    dataset = ImageDataset(args.timm_worker, transform=transform)
+    print(json.dumps({"torch": torch.__version__, "torchvision": torchvision.__version__, "timm": timm.__version__,
+                      "pillow": PIL.__version__, "transform": " ".join(str(transform).split())}), flush=True)
+
+    def start():
+        sampler = torch.utils.data.RandomSampler(dataset, num_samples=(args.batches + 1) * args.batch)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch, sampler=sampler, num_workers=2,
+                                             collate_fn=fast_collate, drop_last=True)
+        iterator = iter(loader)
+        return iterator, iterator._shutdown_workers
+
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        rate, first = timed(start, args.batches)
+        assert first[0].dtype == torch.uint8 and tuple(first[0].shape) == (args.batch, 3, IMAGE_SIZE, IMAGE_SIZE)
+        print(json.dumps({"images_per_s": rate}), flush=True)
+
+
+def measure_pipelines(args, folder):
+    """{name: [img/s per round]} and what ran (versions, load)."""
+    starts = keras_vit_pipelines(folder, args.batch)
+    timm, timm_info = None, {}
+    if args.timm_python:
+        try:
+            timm = TimmWorker(args.timm_python, folder, args.batch, args.batches)
+            timm_info = timm.versions
+        except (OSError, RuntimeError, ValueError) as err:
+            timm_info = {"not_run": f"{args.timm_python} could not run timm's loader ({err})"}
+    else:
+        timm_info = {"not_run": "no --timm-python given (timm needs torchvision, which cannot be installed beside "
+                                "this torch: give an interpreter that has torch, torchvision and timm)"}
+    names = list(starts) + ([TIMM] if timm else [])
+    rates = {name: [] for name in names}
+    loads = [load_average()]
+    try:
+        for r in range(args.repeats):
+            for name in names if r % 2 == 0 else names[::-1]:  # the order alternates: each sees the same load
+                if name == TIMM:
+                    rates[name].append(timm.run())
+                else:
+                    rate, first = timed(starts[name], args.batches)
+                    assert first[0].shape == (args.batch, IMAGE_SIZE, IMAGE_SIZE, 3), (name, first[0].shape)
+                    rates[name].append(rate)
+                loads.append(load_average())
+    finally:
+        if timm:
+            timm.close()
+    return rates, {"timm": timm_info, "load_average": [min(loads), max(loads)]}
+
+
+def pipeline_table(rates, timm_info):
+    peer = statistics.median(rates[TIMM]) if rates.get(TIMM) else None
+    lines = ["| pipeline | img/s (median) | range | x timm's loader |", "|---|---|---|---|"]
+    for name, values in rates.items():
+        median = statistics.median(values)
+        ratio = f"{median / peer:.2f}x" if peer else "-"
+        lines.append(f"| {name} | {median:,.0f} | {min(values):,.0f}-{max(values):,.0f} | {ratio} |")
+    if TIMM not in rates:
+        lines.append(f"| {TIMM} | not run: {timm_info['not_run']} | - | - |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# part 2: model.fit fed from the folder against from memory
+# --------------------------------------------------------------------------
+FEEDS = ("in memory", "folder, tf.data", "folder, PyDataset")
+
+
+def fit_worker(args):
+    """Runs with KERAS_BACKEND set: one JSON line of the step times per feed and round."""
+    import keras
+
+    sys.path.insert(0, ROOT)
+    import keras_vit
+    from keras_vit import data
+
+    size, batch, steps = args.fit_image_size, args.fit_batch, args.fit_steps
+    if args.model == "tiny":
+        model = keras_vit.VisionTransformer(image_size=size, classes=len(PHOTOS), input_dtype="uint8", **TINY)
+    else:
+        model = getattr(keras_vit, args.model)(weights=None, image_size=size, classes=len(PHOTOS), input_dtype="uint8")
+    fits = args.fit_rounds * len(FEEDS) + 1
+    keras_vit.recipes.compile_for_finetuning(model, total_steps=fits * (steps + 1), base_lr=0.01, warmup_steps=steps,
+                                             batch_size=batch)
+    feeds = {}
+    for pipeline, name in (("tf.data", "folder, tf.data"), ("pydataset", "folder, PyDataset")):
+        feeds[name], _ = data.from_directory(args.fit_worker, size, batch, validation_split=0.0, pipeline=pipeline,
+                                             image_dtype="uint8")
+    cached = [b for _, b in zip(range(steps + 1), feeds["folder, tf.data"].as_numpy_iterator())]
+    x, y = np.concatenate([b[0] for b in cached]), np.concatenate([b[1] for b in cached])
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.ends = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            keras.tree.map_structure(np.asarray, logs or {})  # the step's results reached: JAX dispatches ahead
+            self.ends.append(time.perf_counter())
+
+    clock = Clock()
+
+    def step_seconds(feed):
+        if feed == "in memory":
+            model.fit(x, y, batch_size=batch, shuffle=False, epochs=1, verbose=0, callbacks=[clock])
+        else:
+            model.fit(feeds[feed], steps_per_epoch=steps + 1, epochs=1, verbose=0, callbacks=[clock])
+        assert len(clock.ends) == steps + 1
+        return (clock.ends[-1] - clock.ends[0]) / steps
+
+    step_seconds("in memory")  # compiles
+    rounds = []
+    for r in range(args.fit_rounds):
+        order = FEEDS if r % 2 == 0 else FEEDS[::-1]
+        rounds.append({feed: step_seconds(feed) for feed in order})
+    print(json.dumps({"backend": keras.backend.backend(), "rounds": rounds}), flush=True)
+
+
+def measure_fits(args, folder):
+    """{backend: worker result or {"error": ...}}."""
+    out = {}
+    for backend in args.backends:
+        env = {**os.environ, "KERAS_BACKEND": backend}
+        command = [sys.executable, os.path.abspath(__file__), "--fit-worker", folder]
+        for key in ("model", "fit_image_size", "fit_batch", "fit_steps", "fit_rounds"):
+            command += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+        load = load_average()
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, cwd=HERE)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode or not lines:
+            out[backend] = {"error": f"exit status {proc.returncode}: {proc.stderr.strip()[-1500:]}"}
+        else:
+            out[backend] = {**json.loads(lines[-1]), "load_average": [load, load_average()]}
+    return out
+
+
+def fit_table(fits, args):
+    lines = [f"| backend | step, {FEEDS[0]} (s) | " + " | ".join(f"step, {f} (s) | x in memory" for f in FEEDS[1:])
+             + " |", "|---" * (2 + 2 * (len(FEEDS) - 1)) + "|"]
+    for backend, result in fits.items():
+        if "error" in result:
+            lines.append(f"| {backend} | not run: {result['error'].splitlines()[-1]} |")
+            continue
+        rounds = result["rounds"]
+        cells = [f"{statistics.median(r[FEEDS[0]] for r in rounds):.3f}"]
+        for feed in FEEDS[1:]:
+            ratio = statistics.median(r[feed] / r[FEEDS[0]] for r in rounds)
+            cells += [f"{statistics.median(r[feed] for r in rounds):.3f}", f"{ratio:.3f}x"]
+        lines.append(f"| {backend} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def versions():
+    import importlib.metadata
+
+    out = {"python": platform.python_version()}
+    for dist in ("keras", "tensorflow", "jax", "torch", "numpy", "pillow", "scikit-image"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+# --------------------------------------------------------------------------
+def parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a small folder, few batches and a tiny model (the test)")
+    parser.add_argument("--images", type=int, help=f"JPEGs written (default {FULL['images']})")
+    parser.add_argument("--folder", help="use this folder of class subfolders instead of writing one")
+    parser.add_argument("--batch", type=int, help="batch of the throughput part")
+    parser.add_argument("--batches", type=int, help="batches timed per repeat, after a warm-up batch")
+    parser.add_argument("--repeats", type=int, help="rounds of the throughput part (the median is reported)")
+    parser.add_argument("--timm-python", help="an interpreter with torch, torchvision and timm, for timm's loader")
+    parser.add_argument("--backends", default="jax,tensorflow,torch", help="Keras backends of the fit part ('' for none)")
+    parser.add_argument("--model", help="ViT_S16, another variant's factory name, or tiny")
+    parser.add_argument("--fit-image-size", type=int)
+    parser.add_argument("--fit-batch", type=int)
+    parser.add_argument("--fit-steps", type=int, help="timed steps per fit (after one untimed step)")
+    parser.add_argument("--fit-rounds", type=int, help="rounds of the fit part (each runs every feed)")
+    parser.add_argument("--out", help="also write the figures as JSON here")
+    parser.add_argument("--timm-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--fit-worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    preset = QUICK if args.quick else FULL
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key in ("images", "batch", "batches", "repeats", "fit_image_size", "fit_batch", "fit_steps", "fit_rounds"):
+        if getattr(args, key) < 1:
+            parser.error(f"--{key.replace('_', '-')} must be a positive integer, got {getattr(args, key)}")
+    args.backends = [b for b in args.backends.split(",") if b]
+    unknown = set(args.backends) - {"jax", "tensorflow", "torch"}
+    if unknown:
+        parser.error(f"--backends: unknown {', '.join(sorted(unknown))} (jax, tensorflow, torch)")
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
+    if args.timm_worker:
+        return timm_worker(args)
+    if args.fit_worker:
+        return fit_worker(args)
+    with tempfile.TemporaryDirectory(prefix="folder_feed_") as tmp:
+        folder = args.folder or write_folder(os.path.join(tmp, "photos"), args.images)
+        print(f"CPU: {cpu_name()}; folder: {folder} ({args.images if not args.folder else 'given'} JPEGs)", flush=True)
+        rates, info = measure_pipelines(args, folder)
+        print(f"\nDecoding + augmentation to {IMAGE_SIZE} px, batch {args.batch}, {args.batches} batches timed after "
+              f"a warm-up batch, median of {args.repeats} rounds; load average {info['load_average'][0]}-"
+              f"{info['load_average'][1]}")
+        print(pipeline_table(rates, info["timm"]))
+        if "not_run" not in info["timm"]:
+            print(f"timm's side: {json.dumps(info['timm'])}")
+        fits = measure_fits(args, folder) if args.backends else {}
+        if fits:
+            print(f"\nmodel.fit step, {args.model} at {args.fit_image_size} px, batch {args.fit_batch}, "
+                  f"{args.fit_steps} steps timed per fit, median of {args.fit_rounds} rounds")
+            print(fit_table(fits, args))
+    report = {"cpu": cpu_name(), "versions": versions(), "args": {k: v for k, v in vars(args).items()
+                                                                  if not k.endswith("_worker")},
+              "pipelines": rates, **info, "fits": fits}
+    print(f"\nversions: {json.dumps(report['versions'])}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()
