@@ -1,7 +1,5 @@
 """The Vision Transformer builder (paper section 3.1, Figure 1)."""
 
-import collections
-
 import keras
 
 from keras_vit import layers as L
@@ -10,7 +8,7 @@ from keras_vit.configs import pair, resnet_stride
 from keras_vit.interpolation import check_interpolation
 from keras_vit.layers.attention import check_attention_implementation
 from keras_vit.layers.mlp import check_mlp_activation
-from keras_vit.preprocessing import NORMALIZATIONS, input_scaling
+from keras_vit.preprocessing import NORMALIZATIONS, check_class_names, input_scaling
 from keras_vit.structure import output_kind
 
 CLASSIFIERS = ("token", "gap", "map")
@@ -68,24 +66,6 @@ class ViTModel(KeepsStateOnError, keras.Model):
         model = super().from_config(config, custom_objects=custom_objects)
         model.class_names = names
         return model
-
-
-def check_class_names(names, classes, what):
-    """`names` as a tuple of str, one per class of `what` (the head or predictions of `classes` classes,
-    named in the message): a TypeError for anything but a sequence of str, a ValueError for repeated
-    names or another count."""
-    if isinstance(names, (str, bytes, dict)) or not hasattr(names, "__iter__"):
-        raise TypeError(f"class names must be a sequence of str, one per class; got {type(names).__name__}")
-    names = tuple(names)
-    odd = [n for n in names if not isinstance(n, str)]
-    if odd:
-        raise TypeError(f"class names must be str; got {odd[0]!r} ({type(odd[0]).__name__})")
-    repeated = sorted(n for n, count in collections.Counter(names).items() if count > 1)
-    if repeated:
-        raise ValueError(f"class names must be distinct; repeated: {', '.join(map(repr, repeated[:5]))}")
-    if len(names) != classes:
-        raise ValueError(f"{len(names)} class names given for {classes} classes ({what})")
-    return tuple(str(n) for n in names)
 
 
 def grid_size(image_size, patch_size, resnet=None):

@@ -4,9 +4,11 @@ The official ViT models take RGB images scaled to [-1, 1] (``(x - 127.5) / 127.5
 channels last. ``decode_predictions`` maps the outputs of a 1,000-class
 (ImageNet-1k) or 21,843-class (Google's ImageNet-21k order) head to
 ``(synset, name, score)`` triples, using the class lists shipped in
-``keras_vit/resources/`` (built by ``weights/tools/make_class_names.py``).
+``keras_vit/resources/`` (built by ``weights/tools/make_class_names.py``), and any
+other head to the user's own class names (``class_names=``, or a model carrying them).
 """
 
+import collections
 import functools
 import gzip
 import importlib.resources
@@ -109,6 +111,14 @@ def input_scaling(mode="vit"):
     return [float(v) for v in 1 / (255 * std)], [float(v) for v in -mean / std]
 
 
+def model_input(model, images, mode="vit"):
+    """What `model` takes of [0, 255] `images` (N, h, w, 3), as NumPy: uint8 as they are for a model
+    built with `input_dtype="uint8"` (it scales them itself), else `preprocess_input(images, mode)`."""
+    if model.inputs[0].dtype == "uint8":
+        return np.clip(np.round(images), 0, 255).astype(np.uint8)
+    return preprocess_input(np.asarray(images), mode=mode)
+
+
 @functools.lru_cache(maxsize=None)
 def _class_list(classes):
     """((synset, name), ...) in label order for a 1000- or 21843-class head; read once."""
@@ -143,35 +153,63 @@ def class_names(classes=IMAGENET1K_CLASSES):
     return _class_list(classes)
 
 
-def decode_predictions(preds, top=5):
+def check_class_names(names, classes, what):
+    """`names` as a tuple of str, one per class of `what` (the head or predictions of `classes` classes,
+    named in the message): a TypeError for anything but a sequence of str, a ValueError for repeated
+    names or another count."""
+    if isinstance(names, (str, bytes, dict)) or not hasattr(names, "__iter__"):
+        raise TypeError(f"class names must be a sequence of str, one per class; got {type(names).__name__}")
+    names = tuple(names)
+    odd = [n for n in names if not isinstance(n, str)]
+    if odd:
+        raise TypeError(f"class names must be str; got {odd[0]!r} ({type(odd[0]).__name__})")
+    repeated = sorted(n for n, count in collections.Counter(names).items() if count > 1)
+    if repeated:
+        raise ValueError(f"class names must be distinct; repeated: {', '.join(map(repr, repeated[:5]))}")
+    if len(names) != classes:
+        raise ValueError(f"{len(names)} class names given for {classes} classes ({what})")
+    return tuple(str(n) for n in names)
+
+
+def decode_predictions(preds, top=5, class_names=None):
     """The `top` classes of each prediction, as ``(synset, name, score)``, best first.
 
     Args:
-        preds: scores of shape ``(batch, 1000)`` or ``(batch, 21843)`` (NumPy array or
-            backend tensor); the number of classes picks the ImageNet-1k or the
-            ImageNet-21k label list.
+        preds: scores of shape ``(batch, classes)`` (NumPy array or backend tensor). Without
+            `class_names`, 1000 or 21843 classes pick the ImageNet-1k or the ImageNet-21k label list.
         top: how many classes to return per image (at most the number of classes).
+        class_names: None, a sequence of names (one str per class, distinct), or a model carrying
+            them (`model.class_names`, see `keras_vit.model.ViTModel`; a model without them counts
+            as None). With names, each row is ``(str(index), name, score)``.
 
     Returns:
         A list with one list per image of ``(synset, name, score)`` tuples sorted by
         decreasing score (ties keep the lower class index first).
 
     Raises:
-        ValueError: `preds` is not 2-D with 1000 or 21843 columns, or `top` < 1.
+        ValueError: `preds` is not 2-D; without class names, it has neither 1000 nor 21843 columns;
+            the class names are not one per column; or `top` < 1.
     """
     if not isinstance(preds, np.ndarray):
         import keras
 
         preds = keras.ops.convert_to_numpy(preds)
     preds = np.asarray(preds)
-    if preds.ndim != 2 or preds.shape[-1] not in _CLASS_FILES:
+    if hasattr(class_names, "output_shape"):  # a model: the names it carries
+        class_names = getattr(class_names, "class_names", None)
+    if preds.ndim != 2 or (class_names is None and preds.shape[-1] not in _CLASS_FILES):
         raise ValueError(
             "decode_predictions expects a batch of predictions of shape (batch, "
-            f"{IMAGENET1K_CLASSES}) or (batch, {IMAGENET21K_CLASSES}); got shape {preds.shape}"
+            f"{IMAGENET1K_CLASSES}) or (batch, {IMAGENET21K_CLASSES}), or (batch, classes) with class_names "
+            f"(one name per class); got shape {preds.shape}"
         )
     if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1:
         raise ValueError(f"top must be a positive integer, got {top!r}")
-    names = class_names(preds.shape[-1])
+    if class_names is None:
+        names = _class_list(preds.shape[-1])
+    else:
+        given = check_class_names(class_names, preds.shape[-1], f"preds of shape {preds.shape}")
+        names = tuple((str(i), name) for i, name in enumerate(given))
     top = min(int(top), preds.shape[-1])
     order = np.argsort(-preds.astype(np.float64), axis=-1, kind="stable")[:, :top]
     return [
@@ -180,4 +218,4 @@ def decode_predictions(preds, top=5):
     ]
 
 
-__all__ = ["class_names", "decode_predictions", "load_image", "preprocess_input"]
+__all__ = ["class_names", "decode_predictions", "load_image", "model_input", "preprocess_input"]
