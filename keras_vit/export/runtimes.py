@@ -36,7 +36,8 @@ def run(path, format, images):
 
 def compare(model, path, format, images, input_mode="vit"):
     """The artefact against Keras on uint8 `images` (scaled for Keras by `preprocess_input(images,
-    input_mode)`): (max abs difference of the outputs, agreement):
+    input_mode)`, or as they are for a model built with `input_dtype="uint8"`): (max abs difference
+    of the outputs, agreement):
     for a classifier the fraction of images with the same top-1 class, for an embedding or features
     the smallest cosine similarity of an image's two outputs.
 
@@ -52,9 +53,9 @@ def compare(model, path, format, images, input_mode="vit"):
     """
     import keras
 
-    from keras_vit.preprocessing import preprocess_input
+    from keras_vit.preprocessing import model_input
 
-    expected = keras.ops.convert_to_numpy(model(preprocess_input(images, input_mode)))
+    expected = keras.ops.convert_to_numpy(model(model_input(model, images, input_mode)))
     name = output_name(model)
     got = run(path, format, images)[name].reshape(expected.shape)
     if name in CLASS_OUTPUTS:
