@@ -7,7 +7,7 @@ from keras_vit.configs import find_variant
 from keras_vit.structure import find_vit
 from keras_vit.weights.download import fetch
 from keras_vit.weights.foreign import ForeignFile, is_foreign, load_foreign
-from keras_vit.weights.keras_files import file_array_count, weight_file_mismatch
+from keras_vit.weights.keras_files import check_keras_file, file_array_count, weight_file_mismatch
 from keras_vit.weights.npz import (
     load_npz,
     official_variables,
@@ -54,21 +54,6 @@ def _restore(model, values):
         var.assign(value)
 
 
-def _check_keras_file(path):
-    """Refuses a `.weights.h5` that is not HDF5 or a `.keras` that is not a zip, before touching the model."""
-    import zipfile
-
-    import h5py
-
-    if path.endswith(".keras"):
-        if not zipfile.is_zipfile(path):
-            raise ValueError(f"{path} is not a Keras model file (a .keras zip archive); "
-                             f"got {os.path.getsize(path)} bytes of something else")
-    elif not h5py.is_hdf5(path):
-        raise ValueError(f"{path} is not an HDF5/Keras weights file (as written by model.save_weights); "
-                         f"got {os.path.getsize(path)} bytes of something else")
-
-
 def load_weights(model, weights):
     """Loads `weights` (a registry tag, an official `.npz`, a `.weights.h5` or `.keras` file) into
     `model`, in place. All or nothing: on any error the model keeps its weights.
@@ -108,7 +93,7 @@ def load_weights(model, weights):
     if weights.endswith(KERAS_SUFFIXES):
         if not os.path.exists(weights):
             raise FileNotFoundError(f"weights file not found: {weights}")
-        _check_keras_file(weights)
+        check_keras_file(weights)
         before = _snapshot(model)
         try:
             model.load_weights(weights)

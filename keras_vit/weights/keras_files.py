@@ -1,9 +1,45 @@
-"""What differs between a Keras `.weights.h5`/`.keras` file and a model, key by key, for load errors."""
+"""Keras' own files: a `.keras` file loaded as the whole model it holds, the check that a file is what
+its suffix says, and what differs between a `.weights.h5`/`.keras` file and a model, key by key, for
+load errors."""
 
 import io
 import os
 import tempfile
 import zipfile
+
+
+def check_keras_file(path):
+    """Refuses a `.weights.h5` that is not HDF5 or a `.keras` that is not a zip (ValueError naming it)."""
+    import h5py
+
+    if str(path).endswith(".keras"):
+        if not zipfile.is_zipfile(path):
+            raise ValueError(f"{path} is not a Keras model file (a .keras zip archive); "
+                             f"got {os.path.getsize(path)} bytes of something else")
+    elif not h5py.is_hdf5(path):
+        raise ValueError(f"{path} is not an HDF5/Keras weights file (as written by model.save_weights); "
+                         f"got {os.path.getsize(path)} bytes of something else")
+
+
+def load_keras_model(path):
+    """The whole model the `.keras` file `path` holds (any keras-vit model, any head), loaded by
+    `keras.saving.load_model` in safe mode without its training setup (`compile=False`). The
+    package's classes must be registered first (`import keras_vit` does it).
+
+    Raises FileNotFoundError when there is no such file, and a ValueError naming the file when it is
+    not a Keras model archive or cannot be loaded from it (corrupt, a class Keras does not know, a
+    Lambda layer that safe mode refuses)."""
+    import keras
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"model file not found: {path}")
+    check_keras_file(path)
+    try:
+        return keras.saving.load_model(path, compile=False, safe_mode=True)
+    except Exception as err:
+        what = (str(err).strip().splitlines() or [""])[0][:300]
+        raise ValueError(f"could not load {path} as a Keras model: {type(err).__name__}: {what}") from None
 
 
 def _h5_shapes(source):
