@@ -4,6 +4,10 @@ import io
 import json
 import os
 import pathlib
+import re
+import subprocess
+import sys
+import sysconfig
 import tarfile
 import threading
 
@@ -173,3 +177,44 @@ def cifar10_mirror(tmp_path, monkeypatch):
                         property(lambda self: info(self)._replace(url=f"{server.url}/{CIFAR10_ARCHIVE}")))
     yield server, test_images, [7, 8, 9]
     server.close()
+
+
+def python_without(tmp, hidden):
+    """An interpreter seeing this environment's packages but those whose names match the regular
+    expression `hidden` (as a machine without them has it; the package under test is not installed
+    there either: run it with the repository as the working folder or on PYTHONPATH)."""
+    site = sysconfig.get_paths()["purelib"]
+    farm = tmp / "packages"
+    farm.mkdir()
+    for name in os.listdir(site):
+        if not re.match(hidden, name) and not name.endswith(".pth"):
+            os.symlink(os.path.join(site, name), farm / name)
+    venv = tmp / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(purelib, "packages.pth"), "w") as f:
+        f.write(f"{farm}\n")
+    return str(python)
+
+
+def photo_folder(root, per_class=4, size=(120, 160), formats=("jpg", "png")):
+    """Writes an image folder of scikit-image's photographs: classes "astronaut", "cat" (chelsea) and
+    "coffee", `per_class` random crops of each resized to `size` (h, w), saved in turn as `formats`,
+    the last of each class in a nested folder. Returns `root`."""
+    pytest.importorskip("skimage")
+    from PIL import Image
+    from skimage import data
+
+    rng = np.random.default_rng(0)
+    for name, image in (("astronaut", data.astronaut()), ("cat", data.chelsea()), ("coffee", data.coffee())):
+        for i in range(per_class):
+            h, w = image.shape[:2]
+            side = int(min(h, w) * rng.uniform(0.5, 0.9))
+            top, left = rng.integers(0, h - side + 1), rng.integers(0, w - side + 1)
+            crop = Image.fromarray(image[top:top + side, left:left + side]).resize(size[::-1], Image.BICUBIC)
+            folder = root / name / ("more" if i == per_class - 1 else "")
+            folder.mkdir(parents=True, exist_ok=True)
+            crop.save(folder / f"{name}_{i}.{formats[i % len(formats)]}")
+    return root

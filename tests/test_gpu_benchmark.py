@@ -13,10 +13,10 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 
 import pytest
+from conftest import python_without
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU = os.path.join(ROOT, "benchmarks", "gpu.py")
@@ -46,30 +46,12 @@ def _wheel_of_installed(dist_name, folder):
     return path
 
 
-def _bare_python(tmp):
-    """An interpreter seeing this environment's packages but keras, keras-hub and TensorFlow."""
-    site = sysconfig.get_paths()["purelib"]
-    farm = tmp / "packages"
-    farm.mkdir()
-    for name in os.listdir(site):
-        if not HIDDEN.match(name) and not name.endswith(".pth"):
-            os.symlink(os.path.join(site, name), farm / name)
-    venv = tmp / "bare"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    with open(os.path.join(purelib, "packages.pth"), "w") as f:
-        f.write(f"{farm}\n")
-    return str(python)
-
-
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory):
     """The session as a GPU machine runs it, on the CPU: a first command stopped by its budget, a
     second that resumes it. Returns (first JSON, second JSON, fetch output, the folder)."""
     tmp = tmp_path_factory.mktemp("gpu-session")
-    python = _bare_python(tmp)
+    python = python_without(tmp, HIDDEN)
     probe = subprocess.run([python, "-c", "import keras"], capture_output=True, text=True)
     assert "No module named 'keras'" in probe.stderr  # the rehearsal starts where a bare GPU machine does
     (tmp / "index").mkdir()
