@@ -1,5 +1,8 @@
 """The `keras-vit` command: `predict`, `list`, `inspect`, `convert`, `export`.
 
+`--weights X.keras` is the whole model the file holds (`model.save`, `keras-vit convert`): any
+keras-vit model, any head, its class names (`model.class_names`) printed by `predict`.
+
 `import keras_vit` imports Keras and its backend, so every command starts with it; the commands
 that run a model keep the backend's later log lines (XLA, CUDA, absl) off the terminal unless
 `--verbose`.
@@ -22,6 +25,10 @@ MODEL_HELP = ("variant factory name, e.g. ViT_B16 or R50_ViT_B16; default: what 
               "in --weights holds (given, it must agree with the file), else ViT_B16")
 DEFAULT_WEIGHTS_HELP = (f"default: the variant's ImageNet-1k fine-tuned release ({', else '.join(DEFAULT_TAGS)}), "
                         "else its ImageNet-21k one")
+WEIGHTS_HELP = ("registry tag, a path (.npz, .weights.h5, timm file, Hugging Face folder), or a .keras file: the whole "
+                "model it holds (model.save, keras-vit convert; no --model then)")
+# the files `predict` reads from a folder (by suffix, any case; hidden files are skipped)
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
 
 
 @contextlib.contextmanager
@@ -58,15 +65,18 @@ def default_weights(variant):
 
 
 def _build(args):
-    """(model, preprocess_input mode) of the command's --model / --weights: a timm file or a Hugging
-    Face folder builds what the file holds (with --model, the file must be that variant), anything
-    else the variant's factory (--model, default ViT_B16)."""
+    """(model, preprocess_input mode) of the command's --model / --weights: a .keras file is the whole
+    model it holds (mode "vit"), a timm file or a Hugging Face folder builds what the file holds
+    (with --model, the file must be that variant), anything else the variant's factory (--model,
+    default ViT_B16)."""
     import keras_vit
     from keras_vit.weights.foreign import is_foreign, read
 
     size = getattr(args, "image_size", None)
     if size is not None and size < 1:
         raise ValueError(f"--image-size must be a positive number of pixels, got {size}")
+    if args.weights is not None and args.weights.endswith(".keras"):
+        return _saved_model(args.weights, args.model, size), "vit"
     if args.weights is not None and is_foreign(args.weights) and os.path.exists(args.weights):
         from keras_vit.convert import build_from
 
@@ -79,31 +89,103 @@ def _build(args):
     return getattr(keras_vit, name)(**kwargs), "vit"
 
 
+def _saved_model(path, variant, size):
+    """The whole model of the .keras file `path`, which takes no --model and, unless the model takes
+    any size, no --image-size."""
+    from keras_vit.weights.keras_files import load_keras_model
+
+    if variant is not None:
+        raise ValueError(f"{path} is a whole model (a .keras file); --model is not used with it (got --model {variant})")
+    model = load_keras_model(path)
+    h, w = model.input_shape[1:3]
+    if size is not None and None not in (h, w):
+        raise ValueError(f"--image-size {size}: the model in {path} takes {h}x{w} images only (a model takes "
+                         "--image-size when it was saved for any size, input shape (None, None, 3))")
+    return model
+
+
+def _image_size(model, size):
+    """(h, w) of the images the command feeds `model`: its input's, else --image-size `size`, else the
+    size its position embeddings are laid out for (a model that takes any size)."""
+    from keras_vit.structure import find_vit
+
+    h, w = model.input_shape[1:3]
+    if None not in (h, w):
+        return h, w
+    if size is not None:
+        return size, size
+    return find_vit(model).image_size
+
+
+def _image_files(paths):
+    """The image files `predict` reads, in order: each file given, and every image file under each
+    folder given (recursively, sorted; files of other suffixes than IMAGE_SUFFIXES are skipped).
+    FileNotFoundError for a path that is neither, ValueError for a folder without images."""
+    files = []
+    for path in paths:
+        if os.path.isdir(path):
+            found = sorted(os.path.join(top, name) for top, _, names in os.walk(path) for name in names
+                           if not name.startswith(".") and name.lower().endswith(IMAGE_SUFFIXES))
+            if not found:
+                raise ValueError(f"the folder {path} holds no image files ({', '.join(IMAGE_SUFFIXES)}), "
+                                 "in it or in folders under it")
+            files += found
+        elif os.path.isfile(path):
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"image file not found: {path}")
+    return files
+
+
+def _write_csv(path, rows):
+    """`rows` of (file, [(index, name, score), ...]) as a CSV with the header
+    file,class_1,score_1,...,class_k,score_k, written atomically."""
+    import csv
+
+    from keras_vit.fileio import atomic_write
+
+    k = max(len(top) for _, top in rows)
+    with atomic_write(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
+        out = csv.writer(f)
+        out.writerow(["file", *(f"{what}_{i}" for i in range(1, k + 1) for what in ("class", "score"))])
+        out.writerows([file, *(v for _, name, score in top for v in (name, f"{score:.8g}"))] for file, top in rows)
+
+
 def _predict(args):
     import numpy as np
 
     from keras_vit.export import CLASS_OUTPUTS, output_name
-    from keras_vit.preprocessing import decode_predictions, load_image, preprocess_input
+    from keras_vit.preprocessing import decode_predictions, load_image, model_input
 
+    for flag, value in (("--top", args.top), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise ValueError(f"{flag} must be a positive number, got {value}")
+    files = _image_files(args.images)
     model, mode = _build(args)
+    mode = args.input_mode or mode
     kind = output_name(model)
     if kind not in CLASS_OUTPUTS:
         raise ValueError(f"model {model.name!r} outputs {kind} ({model.output_shape[-1]} dimensions), not classes: "
                          "it has none to print. Use it as a feature extractor from Python "
                          "(keras_vit.from_huggingface / from_timm), or export it (keras-vit export)")
-    size = model.input_shape[1:3]
-    images = np.stack([load_image(path, size) for path in args.images])
-    probs = model.predict(preprocess_input(images, mode=mode), batch_size=args.batch_size, verbose=0)
-    classes = probs.shape[-1]
-    if classes in (1000, 21843):
-        decoded = decode_predictions(probs, top=args.top)
-    else:  # a head of the user's own classes: indices only
-        order = np.argsort(-probs, axis=-1)[:, : args.top]
-        decoded = [[(str(i), f"class {i}", float(p[i])) for i in row] for p, row in zip(probs, order)]
-    for path, rows in zip(args.images, decoded):
-        print(path)
-        for rank, (synset, name, score) in enumerate(rows, 1):
-            print(f"  {rank}. {score:7.2%}  {name}  ({synset})")
+    classes = model.output_shape[-1]
+    # the model's own names, else ImageNet's for a 1000- or 21843-class head, else the indices
+    names = getattr(model, "class_names", None) or (
+        None if classes in (1000, 21843) else tuple(f"class {i}" for i in range(classes)))
+    size = _image_size(model, args.image_size)
+    table = []
+    for start in range(0, len(files), args.batch_size):  # a batch of images in memory at a time
+        batch = files[start:start + args.batch_size]
+        pixels = np.stack([load_image(path, size) for path in batch])
+        probs = model.predict_on_batch(model_input(model, pixels, mode))
+        for path, rows in zip(batch, decode_predictions(probs, top=args.top, class_names=names)):
+            print(path)
+            for rank, (index, name, score) in enumerate(rows, 1):
+                print(f"  {rank}. {score:7.2%}  {name}  ({index})")
+            table.append((path, rows))
+    if args.csv is not None:
+        _write_csv(args.csv, table)
+        print(f"wrote {args.csv}")
 
 
 def _list(args):
@@ -128,7 +210,7 @@ def _inspect(args):
 
     model, mode = _build(args)
     parts = find_vit(model)
-    pixels = np.stack([load_image(p, parts.image_size) for p in args.image])
+    pixels = np.stack([load_image(p, _image_size(model, args.image_size)) for p in args.image])
     images = np.asarray(preprocess_input(pixels, mode=mode), dtype=np.float32)
     with warnings.catch_warnings():  # the hybrid note is printed below instead
         warnings.filterwarnings("ignore", message=".*no RGB embedding filters.*")
@@ -166,12 +248,9 @@ def _export(args):
         raise ValueError("--calibration is for --quantize int8 (static quantization)")
     if os.path.exists(args.out):
         raise FileExistsError(f"{args.out} already exists; export writes a new folder (remove it or pick another)")
-    if args.weights is not None and args.weights.endswith(".keras"):
-        model, mode = keras.saving.load_model(args.weights), "vit"
-    else:
-        model, mode = _build(args)
+    model, mode = _build(args)
     mode = args.input_mode or mode
-    size = model.input_shape[1:3]
+    size = _image_size(model, args.image_size)
     calibration = None if args.calibration is None else calibration_images(args.calibration, size)
     path = export(model, args.out, args.format, args.top_k, args.batch_size, args.quantize, calibration, mode)
     print(f"wrote {path} ({_size(path) / 2**20:.1f} MiB)")
@@ -192,15 +271,29 @@ def parser():
                      help="show the backend's log messages (TensorFlow, XLA, CUDA), hidden by default")
     sub = top.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("predict", help="classify images and print the top classes")
-    p.add_argument("images", nargs="+", metavar="IMAGE")
+    from keras_vit.preprocessing import NORMALIZATIONS
+
+    modes = tuple(NORMALIZATIONS)
+    p = sub.add_parser("predict", help="classify images (files, or folders of them) and print the top classes",
+                       description="Classify images and print each one's top classes: the model's own class names "
+                       "(model.class_names, kept in a .keras file), else ImageNet's for a 1000- or 21843-class "
+                       "head, else 'class i'.")
+    p.add_argument("images", nargs="+", metavar="IMAGE",
+                   help=f"image files, or folders: every image file under one ({' '.join(IMAGE_SUFFIXES)}, any "
+                   "case), recursively, sorted")
     p.add_argument("--model", default=None, help=MODEL_HELP)
-    p.add_argument("--weights", default=None,
-                   help=f"registry tag or a path (.npz, .weights.h5, timm file, Hugging Face folder); "
-                   f"{DEFAULT_WEIGHTS_HELP}")
-    p.add_argument("--image-size", type=int, default=None, help="input size; default: the weights' resolution")
-    p.add_argument("--top", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--weights", default=None, help=f"{WEIGHTS_HELP}; {DEFAULT_WEIGHTS_HELP}")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="input size; default: the weights' resolution (with a .keras file: only for a model "
+                   "saved for any size)")
+    p.add_argument("--top", type=int, default=5, help="classes printed per image (default 5)")
+    p.add_argument("--batch-size", type=int, default=8, help="images loaded and run at a time (default 8)")
+    p.add_argument("--csv", default=None, metavar="PATH",
+                   help="also write the results as a CSV: file,class_1,score_1,...,class_k,score_k (k = --top)")
+    p.add_argument("--input-mode", default=None, choices=modes,
+                   help="the input scaling the weights were trained with (keras_vit.preprocess_input's modes); "
+                   "default: the timm file's / Hugging Face folder's, else vit. A model built with "
+                   "input_dtype='uint8' is fed uint8 images and scales them itself")
     p.set_defaults(func=_predict)
 
     p = sub.add_parser("list", help="list the variants and the registered released weights")
@@ -217,8 +310,7 @@ def parser():
     )
     p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--weights", required=True,
-                   help="registry tag or path (.npz, .weights.h5, timm file, Hugging Face folder) of the weights "
-                   "to inspect; 'none' for a randomly initialised model")
+                   help=f"{WEIGHTS_HELP}; 'none' for a randomly initialised model")
     p.add_argument("--image", required=True, action="append", metavar="PATH",
                    help="image file (repeat for several; all are used for the attention distance)")
     p.add_argument("--image-size", type=int, default=None,
@@ -250,10 +342,10 @@ def parser():
                        f"the TensorFlow backend in a separate process (tensorflow must be installed): {through} "
                        "(litert from torch at a --batch-size through litert-torch where it is installed).")
     p.add_argument("--model", default=None, help=MODEL_HELP)
-    p.add_argument("--weights", default=None,
-                   help="registry tag, a path (.npz, .weights.h5, timm file, Hugging Face folder) or a .keras "
-                   f"model; {DEFAULT_WEIGHTS_HELP}")
-    p.add_argument("--image-size", type=int, default=None, help="input size; default: the weights' resolution")
+    p.add_argument("--weights", default=None, help=f"{WEIGHTS_HELP}; {DEFAULT_WEIGHTS_HELP}")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="input size; default: the weights' resolution (with a .keras file: only for a model "
+                   "saved for any size, the size it is checked at)")
     p.add_argument("--format", required=True, help=f"{', '.join(FORMATS)} (which ones: see above)")
     p.add_argument("--out", required=True, help="output folder (must not exist)")
     p.add_argument("--top-k", type=int, default=None, help="also output the k best classes and their scores")
@@ -261,9 +353,7 @@ def parser():
                    help="fix the batch size (default: any)")
     p.add_argument("--quantize", default=None, choices=QUANTIZATIONS,
                    help="onnx only: quantize with onnxruntime (dynamic int8, or static with --calibration)")
-    from keras_vit.preprocessing import NORMALIZATIONS
-
-    p.add_argument("--input-mode", default=None, choices=tuple(NORMALIZATIONS),
+    p.add_argument("--input-mode", default=None, choices=modes,
                    help="the input scaling done inside the artefact (keras_vit.preprocess_input's modes); default: "
                    "the timm file's / Hugging Face folder's (DeiT, DINOv2: imagenet; CLIP: clip), else vit")
     p.add_argument("--calibration", default=None, metavar="DIR",

@@ -14,8 +14,8 @@ def check_keras_file(path):
 
     if str(path).endswith(".keras"):
         if not zipfile.is_zipfile(path):
-            raise ValueError(f"{path} is not a Keras model file (a .keras zip archive); "
-                             f"got {os.path.getsize(path)} bytes of something else")
+            raise ValueError(f"{path} is not a Keras model file (a .keras zip archive) or is damaged; "
+                             f"got {os.path.getsize(path)} bytes that are no zip archive")
     elif not h5py.is_hdf5(path):
         raise ValueError(f"{path} is not an HDF5/Keras weights file (as written by model.save_weights); "
                          f"got {os.path.getsize(path)} bytes of something else")
