@@ -273,8 +273,9 @@ def _minutes(seconds):
     return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
-def run(args):
-    """The `keras-vit finetune` command (see the module's docstring)."""
+def run(args, callbacks=()):
+    """The `keras-vit finetune` command (see the module's docstring); `callbacks`: more Keras callbacks
+    for `fit`, called after the backup's."""
     import keras
 
     from keras_vit import data, recipes
@@ -329,7 +330,7 @@ def run(args):
         model.fit(train, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
                   validation_data=validation, verbose=0 if args.quiet else 1, shuffle=False,
                   callbacks=[recipes.NonFiniteLossStop(checkpoint_hint=backup.path), keep_history, keep_best,
-                             time_left, backup])
+                             time_left, backup, *callbacks])
     seconds = time.perf_counter() - start
     model.load_weights(best_path)
     if args.lora:
@@ -359,7 +360,7 @@ def run(args):
         "skipped": [{"file": p, "reason": r} for p, r in folder.skipped],
         "schedule": {"batch_size": batch, "device_batch_size": device_batch, "epochs": epochs,
                      "updates_per_epoch": per_epoch, "warmup_updates": warmup, "base_lr": args.lr},
-        "best_epoch": scores.index(max(scores)) + 1 if scores else None,
+        "best_epoch": len(scores) - scores[::-1].index(max(scores)) if scores else None,  # ties: the later, as kept
         "validation_accuracy": result["accuracy"], "per_class_accuracy": result["per_class"],
         "confusion_matrix": result["confusion"], "history": history,
         "train_seconds": round(seconds, 3), "resumed_from_epoch": initial_epoch,

@@ -1,0 +1,138 @@
+"""`keras-vit finetune DIR`: a folder of photographs to a fine-tuned, served model (keras_vit.recipes.own_images)."""
+
+import csv
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+from conftest import TINY, photo_folder
+
+import keras_vit
+from keras_vit import cli
+from keras_vit.image_folder import read_image, resize_bilinear
+from keras_vit.recipes import own_images
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    return photo_folder(tmp_path_factory.mktemp("photos"), per_class=6)
+
+
+@pytest.fixture(scope="module")
+def start(tmp_path_factory):
+    """A small ViT taking uint8 images, saved as .keras: what --weights continues from (10 classes: a new head)."""
+    keras.utils.set_random_seed(1)
+    model = keras_vit.VisionTransformer(**TINY, input_dtype="uint8")
+    for i, v in enumerate(model.weights):
+        v.assign(np.random.default_rng(i).normal(0, 0.2, v.shape).astype("float32"))
+    path = tmp_path_factory.mktemp("start") / "start.keras"
+    model.save(path)
+    return str(path)
+
+
+def _argv(photos, start, out, *more):
+    return ["finetune", str(photos), "--weights", start, "--image-size", "32", "--epochs", "2", "--lr", "0.05",
+            "--validation-split", "0.34", "--out", str(out), "--quiet", *more]
+
+
+def _run(argv, callbacks=()):
+    return own_images.run(cli.parser().parse_args(argv), callbacks)
+
+
+@pytest.fixture(scope="module")
+def whole(photos, start, tmp_path_factory):
+    """The folder of an uninterrupted run of the command, as a user types it."""
+    out = tmp_path_factory.mktemp("runs") / "whole"
+    assert cli.main(_argv(photos, start, out)) == 0
+    return out
+
+
+def test_finetune_writes_a_model_with_the_users_classes_and_its_report(photos, whole, capsys):
+    out = whole
+    assert {"model.keras", "curves.png", "confusion_matrix.png", "mistakes.png", "per_class.csv", "split.json",
+            "report.json", "run.json"} == set(os.listdir(out))  # the backup is gone once the run is done
+    report = json.loads((out / "report.json").read_text())
+    assert report["class_names"] == ["astronaut", "cat", "coffee"] and report["schedule"]["batch_size"] == 8
+    assert report["images"]["cat"] == {"train": 3, "validation": 3}
+    model = keras.saving.load_model(out / "model.keras")
+    assert model.class_names == ("astronaut", "cat", "coffee")
+    # the report's accuracy is the saved model's on the validation files, recomputed here from the files
+    split = json.loads((out / "split.json").read_text())["validation"]
+    images = np.stack([np.round(resize_bilinear(read_image(photos / p), (32, 32))).astype("uint8") for p, _ in split])
+    probs = model.predict(images, verbose=0)
+    np.testing.assert_allclose(probs.sum(-1), 1, atol=1e-5)
+    truth = np.array([model.class_names.index(c) for _, c in split])
+    assert report["validation_accuracy"] == pytest.approx(float((probs.argmax(-1) == truth).mean()))
+    rows = list(csv.DictReader(open(out / "per_class.csv")))
+    assert [r["class"] for r in rows] == list(model.class_names)
+    scores = report["history"]["val_accuracy"]
+    assert report["best_epoch"] == max(i for i, s in enumerate(scores, 1) if s == max(scores))
+    capsys.readouterr()
+    assert cli.main(["predict", "--weights", str(out / "model.keras"), str(photos / split[0][0])]) == 0
+    printed = capsys.readouterr().out
+    assert model.class_names[int(probs[0].argmax())] in printed and "class 0" not in printed
+
+
+def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(photos, start, whole, tmp_path):
+    class Interrupt(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise KeyboardInterrupt  # after the backup of epoch 1
+
+    with pytest.raises(KeyboardInterrupt):
+        _run(_argv(photos, start, tmp_path / "cut"), [Interrupt()])
+    assert not (tmp_path / "cut" / "report.json").exists()
+    with pytest.raises(FileExistsError, match="pass --resume to continue it"):
+        _run(_argv(photos, start, tmp_path / "cut"))
+    with pytest.raises(ValueError, match=r"had other flags .*'lr': \(0.05, 0.1\)"):
+        _run([*_argv(photos, start, tmp_path / "cut"), "--resume", "--lr", "0.1"])
+    resumed = _run([*_argv(photos, start, tmp_path / "cut"), "--resume"])
+    assert resumed["resumed_from_epoch"] == 1
+    uninterrupted, cut = (keras.saving.load_model(d / "model.keras") for d in (whole, tmp_path / "cut"))
+    for a, b in zip(uninterrupted.weights, cut.weights):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(b), keras.ops.convert_to_numpy(a), atol=1e-6)
+    history = json.loads((whole / "report.json").read_text())["history"]
+    assert set(resumed["history"]) == set(history)
+    for key, values in history.items():
+        np.testing.assert_allclose(resumed["history"][key], values, atol=1e-6)
+
+
+def test_lora_trains_the_adapters_and_writes_a_merged_model(photos, start, tmp_path):
+    out = tmp_path / "lora"
+    report = _run(_argv(photos, start, out, "--lora", "2", "--epochs", "2"))
+    model = keras.saving.load_model(out / "model.keras")
+    assert not any(getattr(layer, "lora_enabled", False) for layer in model._flatten_layers())
+    original = keras.saving.load_model(start)
+    frozen = {v.path: keras.ops.convert_to_numpy(v) for v in original.weights if "head" not in v.path}
+    changed = [p for p, v in frozen.items() if "query" in p and "kernel" in p and not np.allclose(
+        keras.ops.convert_to_numpy(next(w for w in model.weights if w.path == p)), v)]
+    assert changed  # the merged adapters moved the query kernels
+    assert 0 <= report["validation_accuracy"] <= 1
+
+
+@pytest.mark.backend_independent
+def test_schedule_rule():
+    assert own_images.schedule(40) == (8, 5, 10, 3)  # a quarter of 40 is 10: batch 8, 10 epochs of 5 updates
+    assert own_images.schedule(10_000) == (512, 20, 10, 10)  # the paper's batch
+    assert own_images.schedule(1000, steps=45) == (128, 8, 6, 3)  # 45 updates: 6 epochs of 8 (48)
+    assert own_images.schedule(100, batch_size=32, epochs=2) == (32, 4, 2, 1)
+
+
+@pytest.mark.backend_independent
+def test_refusals_write_nothing(photos, start, tmp_path, capsys):
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("a user's file")
+    assert cli.main(_argv(photos, start, foreign)) == 2
+    assert "holds no keras-vit finetune run" in capsys.readouterr().err
+    assert os.listdir(foreign) == ["notes.txt"]
+    assert cli.main(_argv(photos, start, foreign, "--overwrite")) == 2
+    assert (foreign / "notes.txt").read_text() == "a user's file"
+    (tmp_path / "empty").mkdir()
+    assert cli.main(_argv(tmp_path / "empty", start, tmp_path / "out")) == 2
+    assert "holds no class folders" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    assert cli.main(["finetune", str(photos), "--weights", start, "--model", "ViT_B16", "--out", str(tmp_path)]) == 2
+    assert "is a whole model; --model ViT_B16 is not used with it" in capsys.readouterr().err
+    assert cli.main(_argv(photos, start, tmp_path / "out", "--resume")) == 2
+    assert "holds no run to resume" in capsys.readouterr().err and not (tmp_path / "out").exists()
