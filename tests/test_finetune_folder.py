@@ -45,14 +45,14 @@ def _run(argv, callbacks=()):
 def whole(photos, start, tmp_path_factory):
     """The folder of an uninterrupted run of the command, as a user types it."""
     out = tmp_path_factory.mktemp("runs") / "whole"
-    assert cli.main(_argv(photos, start, out)) == 0
+    assert cli.main(_argv(photos, start, out, "--export", "onnx")) == 0
     return out
 
 
 def test_finetune_writes_a_model_with_the_users_classes_and_its_report(photos, whole, capsys):
     out = whole
     assert {"model.keras", "curves.png", "confusion_matrix.png", "mistakes.png", "per_class.csv", "split.json",
-            "report.json", "run.json"} == set(os.listdir(out))  # the backup is gone once the run is done
+            "report.json", "run.json", "export"} == set(os.listdir(out))  # the backup is gone once the run is done
     report = json.loads((out / "report.json").read_text())
     assert report["class_names"] == ["astronaut", "cat", "coffee"] and report["schedule"]["batch_size"] == 8
     assert report["images"]["cat"] == {"train": 3, "validation": 3}
@@ -69,6 +69,13 @@ def test_finetune_writes_a_model_with_the_users_classes_and_its_report(photos, w
     assert [r["class"] for r in rows] == list(model.class_names)
     scores = report["history"]["val_accuracy"]
     assert report["best_epoch"] == max(i for i, s in enumerate(scores, 1) if s == max(scores))
+    # the served artefact: uint8 images in, the same probabilities out, the class names beside it
+    import onnxruntime
+
+    assert (out / "export" / "class_names.txt").read_text().split("\n")[:3] == list(model.class_names)
+    session = onnxruntime.InferenceSession(report["export"])
+    served = session.run(None, {session.get_inputs()[0].name: images})[0]
+    np.testing.assert_allclose(served, probs, atol=1e-5)
     capsys.readouterr()
     assert cli.main(["predict", "--weights", str(out / "model.keras"), str(photos / split[0][0])]) == 0
     printed = capsys.readouterr().out
@@ -136,3 +143,17 @@ def test_refusals_write_nothing(photos, start, tmp_path, capsys):
     assert "is a whole model; --model ViT_B16 is not used with it" in capsys.readouterr().err
     assert cli.main(_argv(photos, start, tmp_path / "out", "--resume")) == 2
     assert "holds no run to resume" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.backend_independent
+def test_weights_of_another_architecture_than_model_are_refused_naming_both(photos, tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                    image_size=32, patch_size=8)
+    transformers.ViTModel(config, add_pooling_layer=False).save_pretrained(tmp_path / "tiny_vit")
+    out = tmp_path / "out"
+    argv = ["finetune", str(photos), "--weights", str(tmp_path / "tiny_vit"), "--model", "ViT_S16", "--out", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "tiny_vit holds a ViT (patch_size 8, hidden_size 32" in err and "not ViT_S16 (patch_size 16" in err
+    assert not out.exists()
