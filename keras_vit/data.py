@@ -176,7 +176,8 @@ def _features(builder):
 
 
 def dataset_info(name, data_dir=None):
-    """Describe the TFDS image-classification dataset ``name`` (no download needed).
+    """Describe the TFDS image-classification dataset ``name`` (no download needed); ``data_dir`` is the
+    TFDS data folder to look in (default: tensorflow-datasets' own).
 
     Raises:
         ValueError: for an unknown dataset or one without image and class-label features.
@@ -299,8 +300,8 @@ def train_preprocess(image, image_size, seed, image_dtype="float32"):
 
 
 def eval_preprocess(image, image_size, image_dtype="float32"):
-    """The paper's evaluation preprocessing: bilinear resize to ``image_size``, scale to [-1, 1]
-    (with ``image_dtype="uint8"``: round to uint8 instead)."""
+    """The paper's evaluation preprocessing of one decoded ``image`` (uint8 HWC): bilinear resize to
+    ``image_size``, scale to [-1, 1] (with ``image_dtype="uint8"``: round to uint8 instead)."""
     tf, _ = _tf()
     _check_image_dtype(image_dtype)
     size = pair(image_size, "image_size")

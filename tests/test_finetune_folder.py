@@ -105,6 +105,7 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(photo
         np.testing.assert_allclose(resumed["history"][key], values, atol=1e-6)
 
 
+@pytest.mark.one_backend  # the command's plumbing; LoRA's resume is tested per backend in test_lora.py
 def test_lora_trains_the_adapters_and_writes_a_merged_model(photos, start, tmp_path):
     out = tmp_path / "lora"
     report = _run(_argv(photos, start, out, "--lora", "2", "--epochs", "2"))
