@@ -15,6 +15,7 @@ import os
 import sys
 
 from keras_vit.configs import VARIANTS, get_variant, none_or
+from keras_vit.image_folder import IMAGE_EXTENSIONS  # what predict reads of a folder, as fine-tuning does
 
 # The commands that build a model (their later backend logs are kept off the terminal).
 MODEL_COMMANDS = ("predict", "inspect", "export")
@@ -27,8 +28,6 @@ DEFAULT_WEIGHTS_HELP = (f"default: the variant's ImageNet-1k fine-tuned release 
                         "else its ImageNet-21k one")
 WEIGHTS_HELP = ("registry tag, a path (.npz, .weights.h5, timm file, Hugging Face folder), or a .keras file: the whole "
                 "model it holds (model.save, keras-vit convert; no --model then)")
-# the files `predict` reads from a folder (by suffix, any case; hidden files are skipped)
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
 
 
 @contextlib.contextmanager
@@ -119,15 +118,15 @@ def _image_size(model, size):
 
 def _image_files(paths):
     """The image files `predict` reads, in order: each file given, and every image file under each
-    folder given (recursively, sorted; files of other suffixes than IMAGE_SUFFIXES are skipped).
+    folder given (recursively, sorted; hidden files and other suffixes than IMAGE_EXTENSIONS are skipped).
     FileNotFoundError for a path that is neither, ValueError for a folder without images."""
     files = []
     for path in paths:
         if os.path.isdir(path):
             found = sorted(os.path.join(top, name) for top, _, names in os.walk(path) for name in names
-                           if not name.startswith(".") and name.lower().endswith(IMAGE_SUFFIXES))
+                           if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS))
             if not found:
-                raise ValueError(f"the folder {path} holds no image files ({', '.join(IMAGE_SUFFIXES)}), "
+                raise ValueError(f"the folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)}), "
                                  "in it or in folders under it")
             files += found
         elif os.path.isfile(path):
@@ -279,7 +278,7 @@ def parser():
                        "(model.class_names, kept in a .keras file), else ImageNet's for a 1000- or 21843-class "
                        "head, else 'class i'.")
     p.add_argument("images", nargs="+", metavar="IMAGE",
-                   help=f"image files, or folders: every image file under one ({' '.join(IMAGE_SUFFIXES)}, any "
+                   help=f"image files, or folders: every image file under one ({' '.join(IMAGE_EXTENSIONS)}, any "
                    "case), recursively, sorted")
     p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--weights", default=None, help=f"{WEIGHTS_HELP}; {DEFAULT_WEIGHTS_HELP}")
