@@ -1,4 +1,4 @@
-"""The `keras-vit` command: `predict`, `list`, `inspect`, `convert`, `export`.
+"""The `keras-vit` command: `predict`, `list`, `inspect`, `convert`, `export`, `finetune`.
 
 `--weights X.keras` is the whole model the file holds (`model.save`, `keras-vit convert`): any
 keras-vit model, any head, its class names (`model.class_names`) printed by `predict`.
@@ -18,7 +18,7 @@ from keras_vit.configs import VARIANTS, get_variant, none_or
 from keras_vit.image_folder import IMAGE_EXTENSIONS  # what predict reads of a folder, as fine-tuning does
 
 # The commands that build a model (their later backend logs are kept off the terminal).
-MODEL_COMMANDS = ("predict", "inspect", "export")
+MODEL_COMMANDS = ("predict", "inspect", "export", "finetune")
 # `--weights` when not given: the variant's ImageNet-1k fine-tuned release, in this order of
 # preference, else the variant's first release (an ImageNet-21k one: every variant has one)
 DEFAULT_TAGS = ("imagenet21k+imagenet2012", "augreg-imagenet21k+imagenet2012")
@@ -358,6 +358,9 @@ def parser():
     p.add_argument("--calibration", default=None, metavar="DIR",
                    help="folder of a few hundred images whose activation ranges fix a static int8 quantization")
     p.set_defaults(func=_export)
+    from keras_vit.recipes import own_images
+
+    own_images.add_parser(sub)
     return top
 
 

@@ -327,10 +327,15 @@ def run(args, callbacks=()):
     keep_history, keep_best, time_left, best_path, _ = _callbacks(args, out, history, epochs, initial_epoch)
     start = time.perf_counter()
     if initial_epoch < epochs:
-        model.fit(train, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
-                  validation_data=validation, verbose=0 if args.quiet else 1, shuffle=False,
-                  callbacks=[recipes.NonFiniteLossStop(checkpoint_hint=backup.path), keep_history, keep_best,
-                             time_left, backup, *callbacks])
+        try:
+            model.fit(train, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
+                      validation_data=validation, verbose=0 if args.quiet else 1, shuffle=False,
+                      callbacks=[recipes.NonFiniteLossStop(checkpoint_hint=backup.path), keep_history, keep_best,
+                                 time_left, backup, *callbacks])
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: the same command with --resume continues from the last epoch's backup in {out}",
+                  flush=True)
+            raise
     seconds = time.perf_counter() - start
     model.load_weights(best_path)
     if args.lora:
