@@ -94,7 +94,7 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(photo
         _run(_argv(photos, start, tmp_path / "cut"))
     with pytest.raises(ValueError, match=r"had other flags .*'lr': \(0.05, 0.1\)"):
         _run([*_argv(photos, start, tmp_path / "cut"), "--resume", "--lr", "0.1"])
-    resumed = _run([*_argv(photos, start, tmp_path / "cut"), "--resume"])
+    resumed = _run(["finetune", str(photos), "--out", str(tmp_path / "cut"), "--resume", "--quiet"])  # its flags
     assert resumed["resumed_from_epoch"] == 1
     uninterrupted, cut = (keras.saving.load_model(d / "model.keras") for d in (whole, tmp_path / "cut"))
     for a, b in zip(uninterrupted.weights, cut.weights):

@@ -118,7 +118,7 @@ def add_parser(sub):
     what.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     p.add_argument("--export", default=None, choices=FORMATS, help="also write a served artefact into --out/export")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, flag_defaults={k: p.get_default(k) for k in FLAGS})
     return p
 
 
@@ -128,6 +128,7 @@ def _check_args(args):
                          f"images; got {args.validation_split}")
     if args.layer_decay is not None and args.layer_decay > 1:
         raise ValueError(f"--layer-decay must be in (0, 1] (1 is no decay), got {args.layer_decay}")
+    args.directory = os.path.abspath(args.directory)  # the run's folder, however a resume spells it
     if args.out is None:
         args.out = os.path.join("runs", f"finetune-{os.path.basename(os.path.normpath(args.directory)) or 'images'}")
     if args.weights is not None and args.weights.endswith(".keras") and args.model is not None:
@@ -156,10 +157,15 @@ def _prepare_out(args, flags):
         raise ValueError(f"--resume: the run in {out!r} has finished ({REPORT} is there); --overwrite replaces it")
     with open(marker) as f:
         previous = json.load(f)
+    defaults = getattr(args, "flag_defaults", {})
+    for key, value in list(flags.items()):  # a flag left out continues as the run had it
+        if key in defaults and value == defaults[key] and key in previous:
+            flags[key] = previous[key]
+            setattr(args, key, previous[key])
     changed = {k: (previous.get(k), v) for k, v in flags.items() if previous.get(k) != v}
     if changed:
-        raise ValueError(f"--resume: the run in {out!r} had other flags (was -> now: {changed}); repeat its "
-                         "flags, or pass --overwrite to start over")
+        raise ValueError(f"--resume: the run in {out!r} had other flags (was -> now: {changed}); leave them out "
+                         "or repeat the run's, or pass --overwrite to start over")
     return True
 
 
