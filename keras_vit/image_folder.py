@@ -185,9 +185,8 @@ def _walk_images(folder):
     return sorted(found)
 
 
-def _from_subfolders(root):
-    """(class names, [(relative path, class index)]) from the class subfolders of `root`."""
-    classes = sorted(d for d in os.listdir(root) if not d.startswith(".") and os.path.isdir(os.path.join(root, d)))
+def _from_subfolders(root, classes):
+    """[(relative path, class index)] of the images in the class subfolders `classes` of `root`."""
     files = []
     for label, name in enumerate(classes):
         inside = _walk_images(os.path.join(root, name))
@@ -195,7 +194,7 @@ def _from_subfolders(root):
             raise ValueError(f"class folder {os.path.join(root, name)!r} holds no image files "
                              f"(expected {', '.join(IMAGE_EXTENSIONS)} files, in it or in folders under it)")
         files += [(os.path.join(name, f), label) for f in inside]
-    return classes, files
+    return files
 
 
 def _from_csv(root, table):
@@ -286,13 +285,11 @@ def scan(root, validation_split=0.1, seed=0, *, labels_csv=None, strict=False, m
         if not os.path.isfile(table):
             raise ValueError(f"labels_csv {table!r} is not a file")
         classes, files = _from_csv(root, table)
-        source = f"{table}"
+        _check_classes(root, classes, table)
     else:
         classes = sorted(d for d in os.listdir(root) if not d.startswith(".") and os.path.isdir(os.path.join(root, d)))
         _check_classes(root, classes, repr(root))
-        classes, files = _from_subfolders(root)
-        source = repr(root)
-    _check_classes(root, classes, source)
+        files = _from_subfolders(root, classes)
 
     bar = None
     if verbose:
@@ -330,21 +327,26 @@ def crop_boxes(heights, widths, rng, area_range=(0.05, 1.0), aspect_ratio_range=
                attempts=CROP_ATTEMPTS):
     """(N, 4) int64 boxes (top, left, height, width) of the Inception crop for images of the given sizes:
     the first of `attempts` draws (area uniform in `area_range` of the image, aspect ratio w/h uniform in
-    `aspect_ratio_range`) that fits, at a uniform position; the whole image when none fits."""
+    `aspect_ratio_range`) that fits, at a uniform position; the whole image when none fits. The draws
+    are made ten at a time for the images still without a box (memory stays ~10 x N)."""
     heights, widths = np.asarray(heights, np.float64), np.asarray(widths, np.float64)
-    n = len(heights)
-    area = rng.uniform(*area_range, size=(n, attempts)) * (heights * widths)[:, None]
-    ratio = rng.uniform(*aspect_ratio_range, size=(n, attempts))
-    h = np.round(np.sqrt(area / ratio))
-    w = np.round(np.sqrt(area * ratio))
-    fits = (h >= 1) & (w >= 1) & (h <= heights[:, None]) & (w <= widths[:, None])
-    first = np.argmax(fits, axis=1)
-    rows = np.arange(n)
-    ok = fits[rows, first]
-    h = np.where(ok, h[rows, first], heights)
-    w = np.where(ok, w[rows, first], widths)
-    top = np.floor(rng.uniform(size=n) * (heights - h + 1))
-    left = np.floor(rng.uniform(size=n) * (widths - w + 1))
+    h, w = heights.copy(), widths.copy()  # the fallback: the whole image
+    todo = np.arange(len(heights))
+    for tried in range(0, attempts, 10):
+        draws = min(10, attempts - tried)
+        area = rng.uniform(*area_range, size=(len(todo), draws)) * (heights * widths)[todo, None]
+        ratio = rng.uniform(*aspect_ratio_range, size=(len(todo), draws))
+        th, tw = np.round(np.sqrt(area / ratio)), np.round(np.sqrt(area * ratio))
+        fits = (th >= 1) & (tw >= 1) & (th <= heights[todo, None]) & (tw <= widths[todo, None])
+        first = np.argmax(fits, axis=1)
+        rows = np.arange(len(todo))
+        ok = fits[rows, first]
+        h[todo[ok]], w[todo[ok]] = th[rows, first][ok], tw[rows, first][ok]
+        todo = todo[~ok]
+        if not len(todo):
+            break
+    top = np.floor(rng.uniform(size=len(h)) * (heights - h + 1))
+    left = np.floor(rng.uniform(size=len(h)) * (widths - w + 1))
     return np.stack([top, left, h, w], axis=1).astype(np.int64)
 
 
