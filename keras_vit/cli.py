@@ -15,7 +15,7 @@ import os
 import sys
 
 from keras_vit.configs import VARIANTS, get_variant, none_or
-from keras_vit.image_folder import IMAGE_EXTENSIONS  # what predict reads of a folder, as fine-tuning does
+from keras_vit.image_folder import IMAGE_EXTENSIONS, image_files  # what predict reads of a folder, as finetune does
 
 # The commands that build a model (their later backend logs are kept off the terminal).
 MODEL_COMMANDS = ("predict", "inspect", "export", "finetune")
@@ -123,8 +123,7 @@ def _image_files(paths):
     files = []
     for path in paths:
         if os.path.isdir(path):
-            found = sorted(os.path.join(top, name) for top, _, names in os.walk(path) for name in names
-                           if not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS))
+            found = [os.path.join(path, f) for f in image_files(path)]
             if not found:
                 raise ValueError(f"the folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)}), "
                                  "in it or in folders under it")

@@ -171,7 +171,7 @@ def _is_image_name(name):
     return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
 
 
-def _walk_images(folder):
+def image_files(folder):
     """Relative paths (to `folder`) of the image files under it, sorted, following symlinked folders once."""
     found, seen = [], set()
     for top, dirs, files in os.walk(folder, followlinks=True):
@@ -189,7 +189,7 @@ def _from_subfolders(root, classes):
     """[(relative path, class index)] of the images in the class subfolders `classes` of `root`."""
     files = []
     for label, name in enumerate(classes):
-        inside = _walk_images(os.path.join(root, name))
+        inside = image_files(os.path.join(root, name))
         if not inside:
             raise ValueError(f"class folder {os.path.join(root, name)!r} holds no image files "
                              f"(expected {', '.join(IMAGE_EXTENSIONS)} files, in it or in folders under it)")
