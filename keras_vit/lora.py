@@ -121,13 +121,13 @@ def save_lora(model, path):
 
     Args:
         model: a model on which `enable_lora` was called (and usually `fit`).
-        path: the file to write (`.npz`).
+        path: the file to write: an `.npz` archive, whatever the name's suffix.
     """
     state = _state(model)
     arrays = {name: keras.ops.convert_to_numpy(v) for name, v in state.items()}
     arrays[_META] = np.array(json.dumps(_meta(model)))
-    with atomic_write(path) as tmp:
-        np.savez(tmp, **arrays)
+    with atomic_write(path) as tmp, open(tmp, "wb") as f:  # a file object: numpy adds no ".npz" to the name
+        np.savez(f, **arrays)
 
 
 def load_lora(model, path):
@@ -145,8 +145,9 @@ def load_lora(model, path):
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {name: f[name] for name in f.files}
-    except (OSError, ValueError) as err:
-        raise ValueError(f"cannot read {path} as a LoRA adapter file (.npz from save_lora): {err}") from None
+    except (OSError, ValueError, EOFError) as err:
+        raise ValueError(f"cannot read {path} as a LoRA adapter file (.npz from save_lora): "
+                         f"{err or type(err).__name__}") from None
     if _META not in arrays:
         raise ValueError(f"{path} is not a LoRA adapter file: it has no {_META!r} entry (write it with save_lora)")
     meta = json.loads(str(arrays.pop(_META)))

@@ -102,6 +102,20 @@ def test_save_and_load_hold_only_the_adapters_and_the_head(images, tmp_path):
     np.testing.assert_array_equal(out(lora.load_lora(again, tmp_path / "adapters.npz"), images), out(model, images))
 
 
+@pytest.mark.backend_independent
+def test_any_file_name_holds_the_adapters_and_an_empty_file_is_refused(images, tmp_path):
+    """numpy appends ".npz" to a name without it: save_lora once wrote a 0-byte file and left the adapters in a
+    hidden temporary beside it."""
+    model = with_adapters(random_model())
+    lora.save_lora(model, tmp_path / "adapters.lora")
+    assert os.listdir(tmp_path) == ["adapters.lora"]
+    np.testing.assert_array_equal(out(lora.load_lora(random_model(), tmp_path / "adapters.lora"), images),
+                                  out(model, images))
+    (tmp_path / "empty.lora").write_bytes(b"")
+    with pytest.raises(ValueError, match="empty.lora as a LoRA adapter file"):
+        lora.load_lora(random_model(), tmp_path / "empty.lora")
+
+
 @pytest.mark.parametrize("make, match", [
     (lambda: random_model(num_layers=3), "projections"),
     (lambda: random_model(classes=5), "head/kernel: expected"),

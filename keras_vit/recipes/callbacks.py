@@ -150,8 +150,8 @@ class TrainingBackup(keras.callbacks.Callback):
             return
         if lora_layers(self.model):
             values = [keras.ops.convert_to_numpy(v) for v in _state_variables(self.model)]
-            with atomic_write(self.lora_path) as tmp:
-                np.savez(tmp, *values)
+            with atomic_write(self.lora_path) as tmp, open(tmp, "wb") as f:
+                np.savez(f, *values)
         else:
             with atomic_write(self.path) as tmp:
                 self.model.save_weights(tmp, overwrite=True)
@@ -177,8 +177,8 @@ def _assign_all(variables, path):
     try:
         with np.load(path, allow_pickle=False) as stored:
             values = [stored[f"arr_{i}"] for i in range(len(stored.files))]
-    except (OSError, ValueError, KeyError) as err:
-        raise ValueError(f"cannot read the training backup {path}: {err}") from None
+    except (OSError, ValueError, KeyError, EOFError) as err:
+        raise ValueError(f"cannot read the training backup {path}: {err or type(err).__name__}") from None
     shapes = [tuple(v.shape) for v in variables]
     if [tuple(v.shape) for v in values] != shapes:
         raise ValueError(f"the training backup {path} holds {len(values)} arrays that do not fit this model and "
