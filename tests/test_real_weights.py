@@ -293,3 +293,31 @@ def test_predict_on_the_dinov2_folder_builds_it_and_says_it_has_no_classes(folde
     assert "outputs features (384 dimensions), not classes" in err and "divisible" not in err
     assert main(["predict", "--model", "ViT_B16", "--weights", folder, str(tmp_path / "cat.png")]) == 2
     assert "not ViT_B16" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.one_backend
+def test_own_images_example_finetunes_real_and_fresh_weights(folder, tmp_path):
+    """examples/own_images.py --quick: `keras-vit finetune` on a folder of photographs from the DINOv2 folder
+    and from fresh weights writes every output; the reported accuracy is the saved model's on the split."""
+    import own_images
+
+    from keras_vit import data
+
+    results = own_images.main(["--quick", "--out", str(tmp_path)])
+    names = list(own_images.TEXTURES)
+    for name, result in results.items():
+        out = pathlib.Path(result["out"])
+        assert all((out / f).stat().st_size > 0 for f in own_images.OUTPUTS), (name, sorted(os.listdir(out)))
+        report = result["report"]  # its report.json
+        assert report["class_names"] == names and report["skipped"] == []
+        assert 0.0 <= report["validation_accuracy"] <= 1.0
+        assert sum(map(sum, report["confusion_matrix"])) == 6 and report["schedule"]["updates_per_epoch"] == 2
+    model = keras.saving.load_model(str(tmp_path / "dinov2" / "model.keras"))
+    assert model.class_names == tuple(names) and model.inputs[0].dtype == "uint8"
+    _, validation = data.from_directory(str(tmp_path / "photos"), 112, 6, validation_split=0.25, image_dtype="uint8")
+    batches = [(np.asarray(x), np.asarray(y)) for x, y in validation]
+    probabilities = np.concatenate([np.asarray(model.predict(x, verbose=0), np.float64) for x, _ in batches])
+    np.testing.assert_allclose(probabilities.sum(-1), 1.0, atol=1e-5)
+    accuracy = np.mean(probabilities.argmax(-1) == np.concatenate([y for _, y in batches]))
+    assert accuracy == pytest.approx(results["DINOv2 ViT-S/14"]["report"]["validation_accuracy"])
