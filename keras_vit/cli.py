@@ -171,16 +171,28 @@ def _predict(args):
     names = getattr(model, "class_names", None) or (
         None if classes in (1000, 21843) else tuple(f"class {i}" for i in range(classes)))
     size = _image_size(model, args.image_size)
-    table = []
+    table, skipped, given = [], 0, set(args.images)
     for start in range(0, len(files), args.batch_size):  # a batch of images in memory at a time
-        batch = files[start:start + args.batch_size]
-        pixels = np.stack([load_image(path, size) for path in batch])
-        probs = model.predict_on_batch(model_input(model, pixels, mode))
+        batch, pixels = [], []
+        for path in files[start:start + args.batch_size]:
+            try:
+                pixels.append(load_image(path, size))
+                batch.append(path)
+            except ValueError as err:
+                if path in given:  # a file asked for by name: the command fails on it
+                    raise
+                print(f"skipped {err}", file=sys.stderr)  # one of a folder's: the others go on
+                skipped += 1
+        if not batch:
+            continue
+        probs = model.predict_on_batch(model_input(model, np.stack(pixels), mode))
         for path, rows in zip(batch, decode_predictions(probs, top=args.top, class_names=names)):
             print(path)
             for rank, (index, name, score) in enumerate(rows, 1):
                 print(f"  {rank}. {score:7.2%}  {name}  ({index})")
             table.append((path, rows))
+    if skipped:
+        print(f"{skipped} file(s) of the folders given could not be read as images and were skipped", file=sys.stderr)
     if args.csv is not None:
         _write_csv(args.csv, table)
         print(f"wrote {args.csv}")

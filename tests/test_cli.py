@@ -188,6 +188,7 @@ def test_predict_a_keras_file_over_files_and_folders(tmp_path, capsys, images, i
         Image.fromarray(photo).save(folder / name, format="JPEG" if name.endswith("JPG") else None)
     (folder / "notes.txt").write_text("not an image")
     (folder / ".hidden.png").write_text("skipped too")
+    (folder / "cut.jpg").write_bytes((folder / "sub" / "a.JPG").read_bytes()[:300])  # a folder's bad file: skipped
     out = tmp_path / "top.csv"
     argv = ["predict", "--weights", str(tmp_path / "mine.keras"), images[0], str(folder), "--csv", str(out),
             "--top", "2", "--batch-size", "2"]
@@ -202,8 +203,9 @@ def test_predict_a_keras_file_over_files_and_folders(tmp_path, capsys, images, i
     for row, top in zip(rows[1:], expected):
         assert row[1::2] == [name for _, name, _ in top]
         np.testing.assert_allclose([float(v) for v in row[2::2]], [score for _, _, score in top], atol=1e-5)
-    printed = capsys.readouterr().out
-    assert all(name in printed for top in expected for _, name, _ in top) and f"wrote {out}" in printed
+    printed = capsys.readouterr()
+    assert all(name in printed.out for top in expected for _, name, _ in top) and f"wrote {out}" in printed.out
+    assert "cut.jpg" in printed.err and "1 file(s) of the folders given could not be read" in printed.err
 
 
 def test_inspect_and_export_take_a_keras_file(tmp_path, capsys, images):
