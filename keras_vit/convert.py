@@ -58,7 +58,9 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
     the file's width. `image_size` builds the model at another resolution (position embeddings
     resized by the source's rule); `overrides` are further `build_vit` arguments (e.g.
     `include_top=False, pooling=None`, or `mlp_activation="quick_gelu"` for an OpenAI CLIP file
-    whose name does not say quickgelu).
+    whose name does not say quickgelu). With `input_dtype="uint8"` the model scales its uint8 input by
+    the file's own normalisation (`input_mode`: DINOv2's and DeiT's ImageNet mean and deviation, CLIP's)
+    unless `input_mode` is given.
 
     The model outputs by default what the source class returns (`keras_vit.weights.heads.HEADS`):
     a classifier's probabilities (`classifier_activation="auto"` is "softmax" there; None gives
@@ -85,6 +87,8 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
         **{k: arch[k] for k in _ARCH}, **file_options(arch),
     )
     args.update(overrides)
+    if args.get("input_dtype") == "uint8":  # a uint8 input is scaled inside by the file's own normalisation
+        args.setdefault("input_mode", arch["input_mode"])
     projection = arch["source_head"] == PROJECTION and args["classes"] == arch["classes"]
     if classifier_activation == "auto":
         # a keras-hub task names its own activation (None: logits)

@@ -483,8 +483,8 @@ def from_directory(directory, image_size, batch_size, validation_split=0.1, seed
 
     Args:
         directory: the folder, or an ``ImageFolder`` already scanned (``keras_vit.image_folder.scan``).
-        image_size, batch_size, seed, repeat, skip_batches, eval_batch_size, drop_remainder,
-            process_index, process_count, image_dtype: as in :func:`load`.
+        image_size, batch_size, seed, repeat, skip_batches: as in :func:`load`.
+        eval_batch_size, drop_remainder, process_index, process_count, image_dtype: as in :func:`load`.
         validation_split: fraction of each class held out, in [0, 1) (0: no validation set).
         labels_csv: a CSV of (path relative to the folder, class name); default ``labels.csv`` in the
             folder when it exists.

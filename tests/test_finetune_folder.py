@@ -1,9 +1,12 @@
 """`keras-vit finetune DIR`: a folder of photographs to a fine-tuned, served model (keras_vit.recipes.own_images)."""
 
 import csv
+import io
 import json
 import os
+import zipfile
 
+import h5py
 import keras
 import numpy as np
 import pytest
@@ -116,6 +119,8 @@ def test_lora_trains_the_adapters_and_writes_a_merged_model(photos, start, tmp_p
     changed = [p for p, v in frozen.items() if "query" in p and "kernel" in p and not np.allclose(
         keras.ops.convert_to_numpy(next(w for w in model.weights if w.path == p)), v)]
     assert changed  # the merged adapters moved the query kernels
+    with zipfile.ZipFile(out / "model.keras") as archive, archive.open("model.weights.h5") as f:
+        assert "optimizer" not in h5py.File(io.BytesIO(f.read()), "r")  # the served file holds no training state
     assert 0 <= report["validation_accuracy"] <= 1
 
 

@@ -498,8 +498,9 @@ RUN_FINETUNE = ("docs/finetuning.md", 'data.load("cifar10"')
 RUN_ABLATIONS = ("docs/experiments.md", 'position_embedding="learned_2d"')
 RUN_MASKED_PATCH = ("docs/experiments.md", "MaskedPatchPredictor(")
 RUN_WAYS = ("docs/ways-to-finetune.md", "keras_vit.enable_lora(model, rank=8)")
+RUN_OWN_IMAGES = ("docs/own-images.md", 'keras_vit.from_huggingface("dinov2-vits14"')
 RUN = (RUN_TWENTY_LINES, RUN_QUICK_START, RUN_CONFIGURATION, RUN_RESOLUTION, RUN_TIMM_HF, RUN_FAMILIES, RUN_FINETUNE,
-       RUN_ABLATIONS, RUN_MASKED_PATCH, RUN_WAYS)
+       RUN_ABLATIONS, RUN_MASKED_PATCH, RUN_WAYS, RUN_OWN_IMAGES)
 NOT_RUN = {
     ("docs/scaling.md", "model_parallel((2, 4))"):
         "2 replicas x 4-way tensor parallel needs 8 devices; the same calls run on 8 virtual CPU devices in "
@@ -532,3 +533,23 @@ def test_blocks_not_run_compile_and_their_names_exist(key):
             obj = getattr(obj, attr)
             if not getattr(obj, "__name__", "").startswith("keras_vit") and not isinstance(obj, type):
                 break
+
+
+
+def test_own_images_in_python(user):
+    """docs/own-images.md's Python equivalent of `keras-vit finetune`: a DINOv2 folder (a transformers
+    stand-in) with a new head of the photo folder's classes, DINOv2's normalisation inside, the stated
+    updates, the best epoch kept and the class names saved."""
+    transformers = pytest.importorskip("transformers")
+    code = block(RUN_OWN_IMAGES)
+    config = transformers.Dinov2Config(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
+                                       patch_size=14, image_size=224)
+    transformers.Dinov2Model(config).save_pretrained("dinov2-vits14")
+    photo_folder(user.work / "photos", per_class=12)
+    ns = run(code)
+    assert ns.model.output_shape == (None, 3) and ns.train.class_names == ("astronaut", "cat", "coffee")
+    assert ns.steps == 2 and len(ns.model.history.history["val_accuracy"]) == 10  # 30 photos at 16 a batch
+    again = keras.saving.load_model("mine.keras")
+    assert again.class_names == ns.train.class_names and again.inputs[0].dtype == "uint8"
+    x = np.random.default_rng(0).integers(0, 256, (2, 224, 224, 3), dtype=np.uint8)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(again(x)), keras.ops.convert_to_numpy(ns.model(x)), atol=1e-5)

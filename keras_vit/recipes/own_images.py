@@ -199,7 +199,7 @@ def build_model(args, classes):
     inside by the weights' own normalisation) and giving probabilities."""
     import keras_vit
     from keras_vit.recipes.finetune_args import PRETRAINED_TAGS
-    from keras_vit.weights.foreign import is_foreign, read
+    from keras_vit.weights.foreign import is_foreign
     from keras_vit.weights.registry import default_tag
 
     common = dict(classes=len(classes), classifier_activation="softmax", input_dtype="uint8")
@@ -220,9 +220,8 @@ def build_model(args, classes):
     if weights is not None and is_foreign(weights) and os.path.exists(weights):
         from keras_vit.convert import build_from
 
-        file = read(weights)
-        return build_from(file, args.model and get_variant(args.model).name, image_size=args.image_size,
-                          input_mode=file.arch["input_mode"], **common)
+        return build_from(weights, args.model and get_variant(args.model).name, image_size=args.image_size,
+                          **common)  # scaled inside by the file's own normalisation
     name = get_variant(args.model or "ViT_B16").name
     if weights is None:
         weights = default_tag(name, PRETRAINED_TAGS)
@@ -273,6 +272,15 @@ def _callbacks(args, out, history, epochs, start_epoch):
         on_train_end = on_epoch_begin
 
     return KeepHistory(), KeepBest(), TimeLeft(), best_path, history_path
+
+
+def _served(model, class_names):
+    """A copy of the trained `model` without its optimizer (whose state would double model.keras: Keras
+    writes a compiled model's optimizer variables into it), carrying `class_names`."""
+    copy = type(model).from_config(model.get_config())
+    copy.set_weights(model.get_weights())
+    copy.class_names = class_names
+    return copy
 
 
 def _minutes(seconds):
@@ -347,11 +355,11 @@ def run(args, callbacks=()):
     if args.lora:
         from keras_vit.lora import merge_lora
 
-        merge_lora(model)  # the best weights were written merged: the adapters now hold zeros
+        model = merge_lora(model)  # the best weights were written merged: the adapters now hold zeros
     from keras_vit.recipes import report
 
     result = report.evaluate(model, validation, folder)
-    model.class_names = folder.class_names
+    model = _served(model, folder.class_names)
     from keras_vit.convert import save_keras
 
     save_keras(model, os.path.join(out, "model.keras"))
