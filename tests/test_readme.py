@@ -551,5 +551,8 @@ def test_own_images_in_python(user):
     assert ns.steps == 2 and len(ns.model.history.history["val_accuracy"]) == 10  # 30 photos at 16 a batch
     again = keras.saving.load_model("mine.keras")
     assert again.class_names == ns.train.class_names and again.inputs[0].dtype == "uint8"
+    scale, offset = keras_vit.preprocessing.input_scaling("imagenet")  # DINOv2's statistics, not [-1, 1]
+    rescale = again.get_layer("rescale").get_config()
+    np.testing.assert_allclose([rescale["scale"], rescale["offset"]], [scale, offset], rtol=1e-6)
     x = np.random.default_rng(0).integers(0, 256, (2, 224, 224, 3), dtype=np.uint8)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(again(x)), keras.ops.convert_to_numpy(ns.model(x)), atol=1e-5)
