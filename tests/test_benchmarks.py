@@ -12,6 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import benchmark  # noqa: E402
 import flops  # noqa: E402
+import folder_feed  # noqa: E402
 import gemm  # noqa: E402
 import workers  # noqa: E402
 
@@ -120,3 +121,32 @@ def test_torch_compile_times_timm_eager_and_compiled_and_ratios_each():
     assert results[2]["ratio_to_timm"] == 0.5 and results[2]["ratio_to_timm_compile"] == 0.25
     row = benchmark.table(results).splitlines()[-1]
     assert "0.50 (0.25 compiled)" in row
+
+
+@pytest.mark.one_backend
+def test_folder_feed_quick_run_measures_the_keras_vit_feeds_and_says_why_timm_did_not_run():
+    backend = keras.backend.backend()
+    proc = subprocess.run([sys.executable, "benchmarks/folder_feed.py", "--quick", "--backends", backend], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("| ") and not line.startswith("| pipeline") and not line.startswith("| backend"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0]] = cells[1:]
+    for name in (folder_feed.KERAS_VIT_TF, folder_feed.KERAS_VIT_PY, folder_feed.KERAS_IDFD):
+        rate, spread, ratio = rows[name]
+        assert float(rate.replace(",", "")) > 0 and ratio == "-", (name, rows[name])
+    assert rows[folder_feed.TIMM][0].startswith("not run: no --timm-python given"), rows[folder_feed.TIMM]
+    fit = rows[backend]  # step in memory, then (step, ratio to it) per folder pipeline
+    assert len(fit) == 5 and all(float(cell.rstrip("x")) > 0 for cell in fit), fit
+    assert proc.stdout.startswith("CPU: ") and "load average" in proc.stdout
+
+
+@pytest.mark.backend_independent
+def test_folder_feed_refuses_bad_arguments(capsys):
+    for args, message in ((["--backends", "jax,mxnet"], "--backends: unknown mxnet"),
+                          (["--images", "0"], "--images must be a positive integer, got 0")):
+        with pytest.raises(SystemExit):
+            folder_feed.parse(args)
+        assert message in capsys.readouterr().err
