@@ -293,7 +293,7 @@ def fit_worker(args):
 
         def on_train_batch_end(self, batch, logs=None):
             keras.tree.map_structure(np.asarray, logs or {})  # the step's results reached: JAX dispatches ahead
-            self.ends.append(time.perf_counter())
+            self.ends.append((time.perf_counter(), time.process_time()))
 
     clock = Clock()
 
@@ -303,14 +303,19 @@ def fit_worker(args):
         else:
             model.fit(feeds[feed], steps_per_epoch=steps + 1, epochs=1, verbose=0, callbacks=[clock])
         assert len(clock.ends) == steps + 1
-        return (clock.ends[-1] - clock.ends[0]) / steps
+        (wall0, cpu0), (wall1, cpu1) = clock.ends[0], clock.ends[-1]
+        return (wall1 - wall0) / steps, (cpu1 - cpu0) / steps
 
     step_seconds("in memory")  # compiles
-    rounds = []
+    rounds, cpu = [], []
     for r in range(args.fit_rounds):
         order = FEEDS if r % 2 == 0 else FEEDS[::-1]
-        rounds.append({feed: step_seconds(feed) for feed in order})
-    print(json.dumps({"backend": keras.backend.backend(), "rounds": rounds}), flush=True)
+        times = {feed: step_seconds(feed) for feed in order}
+        rounds.append({feed: wall for feed, (wall, _) in times.items()})
+        cpu.append({feed: seconds for feed, (_, seconds) in times.items()})
+    # cpu: the process's CPU seconds per step (every thread: the model's and the feed's), which other jobs on the
+    # machine do not inflate the way they inflate the step's wall time
+    print(json.dumps({"backend": keras.backend.backend(), "rounds": rounds, "cpu": cpu}), flush=True)
 
 
 def measure_fits(args, folder):
@@ -333,7 +338,7 @@ def measure_fits(args, folder):
 
 def fit_table(fits, args):
     lines = [f"| backend | step, {FEEDS[0]} (s) | " + " | ".join(f"step, {f} (s) | x in memory" for f in FEEDS[1:])
-             + " |", "|---" * (2 + 2 * (len(FEEDS) - 1)) + "|"]
+             + " | process CPU s per step: " + "; ".join(f.split(", ")[-1] for f in FEEDS) + " |", "|---" * (3 + 2 * (len(FEEDS) - 1)) + "|"]
     for backend, result in fits.items():
         if "error" in result:
             lines.append(f"| {backend} | not run: {result['error'].splitlines()[-1]} |")
@@ -343,6 +348,9 @@ def fit_table(fits, args):
         for feed in FEEDS[1:]:
             ratio = statistics.median(r[feed] / r[FEEDS[0]] for r in rounds)
             cells += [f"{statistics.median(r[feed] for r in rounds):.3f}", f"{ratio:.3f}x"]
+        cpu = {feed: statistics.median(r[feed] for r in result["cpu"]) for feed in FEEDS}
+        cells.append("; ".join(f"{cpu[feed]:.3f}" + ("" if feed == FEEDS[0] else f" ({cpu[feed] - cpu[FEEDS[0]]:+.3f})")
+                               for feed in FEEDS))
         lines.append(f"| {backend} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
