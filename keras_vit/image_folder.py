@@ -23,7 +23,6 @@ level of 255 (the float rounding of two resizers) and the labels, crops and flip
 import concurrent.futures
 import csv
 import dataclasses
-import json
 import math
 import os
 import warnings

@@ -68,7 +68,8 @@ def test_finetune_writes_a_model_with_the_users_classes_and_its_report(photos, w
     np.testing.assert_allclose(probs.sum(-1), 1, atol=1e-5)
     truth = np.array([model.class_names.index(c) for _, c in split])
     assert report["validation_accuracy"] == pytest.approx(float((probs.argmax(-1) == truth).mean()))
-    rows = list(csv.DictReader(open(out / "per_class.csv")))
+    with open(out / "per_class.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
     assert [r["class"] for r in rows] == list(model.class_names)
     scores = report["history"]["val_accuracy"]
     assert report["best_epoch"] == max(i for i, s in enumerate(scores, 1) if s == max(scores))

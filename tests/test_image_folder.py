@@ -4,7 +4,6 @@ import json
 import os
 import struct
 import subprocess
-import sys
 import zlib
 
 import numpy as np

@@ -26,7 +26,7 @@ import shutil
 import time
 
 from keras_vit.configs import get_variant, none_or
-from keras_vit.fileio import write_json
+from keras_vit.fileio import atomic_write, write_json
 
 MARKER, REPORT, BACKUP, SPLIT = "run.json", "report.json", "backup", "split.json"
 # the paper's fine-tuning batch (Table 4), the ceiling of the size rule
@@ -231,7 +231,7 @@ def build_model(args, classes):
 # --------------------------------------------------------------------------
 # the run
 # --------------------------------------------------------------------------
-def _callbacks(args, out, history, epochs, start_epoch):
+def _callbacks(out, history, epochs, start_epoch):
     """(history keeper, best-epoch keeper, time-left printer) for `fit`."""
     import keras
 
@@ -248,8 +248,6 @@ def _callbacks(args, out, history, epochs, start_epoch):
         def on_epoch_end(self, epoch, logs=None):
             scores = history.get("val_accuracy", [])
             if scores and scores[-1] >= max(scores):  # ties: the later epoch
-                from keras_vit.fileio import atomic_write
-
                 with atomic_write(best_path) as tmp:
                     self.model.save_weights(tmp, overwrite=True)
 
@@ -271,7 +269,7 @@ def _callbacks(args, out, history, epochs, start_epoch):
 
         on_train_end = on_epoch_begin
 
-    return KeepHistory(), KeepBest(), TimeLeft(), best_path, history_path
+    return KeepHistory(), KeepBest(), TimeLeft(), best_path
 
 
 def _served(model, class_names):
@@ -338,7 +336,7 @@ def run(args, callbacks=()):
         print(f"resuming {out}: {initial_epoch} of {epochs} epochs done")
     train, validation = data.from_directory(folder, args.image_size, device_batch, skip_batches=done,
                                             image_dtype="uint8", pipeline=args.pipeline)
-    keep_history, keep_best, time_left, best_path, _ = _callbacks(args, out, history, epochs, initial_epoch)
+    keep_history, keep_best, time_left, best_path = _callbacks(out, history, epochs, initial_epoch)
     start = time.perf_counter()
     if initial_epoch < epochs:
         try:
@@ -350,6 +348,8 @@ def run(args, callbacks=()):
             print(f"\ninterrupted: the same command with --resume continues from the last epoch's backup in {out}",
                   flush=True)
             raise
+        except recipes.NonFiniteLossError as err:  # the CLI's one-line error; the last good backup is kept
+            raise ValueError(f"{err} (--lr {args.lr}: a lower --lr, then --resume or --overwrite)") from None
     seconds = time.perf_counter() - start
     model.load_weights(best_path)
     if args.lora:
@@ -369,8 +369,9 @@ def run(args, callbacks=()):
     if args.export:
         from keras_vit.export import export
 
+        shutil.rmtree(os.path.join(out, "export"), ignore_errors=True)  # a resumed run's half-written one
         exported = export(model, os.path.join(out, "export"), args.export)
-        with open(os.path.join(out, "export", "class_names.txt"), "w", encoding="utf-8") as f:
+        with atomic_write(os.path.join(out, "export", "class_names.txt")) as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.write("\n".join(folder.class_names) + "\n")
     scores = history.get("val_accuracy", [])
     summary = {
