@@ -236,8 +236,10 @@ def _split(records, num_classes, validation_split, seed, root, class_names):
     """(train, validation): per class, `ceil(n * validation_split)` images of a seeded shuffle validate."""
     train, validation = [], []
     rng = np.random.default_rng([seed, 0x5EED])
-    for label in range(num_classes):
-        mine = [r for r in records if r[1] == label]
+    by_class = [[] for _ in range(num_classes)]
+    for record in records:
+        by_class[record[1]].append(record)
+    for label, mine in enumerate(by_class):
         order = rng.permutation(len(mine))
         take = math.ceil(len(mine) * validation_split) if validation_split else 0
         if validation_split and (take >= len(mine) or take == 0):
@@ -311,7 +313,8 @@ def scan(root, validation_split=0.1, seed=0, *, labels_csv=None, strict=False, m
         listed = "; ".join(f"{os.path.join(root, p)}: {r}" for p, r in skipped[:10])
         raise ValueError(f"{len(skipped)} file(s) under {root!r} cannot be used (strict): {listed}"
                          + (" ..." if len(skipped) > 10 else ""))
-    empty = [classes[i] for i in range(len(classes)) if not any(r[1] == i for r in records)]
+    present = {r[1] for r in records}
+    empty = [name for i, name in enumerate(classes) if i not in present]
     if empty:
         raise ValueError(f"class(es) {', '.join(repr(c) for c in empty)} of {root!r} hold no usable image "
                          f"({len(skipped)} file(s) skipped: {'; '.join(f'{p}: {r}' for p, r in skipped[:5])})")
