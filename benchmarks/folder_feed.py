@@ -54,7 +54,7 @@ FULL = {"images": 256, "batch": 32, "batches": 16, "repeats": 9, "model": "ViT_S
         "fit_batch": 16, "fit_steps": 4, "fit_rounds": 3}
 QUICK = {"images": 32, "batch": 8, "batches": 2, "repeats": 2, "model": "tiny", "fit_image_size": 32,
          "fit_batch": 4, "fit_steps": 2, "fit_rounds": 1}
-TINY = dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
+TINY = {"patch_size": 8, "hidden_size": 32, "mlp_dim": 64, "num_heads": 2, "num_layers": 2}
 KERAS_VIT_TF = "keras-vit from_directory, tf.data"
 KERAS_VIT_PY = "keras-vit from_directory, PyDataset (Keras' adapter, 2 threads)"
 KERAS_IDFD = "keras.utils.image_dataset_from_directory (decode + resize only, float32)"
@@ -128,7 +128,6 @@ def timed(start, batches):
 
 def keras_vit_pipelines(folder, batch):
     """{name: start()} of the pipelines that run in this interpreter."""
-    import tensorflow as tf
     from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 
     sys.path.insert(0, ROOT)
@@ -268,8 +267,8 @@ FEEDS = ("in memory", "folder, tf.data", "folder, PyDataset")
 
 
 def _time_fetches(backend, record):
-    """Makes `model.fit` call `record((when, seconds))` for each batch its loop takes from the feed (the wait for a batch
-    that is not ready), on JAX and torch, where the loop takes batches from a Python iterator (Keras' epoch
+    """Makes `model.fit` call `record((when, seconds))` for each batch its loop takes from the feed (the wait for a
+    batch that is not ready), on JAX and torch, where the loop takes batches from a Python iterator (Keras' epoch
     iterator's, patched here); TensorFlow takes them inside its compiled step: returns False there."""
     if backend == "jax":
         from keras.src.backend.jax.trainer import JAXEpochIterator as epoch_iterator
@@ -373,7 +372,8 @@ def measure_fits(args, folder):
 
 def fit_table(fits, args):
     lines = [f"| backend | step, {FEEDS[0]} (s) | " + " | ".join(f"step, {f} (s) | x in memory" for f in FEEDS[1:])
-             + " | ms per step taking the next batch: " + "; ".join(f.split(", ")[-1] for f in FEEDS) + " |", "|---" * (3 + 2 * (len(FEEDS) - 1)) + "|"]
+             + " | ms per step taking the next batch: " + "; ".join(f.split(", ")[-1] for f in FEEDS) + " |",
+             "|---" * (3 + 2 * (len(FEEDS) - 1)) + "|"]
     for backend, result in fits.items():
         if "error" in result:
             lines.append(f"| {backend} | not run: {result['error'].splitlines()[-1]} |")
@@ -386,7 +386,8 @@ def fit_table(fits, args):
         if result["waits"][0][FEEDS[0]] is None:
             cells.append("- (taken inside the compiled step)")
         else:
-            cells.append("; ".join(f"{1e3 * statistics.median(r[feed] for r in result['waits']):.1f}" for feed in FEEDS))
+            waits = [statistics.median(r[feed] for r in result["waits"]) for feed in FEEDS]
+            cells.append("; ".join(f"{1e3 * wait:.1f}" for wait in waits))
         lines.append(f"| {backend} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -413,7 +414,8 @@ def parse(argv):
     parser.add_argument("--batches", type=int, help="batches timed per repeat, after a warm-up batch")
     parser.add_argument("--repeats", type=int, help="rounds of the throughput part (the median is reported)")
     parser.add_argument("--timm-python", help="an interpreter with torch, torchvision and timm, for timm's loader")
-    parser.add_argument("--backends", default="jax,tensorflow,torch", help="Keras backends of the fit part ('' for none)")
+    parser.add_argument("--backends", default="jax,tensorflow,torch",
+                        help="Keras backends of the fit part ('' for none)")
     parser.add_argument("--model", help="ViT_S16, another variant's factory name, or tiny")
     parser.add_argument("--fit-image-size", type=int)
     parser.add_argument("--fit-batch", type=int)

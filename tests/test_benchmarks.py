@@ -135,7 +135,7 @@ def test_folder_feed_quick_run_measures_the_keras_vit_feeds_and_says_why_timm_di
             cells = [c.strip() for c in line.strip("|").split("|")]
             rows[cells[0]] = cells[1:]
     for name in (folder_feed.KERAS_VIT_TF, folder_feed.KERAS_VIT_PY, folder_feed.KERAS_IDFD):
-        rate, spread, ratio = rows[name]
+        rate, _, ratio = rows[name]  # median, range, x timm
         assert float(rate.replace(",", "")) > 0 and ratio == "-", (name, rows[name])
     assert rows[folder_feed.TIMM][0].startswith("not run: no --timm-python given"), rows[folder_feed.TIMM]
     fit = rows[backend]  # step in memory, (step, ratio to it) per folder pipeline, ms taking the next batch
