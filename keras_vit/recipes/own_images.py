@@ -214,8 +214,9 @@ def build_model(args, classes):
                              f"{model.input_shape[1:3]}; finetune continues a model that takes uint8 images of "
                              f"--image-size {args.image_size} (what finetune writes), or builds one from weights "
                              "files (.npz, timm, Hugging Face, keras-hub)")
-        if getattr(model, "class_names", None) == tuple(classes) or model.output_shape[-1:] == (len(classes),):
-            return model
+        kept = getattr(model, "class_names", None)
+        if kept == tuple(classes) or (kept is None and model.output_shape[-1:] == (len(classes),)):
+            return model  # its head is of these classes: trained further
         return _with_new_head(model, len(classes))
     if weights is not None and is_foreign(weights) and os.path.exists(weights):
         from keras_vit.convert import build_from
