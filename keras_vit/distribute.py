@@ -3,10 +3,12 @@
 JAX: Keras's distribution API. `data_parallel()` (`keras.distribution.DataParallel`: batches split
 over the devices, variables replicated) and `model_parallel()` (`keras.distribution.ModelParallel`
 with `vit_layout_map`: Megatron-style tensor parallelism of every encoder block, batches split
-over the mesh's "batch" axis). Several hosts: `initialize_multihost()` first.
+over the mesh's "batch" axis). Several processes (hosts): `initialize_multihost()` first; then each
+process passes its own rows of every global batch (`process_rows()` cuts them from arrays,
+`process_shard()` says which part to give `keras_vit.data.load`).
 TensorFlow: `tf.distribute`; `tf_strategy()` picks TPUStrategy, MultiWorkerMirroredStrategy,
 MirroredStrategy or the default strategy for the machine, and `data_parallel()` is a
-MirroredStrategy scope. PyTorch users run one process per device (torchrun) instead.
+MirroredStrategy scope. torch: Keras 3 has no distribution for this backend, and these helpers refuse it.
 """
 
 import collections
@@ -20,8 +22,8 @@ import keras
 BATCH_AXIS, MODEL_AXIS = "batch", "model"
 
 __all__ = ["BATCH_AXIS", "MODEL_AXIS", "check_batch_size", "data_parallel", "initialize_multihost",
-           "model_parallel", "num_replicas", "parse_mesh", "probe_machine", "process_shard", "strategy_kind",
-           "tf_strategy", "vit_layout_map"]
+           "model_parallel", "num_replicas", "parse_mesh", "probe_machine", "process_rows", "process_shard",
+           "strategy_kind", "tf_strategy", "vit_layout_map"]
 
 # (regex over a variable's path, the dimension sharded over the model axis, what that dimension is).
 # Encoder block i: q/k/v kernels (D, heads, head_dim) and biases (heads, head_dim) over heads, so
@@ -58,8 +60,12 @@ def _backend():
 
 def _refuse_torch(what):
     raise NotImplementedError(
-        f"{what} covers the jax and tensorflow backends; on 'torch' run one process per device "
-        "(torchrun) with torch.nn.parallel.DistributedDataParallel"
+        f"{what} covers the jax and tensorflow backends: Keras {keras.__version__} has no distribution for "
+        "'torch', so model.fit and the keras_vit recipes train on one device there. To train on several "
+        "devices or processes, set KERAS_BACKEND=jax or tensorflow (the same code and weights); or write "
+        "your own torch training loop around the Keras model with torch.nn.parallel.DistributedDataParallel "
+        "under torchrun (keras.io's guide 'Multi-GPU distributed training with PyTorch'; it bypasses fit "
+        "and the recipes)"
     )
 
 
@@ -149,7 +155,7 @@ def parse_mesh(text):
     return batch, model
 
 
-def model_parallel(mesh_shape=None, devices=None, auto_shard_dataset=True):
+def model_parallel(mesh_shape=None, devices=None, auto_shard_dataset=False):
     """A context to build and compile a model in for model-parallel `fit` (JAX backend).
 
     Sets the global Keras distribution to `keras.distribution.ModelParallel` over a
@@ -157,14 +163,21 @@ def model_parallel(mesh_shape=None, devices=None, auto_shard_dataset=True):
     axis, every encoder block's parameters (and so their gradients and optimizer state) over
     the "model" axis. Variables are created sharded: no device ever holds the whole model.
 
+    On several processes (after `initialize_multihost()`), each process gives `fit`, `evaluate` and
+    `predict` its own rows of every global batch: those its devices hold along the "batch" axis
+    (`process_rows()` cuts them from arrays; `keras_vit.data.load(..., *process_shard())` reads them),
+    with a batch size of the global batch over the number of parts (`process_shard()[1]`). Keras puts
+    the processes' rows together into the global batch. When a mesh row spans several processes (a
+    "batch" axis smaller than the process count), the processes of a row pass the same rows.
+
     Args:
         mesh_shape: (batch, model), e.g. (2, 4) for 8 devices; its product must equal the number
             of devices. None: (1, number of devices).
         devices: device names (e.g. ["tpu:0", ...]); None takes every device (on several hosts,
             every host's: call `initialize_multihost()` first).
-        auto_shard_dataset: on several hosts, let Keras split each `tf.data` batch between the
-            hosts; False when each host already reads its own part (`keras_vit.data.load` with
-            `process_index`/`process_count`).
+        auto_shard_dataset: False (default): each process passes its own rows, as above. True: Keras
+            cuts each process's rows from a `tf.data.Dataset` of whole global batches that every
+            process reads (other inputs are then refused on several processes).
     Returns:
         A context manager (the distribution stays set after it, as `data_parallel()`'s does).
     Raises:
@@ -201,15 +214,27 @@ def model_parallel(mesh_shape=None, devices=None, auto_shard_dataset=True):
     return contextlib.nullcontext()
 
 
-def data_parallel(devices=None):
+def data_parallel(devices=None, auto_shard_dataset=False):
     """A context to build and compile a model in for data-parallel `fit` over `devices`.
 
+    On several processes (JAX, after `initialize_multihost()`), each process gives `fit`, `evaluate`
+    and `predict` its own rows of every global batch, with a batch size of the global batch over the
+    process count: `process_rows()` cuts them from arrays, `keras_vit.data.load(...,
+    process_index=i, process_count=n)` reads them (`i, n = process_shard()`), a `PyDataset` yields
+    them. Keras puts the processes' rows together into the global batch, so the run equals one
+    process holding every device.
+
     Args:
-        devices: device names (e.g. ["gpu:0", "gpu:1"]); None takes every local device.
+        devices: device names (e.g. ["gpu:0", "gpu:1"]); None takes every device (on JAX over several
+            processes, every process's).
+        auto_shard_dataset: JAX on several processes: False (default) each process passes its own
+            rows, as above; True: Keras cuts each process's rows from a `tf.data.Dataset` of whole
+            global batches that every process reads (other inputs are then refused).
     Returns:
         A context manager. On JAX it sets the global Keras distribution (batches are split over the
-        devices, variables replicated); on TensorFlow it is a `MirroredStrategy` scope, and the
-        model must be built and compiled inside it; on torch it raises.
+        devices, variables replicated); on TensorFlow it is a `MirroredStrategy` scope (one machine;
+        several use `tf_strategy()` with TF_CONFIG), and the model must be built and compiled inside
+        it; on torch it raises.
 
     Example:
         with keras_vit.distribute.data_parallel():
@@ -219,7 +244,8 @@ def data_parallel(devices=None):
     """
     backend = _backend()
     if backend == "jax":
-        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=_devices(devices)))
+        keras.distribution.set_distribution(keras.distribution.DataParallel(
+            devices=_devices(devices), auto_shard_dataset=auto_shard_dataset))
         return contextlib.nullcontext()
     if backend == "tensorflow":
         import tensorflow as tf
@@ -269,7 +295,9 @@ def initialize_multihost(coordinator=None, num_processes=None, process_id=None):
 
     JAX: `keras.distribution.initialize()` (on a Cloud TPU VM slice every argument may stay None;
     on GPU hosts pass the coordinator "host:port" of process 0, the number of processes and this
-    process's id, or set KERAS_DISTRIBUTION_JOB_ADDRESSES / _NUM_PROCESSES / _PROCESS_ID).
+    process's id, or set KERAS_DISTRIBUTION_JOB_ADDRESSES / _NUM_PROCESSES / _PROCESS_ID, as
+    `python -m keras_vit.launch` does). One process (`num_processes` or KERAS_DISTRIBUTION_NUM_PROCESSES
+    1) joins nothing. CPU devices talk through gloo (JAX's default CPU collectives).
     TensorFlow: nothing to do here: set TF_CONFIG on every worker and use `tf_strategy()`.
 
     Args:
@@ -278,13 +306,17 @@ def initialize_multihost(coordinator=None, num_processes=None, process_id=None):
         process_id: this process's index.
 
     Returns:
-        (process_index, process_count): which part of each global batch this host reads
-        (`keras_vit.data.load(..., process_index=..., process_count=...)`).
+        (process_index, process_count). Under `data_parallel()` that is the part of each global batch
+        this process passes (`keras_vit.data.load(..., process_index=..., process_count=...)`); under
+        `model_parallel()` ask `process_shard()` once the distribution is set.
     """
     backend = _backend()
     if backend == "jax":
         import jax
 
+        count = num_processes if num_processes is not None else os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES")
+        if count is not None and int(count) == 1:
+            return 0, 1
         keras.distribution.initialize(coordinator, num_processes, process_id)
         return jax.process_index(), jax.process_count()
     if backend == "tensorflow":
@@ -292,13 +324,84 @@ def initialize_multihost(coordinator=None, num_processes=None, process_id=None):
     _refuse_torch("initialize_multihost()")
 
 
-def process_shard():
-    """(process_index, process_count) of this host in the current JAX run ((0, 1) elsewhere)."""
-    if _backend() == "jax":
-        import jax
+def _local_rows(batch_size):
+    """[start, stop) of the rows of a global batch of `batch_size` that this process's devices hold
+    under the current JAX distribution (the whole batch without one)."""
+    import jax
 
+    dist = keras.distribution.distribution()
+    if dist is None or jax.process_count() == 1:
+        return 0, batch_size
+    layout = dist.get_data_layout((batch_size,)).backend_layout
+    mine = {index[0].indices(batch_size)[:2] for device, index in layout.devices_indices_map((batch_size,)).items()
+            if device.process_index == jax.process_index()}
+    starts, stops = sorted(a for a, _ in mine), sorted(b for _, b in mine)
+    if any(b != a for a, b in zip(stops, starts[1:])):
+        raise ValueError(f"process {jax.process_index()}'s devices hold rows {sorted(mine)} of each global batch, "
+                         "not one contiguous part; expected a device mesh whose batch axis lists the devices "
+                         "process by process (as keras.distribution.list_devices() orders them)")
+    return starts[0], stops[-1]
+
+
+def process_shard():
+    """(index, count): which part of every global batch this process passes (JAX; (0, 1) elsewhere).
+
+    Under `data_parallel()`, (process index, process count). Under `model_parallel()`, the part of the
+    mesh's "batch" axis that this process's devices hold: (process index, process count) when every
+    process holds whole rows of the mesh, fewer parts when a row spans several processes (with a
+    (1, N) mesh every process passes the whole batch: (0, 1)). Without a distribution, the process
+    index and count. Give it to `keras_vit.data.load(..., process_index=index, process_count=count)`;
+    each process's batch size is then the global batch over `count`.
+    """
+    if _backend() != "jax":
+        return 0, 1
+    import jax
+
+    if keras.distribution.distribution() is None or jax.process_count() == 1:
         return jax.process_index(), jax.process_count()
-    return 0, 1
+    parts = len(keras.distribution.list_devices())
+    start, stop = _local_rows(parts)
+    return start // (stop - start), parts // (stop - start)
+
+
+def process_rows(data, batch_size):
+    """This process's rows of every global batch of `batch_size` in `data`, to give `fit`/`evaluate`.
+
+    Every process holds the same `data` (a numpy array or a tuple, list or dict of them, the same
+    length along the first axis); each keeps rows `[i * b, (i + 1) * b)` of every global batch, `b =
+    batch_size // count` with `(i, count) = process_shard()`, and of a last, smaller batch its part
+    the same way. Pass the result with `batch_size=b`: Keras puts the processes' rows back together
+    into the global batches. With one process, `data` unchanged.
+
+    Args:
+        data: arrays whose first axis runs over the examples.
+        batch_size: the global batch.
+    Raises:
+        ValueError: `batch_size` (or a last partial batch) not divisible by the part count.
+    """
+    import numpy as np
+
+    index, count = process_shard()
+    if count == 1:
+        return data
+    if batch_size % count:
+        raise ValueError(f"process_rows: the global batch ({batch_size}) must be divisible by the {count} parts it "
+                         f"is split into over the processes; expected a multiple of {count}")
+    rows = batch_size // count
+
+    def cut(array):
+        array = np.asarray(array)
+        whole = len(array) // batch_size * batch_size
+        tail = len(array) - whole
+        if tail % count:
+            raise ValueError(f"process_rows: the last batch has {tail} rows ({len(array)} rows in batches of "
+                             f"{batch_size}), not divisible by the {count} parts; expected a row count whose "
+                             f"remainder by {batch_size} is a multiple of {count}")
+        body = array[:whole].reshape(-1, batch_size, *array.shape[1:])[:, index * rows:(index + 1) * rows]
+        end = tail // count
+        return np.concatenate([body.reshape(-1, *array.shape[1:]), array[whole + index * end:whole + (index + 1) * end]])
+
+    return keras.tree.map_structure(cut, data)
 
 
 # --------------------------------------------------------------------------
@@ -360,7 +463,29 @@ def tf_strategy(machine=None):
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
     if kind == "multi_worker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        return _multi_worker_strategy()
     if kind == "mirrored":
         return tf.distribute.MirroredStrategy()
     return tf.distribute.get_strategy()
+
+
+def _multi_worker_strategy():
+    """`MultiWorkerMirroredStrategy` whose `reduce` takes what Keras' TensorFlow `fit` gives it.
+
+    Keras reduces its first (x, y) batch with `strategy.reduce` to build the model symbolically, and
+    each step's logs (scalars) with `strategy.reduce("MEAN", value, axis=0)`; the multi-worker
+    strategy's collective reduce takes one value only ("Attempt to convert a value (PerReplica ...) to a
+    Tensor") and no axis of a scalar ("Invalid reduction dimension 0 for input with 0 dimensions").
+    Here each value of a nest is reduced on its own, in the same order on every worker, and a scalar
+    over the replicas (its mean or sum, as `MirroredStrategy` gives it)."""
+    import tensorflow as tf
+
+    class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+        def reduce(self, reduce_op, value, axis):
+            def one(v):
+                rank = getattr(getattr(self.experimental_local_results(v)[0], "shape", None), "rank", None)
+                return super(MultiWorkerMirroredStrategy, self).reduce(reduce_op, v, None if rank == 0 else axis)
+
+            return tf.nest.map_structure(one, value)
+
+    return MultiWorkerMirroredStrategy()

@@ -1,0 +1,225 @@
+"""Several processes on one machine, as several hosts: JAX over 2 processes x 2 virtual CPU devices
+(loopback coordinator, gloo collectives) equal to 1 process x 4 devices; TensorFlow's
+MultiWorkerMirroredStrategy over 2 workers equal to a MirroredStrategy on one; a process killed in the
+middle of fit; the launcher (keras_vit.launch) that starts them all. Every run is bounded in time: a
+hang fails the test, and the launcher stops every process it started."""
+
+import io
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import backend
+
+from keras_vit import launch
+
+HERE = pathlib.Path(__file__).parent
+WORKER = str(HERE / "_multiprocess_worker.py")
+RUNS = ("data_numpy", "model_numpy", "model14_numpy", "data_pydataset", "data_load")
+
+
+class Lines(io.TextIOBase):
+    """The launcher's output, each line with the time it arrived."""
+
+    def __init__(self):
+        self.lines = []
+
+    def write(self, text):
+        self.lines.extend((time.monotonic(), line) for line in text.splitlines())
+        return len(text)
+
+    def text(self):
+        return "\n".join(line for _, line in self.lines)
+
+
+@pytest.fixture
+def jax_env(monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@pytest.fixture(scope="module")
+def jax_runs(tmp_path_factory):
+    """The worker's runs over 2 processes x 2 devices and, at the same time, 1 process x 4 devices."""
+    out = tmp_path_factory.mktemp("multiprocess")
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    reference = subprocess.Popen([sys.executable, "-m", "keras_vit.launch", "-n", "1", "--cpu-devices", "4",
+                                  "--timeout", "400", "--", WORKER, str(out)], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+    lines = Lines()
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        code = launch.launch([WORKER, str(out)], 2, cpu_devices=2, timeout=400, out=lines)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        reference_out, _ = reference.communicate(timeout=420)
+    finally:
+        if reference.poll() is None:  # the launcher stops its own processes on SIGTERM
+            reference.terminate()
+            reference.wait(30)
+    assert code == 0, lines.text()[-6000:]
+    assert reference.returncode == 0, reference_out[-6000:]
+    return np.load(out / "2.npz"), np.load(out / "1.npz")
+
+
+@pytest.mark.backend_independent
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("run", RUNS)
+def test_two_processes_equal_one_process_over_four_devices(jax_runs, run):
+    """fit (4 updates of the fine-tuning recipe) and evaluate, each process passing its own rows of every
+    global batch of 16: numpy arrays (`process_rows`) under data_parallel(), model_parallel((2, 2)) (each
+    process one mesh row) and model_parallel((1, 4)) (one row over both processes, the whole batch each),
+    a PyDataset, and data.load(..., process_index, process_count): the losses, metrics and weights of one
+    process holding the 4 devices."""
+    two, one = jax_runs
+    for key in ("losses", "fit_accuracy", "eval_loss", "eval_accuracy"):
+        np.testing.assert_allclose(two[f"{run}/{key}"], one[f"{run}/{key}"], rtol=1e-6, atol=1e-7, err_msg=key)
+    assert one[f"{run}/losses"].shape == (4,) and one[f"{run}/losses"][-1] != one[f"{run}/losses"][0]
+    weights = sorted(k for k in one.files if k.startswith(f"{run}/weights/"))
+    assert len(weights) > 20 and sorted(k for k in two.files if k.startswith(f"{run}/weights/")) == weights
+    for key in weights:
+        np.testing.assert_allclose(two[key], one[key], rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_killed_process_stops_the_others_with_one_message(jax_env):
+    """Process 1 of 2 kills itself (SIGKILL) in the middle of fit; process 0, waiting for it in a collective,
+    is stopped by the launcher within 60 s and the launcher says which process ended how."""
+    lines = Lines()
+    start = time.monotonic()
+    code = launch.launch([WORKER, "unused", "killed"], 2, cpu_devices=2, timeout=240, out=lines)
+    assert code == 1, lines.text()[-4000:]
+    killed = next((t for t, line in lines.lines if line == "[1] killing process 1"), None)
+    assert killed is not None, lines.text()[-4000:]
+    end, last = lines.lines[-1]
+    assert last == "keras_vit.launch: process 1 of 2 was killed by SIGKILL; stopped the others"
+    assert end - killed < 60 and end - start < 240
+    assert "ended although" not in lines.text()
+
+
+@pytest.mark.backend_independent
+def test_launcher_sets_each_process_environment_and_forwards_output(tmp_path):
+    """Each process gets the coordinator, the count, its index, TF_CONFIG and the virtual devices; every
+    line comes back prefixed with the process index; all exit 0, so does the launcher."""
+    script = tmp_path / "show.py"
+    script.write_text("import json, os\n"
+                      "c = json.loads(os.environ['TF_CONFIG'])\n"
+                      "print(os.environ['KERAS_DISTRIBUTION_PROCESS_ID'], os.environ['KERAS_DISTRIBUTION_NUM_PROCESSES'],\n"
+                      "      os.environ['KERAS_DISTRIBUTION_JOB_ADDRESSES'], c['task']['index'], len(c['cluster']['worker']),\n"
+                      "      os.environ['XLA_FLAGS'])\n")
+    lines = Lines()
+    assert launch.launch([str(script)], 3, cpu_devices=2, timeout=60, out=lines) == 0
+    shown = sorted(line.split() for _, line in lines.lines)
+    assert [s[:3] for s in shown] == [["[0]", "0", "3"], ["[1]", "1", "3"], ["[2]", "2", "3"]]
+    assert len({s[3] for s in shown}) == 1 and shown[0][3].startswith("127.0.0.1:")
+    assert [s[4:] for s in shown] == [["0", "3", "--xla_force_host_platform_device_count=2"],
+                                      ["1", "3", "--xla_force_host_platform_device_count=2"],
+                                      ["2", "3", "--xla_force_host_platform_device_count=2"]]
+
+
+@pytest.mark.backend_independent
+def test_launcher_stops_a_hang_at_its_timeout_and_refuses_bad_arguments(tmp_path, capsys):
+    script = tmp_path / "hang.py"
+    script.write_text("import time\nprint('waiting', flush=True)\ntime.sleep(600)\n")
+    lines = Lines()
+    start = time.monotonic()
+    assert launch.launch([str(script)], 2, timeout=3, out=lines) == 1
+    assert time.monotonic() - start < 30
+    assert lines.lines[-1][1] == "keras_vit.launch: the processes ran past --timeout 3 s; stopped them all"
+    for argv, expected in ((["-n", "0", "--", "x.py"], "--processes must be positive, got 0"),
+                           (["-n", "2"], "no command given"),
+                           (["--cpu-devices", "0", "--", "x.py"], "--cpu-devices must be positive")):
+        with pytest.raises(SystemExit):
+            launch.main(argv)
+        assert expected in capsys.readouterr().err
+
+
+@pytest.mark.skipif(backend() != "tensorflow", reason="tf.distribute needs the tensorflow backend")
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_tf_two_workers_equal_mirrored_strategy_on_one(tmp_path):
+    """tf_strategy() under the launcher's TF_CONFIG (2 workers on loopback, one CPU each) is a
+    MultiWorkerMirroredStrategy whose fit (4 updates of the fine-tuning recipe, clipping binding) and
+    evaluate on numpy arrays give the losses, metrics and weights of a MirroredStrategy over 2 devices
+    of one process, and of one device."""
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    worker = str(HERE / "_multiworker_tf.py")
+    reference = subprocess.Popen([sys.executable, worker, str(tmp_path), "reference"], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = Lines()
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        code = launch.launch([worker, str(tmp_path)], 2, timeout=400, out=lines)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        reference_out, _ = reference.communicate(timeout=420)
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+            reference.wait(30)
+    assert code == 0, lines.text()[-6000:]
+    assert reference.returncode == 0, reference_out[-6000:]
+    multi = np.load(tmp_path / "multi_worker.npz")
+    for name in ("mirrored", "default"):
+        other = np.load(tmp_path / f"{name}.npz")
+        assert int(multi["replicas"]) == 2 and int(other["replicas"]) == (2 if name == "mirrored" else 1)
+        for key in ("losses", "fit_accuracy", "eval_loss", "eval_accuracy"):
+            np.testing.assert_allclose(multi[key], other[key], rtol=1e-6, atol=1e-7, err_msg=f"{name} {key}")
+        assert multi["losses"][-1] != multi["losses"][0]
+        weights = [k for k in other.files if k.startswith("weights/")]
+        assert len(weights) > 10 and sorted(weights) == sorted(k for k in multi.files if k.startswith("weights/"))
+        for key in weights:
+            np.testing.assert_allclose(multi[key], other[key], rtol=1e-6, atol=1e-7, err_msg=f"{name} {key}")
+
+
+@pytest.mark.skipif(backend() != "jax", reason="keras.distribution runs on the jax backend")
+def test_several_processes_default_to_each_holding_its_rows():
+    """data_parallel() and model_parallel() leave Keras' tf.data-only auto-sharding off (each process
+    passes its own rows, any input kind); one process passes every row."""
+    import keras
+
+    from keras_vit import distribute
+
+    distribute.data_parallel()
+    assert keras.distribution.distribution().auto_shard_dataset is False
+    distribute.model_parallel()
+    assert keras.distribution.distribution().auto_shard_dataset is False
+    assert distribute.process_shard() == (0, 1)
+    x = np.arange(10)
+    assert distribute.process_rows(x, 4) is x
+
+
+@pytest.mark.backend_independent
+def test_process_rows_cuts_each_global_batch(monkeypatch):
+    """Process i of 2 keeps rows [2i, 2i + 2) of every batch of 4 and its half of a last batch of 2; the
+    processes' rows put side by side are the global batches; what does not divide is refused."""
+    from keras_vit import distribute
+
+    x = {"images": np.arange(10) * 10, "labels": np.arange(10)}
+    parts = []
+    for index in range(2):
+        monkeypatch.setattr(distribute, "process_shard", lambda index=index: (index, 2))
+        parts.append(distribute.process_rows(x, 4))
+    assert parts[0]["labels"].tolist() == [0, 1, 4, 5, 8] and parts[1]["labels"].tolist() == [2, 3, 6, 7, 9]
+    assert parts[1]["images"].tolist() == [20, 30, 60, 70, 90]
+    with pytest.raises(ValueError, match=r"global batch \(5\) must be divisible by the 2 parts"):
+        distribute.process_rows(x, 5)
+    with pytest.raises(ValueError, match=r"last batch has 1 rows \(9 rows in batches of 4\)"):
+        distribute.process_rows(np.arange(9), 4)
