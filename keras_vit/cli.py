@@ -74,18 +74,25 @@ def _build(args):
     size = getattr(args, "image_size", None)
     if size is not None and size < 1:
         raise ValueError(f"--image-size must be a positive number of pixels, got {size}")
+    any_size = getattr(args, "any_size", False)
     if args.weights is not None and args.weights.endswith(".keras"):
-        return _saved_model(args.weights, args.model, size), "vit"
+        model = _saved_model(args.weights, args.model, size)
+        if any_size and None not in model.input_shape[1:3]:
+            raise ValueError(f"--any-size: the model in {args.weights} was saved for {model.input_shape[1]}x"
+                             f"{model.input_shape[2]} images only; save one built with input_shape=(None, None, 3) "
+                             "(the same weights load into it: model.get_weights())")
+        return model, "vit"
+    # --any-size: images of any height and width, the position embeddings laid out for the weights' own size
+    # (--image-size is then the size the command checks the model at)
+    shape = {"input_shape": (None, None, 3)} if any_size else {"image_size": size} if size is not None else {}
     if args.weights is not None and is_foreign(args.weights) and os.path.exists(args.weights):
         from keras_vit.convert import build_from
 
         file = read(args.weights)  # once, for the model and its input mode
-        return build_from(file, args.model, image_size=size), file.arch["input_mode"]
+        return build_from(file, args.model, **shape), file.arch["input_mode"]
     name = get_variant(args.model or "ViT_B16").name
-    kwargs = {"weights": none_or(default_weights(name) if args.weights is None else args.weights)}
-    if size is not None:
-        kwargs["image_size"] = size
-    return getattr(keras_vit, name)(**kwargs), "vit"
+    weights = none_or(default_weights(name) if args.weights is None else args.weights)
+    return getattr(keras_vit, name)(weights=weights, **shape), "vit"
 
 
 def _saved_model(path, variant, size):
@@ -251,9 +258,11 @@ def _export(args):
     import keras
     import numpy as np
 
-    from keras_vit.export import CLASS_OUTPUTS, calibration_images, check_format, compare, export, output_name
+    from keras_vit.export import (CLASS_OUTPUTS, calibration_images, check_format, compare, export, output_name,
+                                  takes_any_size)
+    from keras_vit.structure import find_vit
 
-    check_format(keras.backend.backend(), args.format, args.quantize, args.batch_size)  # before building
+    check_format(keras.backend.backend(), args.format, args.quantize, args.batch_size, args.any_size)  # before building
     if args.calibration is not None and args.quantize is None:
         raise ValueError("--calibration is for --quantize int8 (static quantization)")
     if os.path.exists(args.out):
@@ -261,17 +270,25 @@ def _export(args):
     model, mode = _build(args)
     mode = args.input_mode or mode
     size = _image_size(model, args.image_size)
+    sizes = [size]
+    if takes_any_size(model):  # checked at its own size and at one as wide again
+        stride = find_vit(model).stride
+        if size[0] % stride or size[1] % stride:
+            raise ValueError(f"--image-size {args.image_size}: the model cuts images into {stride}-pixel tokens; "
+                             f"expected a multiple of {stride}, e.g. {max(1, round(size[0] / stride)) * stride}")
+        sizes.append((size[0], 2 * size[1]))
     calibration = None if args.calibration is None else calibration_images(args.calibration, size)
     path = export(model, args.out, args.format, args.top_k, args.batch_size, args.quantize, calibration, mode)
     print(f"wrote {path} ({_size(path) / 2**20:.1f} MiB)")
     batch = args.batch_size or 2
-    images = np.random.default_rng(0).integers(0, 256, (batch, *size, 3), dtype=np.uint8)
-    error, agreement = compare(model, path, args.format, images, mode)
     runtime = {"tf_saved_model": "TensorFlow", "onnx": "onnxruntime", "litert": "the LiteRT interpreter"}
     name = output_name(model)
-    same = f"top-1 agreement {agreement:.0%}" if name in CLASS_OUTPUTS else f"cosine similarity >= {agreement:.6f}"
-    print(f"checked in {runtime[args.format]} against Keras on {batch} random images: output {name!r}, max "
-          f"|difference| {error:.1e}, {same}")
+    for h, w in sizes:
+        images = np.random.default_rng(0).integers(0, 256, (batch, h, w, 3), dtype=np.uint8)
+        error, agreement = compare(model, path, args.format, images, mode)
+        same = f"top-1 agreement {agreement:.0%}" if name in CLASS_OUTPUTS else f"cosine similarity >= {agreement:.6f}"
+        print(f"checked in {runtime[args.format]} against Keras on {batch} random {h}x{w} images: output {name!r}, "
+              f"max |difference| {error:.1e}, {same}")
 
 
 def parser():
@@ -356,6 +373,10 @@ def parser():
     p.add_argument("--image-size", type=int, default=None,
                    help="input size; default: the weights' resolution (with a .keras file: only for a model "
                    "saved for any size, the size it is checked at)")
+    p.add_argument("--any-size", action="store_true",
+                   help="an artefact that takes images of any height and width divisible by the patch (times a "
+                   "hybrid's stride), the position embeddings resized inside it by the weights' own rule "
+                   "(--image-size: the size it is checked at)")
     p.add_argument("--format", required=True, help=f"{', '.join(FORMATS)} (which ones: see above)")
     p.add_argument("--out", required=True, help="output folder (must not exist)")
     p.add_argument("--top-k", type=int, default=None, help="also output the k best classes and their scores")

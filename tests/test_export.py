@@ -235,7 +235,7 @@ def test_export_cli_writes_checks_and_reports_an_int8_onnx(model, tmp_path, caps
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert f"wrote {out / 'model.onnx'} (" in printed and " MiB)" in printed
-    assert "checked in onnxruntime against Keras on 2 random images: output 'probabilities', max |difference|" in printed
+    assert "checked in onnxruntime against Keras on 2 random 32x32 images: output 'probabilities', max |difference|" in printed
     assert main(argv) == 2  # the folder exists now: refused, left as it was
     assert "already exists" in capsys.readouterr().err
     assert os.listdir(out) == ["model.onnx"]

@@ -321,3 +321,52 @@ def test_own_images_example_finetunes_real_and_fresh_weights(folder, tmp_path):
     np.testing.assert_allclose(probabilities.sum(-1), 1.0, atol=1e-5)
     accuracy = np.mean(probabilities.argmax(-1) == np.concatenate([y for _, y in batches]))
     assert accuracy == pytest.approx(results["DINOv2 ViT-S/14"]["report"]["validation_accuracy"])
+
+
+@pytest.fixture(scope="module")
+def any_size_tokens(folder):
+    return keras_vit.from_huggingface(folder, input_shape=(None, None, 3), include_top=False, pooling=None)
+
+
+# a /14 model laid out for 224 px (16x16): square and not, smaller and larger, up to DINOv2's own 518
+SIZES_14 = [(224, 224), (168, 336), (392, 392), (98, 518), (448, 448), (518, 518)]
+
+
+@pytest.mark.slow
+def test_any_size_onnx_serves_dinov2_patch_features_at_the_image_size(any_size_tokens, tmp_path):
+    """One ONNX file of the (B, h, w, 384) patch features at six sizes, the position embeddings resized
+    inside it by DINOv2's own rule (antialiased bicubic), against Keras within 1e-4 of their scale."""
+    from keras_vit.export import export, run
+
+    pytest.importorskip("onnxruntime")
+    path = export(any_size_tokens, tmp_path / "out", "onnx", input_mode="imagenet")
+    for i, hw in enumerate(SIZES_14):
+        image = real_dinov2.photos(hw)[i:i + 1]
+        expected = keras.ops.convert_to_numpy(any_size_tokens(keras_vit.preprocess_input(image, "imagenet")))
+        got = run(path, "onnx", image)["features"]
+        assert got.shape == (1, hw[0] // 14, hw[1] // 14, 384)
+        error, scale = float(np.abs(got - expected).max()), float(np.abs(expected).max())
+        print(f"any-size ONNX from {BACKEND} at {hw[0]}x{hw[1]}: max abs error {error:.1e}, scale {scale:.1f}")
+        assert scale > 1.0 and error <= 1e-4 * scale
+
+
+@pytest.mark.slow
+@pytest.mark.one_backend
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_int8_onnx_at_any_size_on_real_weights(folder, static, tmp_path):
+    """int8 ONNX of the any-size pooled representation on photographs at three sizes (static: calibrated
+    at 224 px on other crops), against float32 Keras: cosine and nearest-neighbour agreement."""
+    from keras_vit.export import export, run
+
+    pytest.importorskip("onnxruntime")
+    model = keras_vit.from_huggingface(folder, input_shape=(None, None, 3))
+    calibration = _crops()[1::2] if static else None
+    path = export(model, tmp_path / "out", "onnx", quantize="int8", input_mode="imagenet", calibration=calibration)
+    for hw in [(224, 224), (168, 336), (336, 336)]:
+        wide = real_dinov2.photos((hw[0], 2 * hw[1]))
+        images = np.concatenate([wide[:, :, :hw[1]], wide[:, :, hw[1]:]])[::2]
+        expected = keras.ops.convert_to_numpy(model(keras_vit.preprocess_input(images, "imagenet")))
+        cosine, nearest = _agreement(run(path, "onnx", images)["features"], expected)
+        print(f"int8 {'static' if static else 'dynamic'} any-size ONNX at {hw[0]}x{hw[1]}: cosine >= {cosine:.4f}, "
+              f"nearest-neighbour agreement {nearest:.0%}")
+        assert cosine >= 0.9 and nearest >= 0.75

@@ -23,8 +23,10 @@ from keras_vit.export.formats import (
     LITERT_TORCH_INSTALL,
     QUANTIZATIONS,
     THROUGH_TENSORFLOW,
+    THROUGH_TENSORFLOW_ANY_SIZE,
     artefact,
     check_format,
+    takes_any_size,
     writer,
 )
 from keras_vit.export.int8 import CALIBRATION_LIMIT, _quantize_int8, calibration_images
@@ -48,6 +50,8 @@ __all__ = [
     "QUANTIZATIONS",
     "FILES",
     "THROUGH_TENSORFLOW",
+    "THROUGH_TENSORFLOW_ANY_SIZE",
+    "takes_any_size",
     "LITERT_TORCH_INSTALL",
     "CALIBRATION_LIMIT",
     "CLASS_OUTPUTS",
@@ -62,8 +66,11 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     `keras_vit.preprocess_input` mode: "vit", "imagenet", "clip"), done inside the artefact.
 
     Written into a temporary folder beside `out` and renamed into place when complete; `out` must
-    not exist yet. `batch_size` fixes the batch dimension; None keeps it dynamic. The pairs of
-    THROUGH_TENSORFLOW are written from the TensorFlow backend in a fresh process (`writer`).
+    not exist yet. `batch_size` fixes the batch dimension; None keeps it dynamic. A model that takes
+    any image size (`input_shape=(None, None, 3)`) gives an artefact that takes any height and width
+    divisible by its patch (times a hybrid's stride), the position embeddings resized inside it by
+    the model's own rule. The pairs of THROUGH_TENSORFLOW (and, for a model of any size, of
+    THROUGH_TENSORFLOW_ANY_SIZE) are written from the TensorFlow backend in a fresh process (`writer`).
 
     `quantize="int8"` (ONNX only) quantizes the exported file with onnxruntime: the matrix products'
     weights and activations in int8, dynamically (activation ranges measured per call), or
@@ -94,7 +101,8 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     import keras
 
     backend = keras.backend.backend()
-    check_format(backend, format, quantize, batch_size)
+    any_size = takes_any_size(model)
+    check_format(backend, format, quantize, batch_size, any_size)
     if calibration is not None and quantize is None:
         raise ValueError("calibration images are for quantize='int8'")
     out = os.path.abspath(os.fspath(out))
@@ -105,7 +113,7 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
     try:
         path = artefact(tmp, format)
-        if writer(backend, format, batch_size) == backend:
+        if writer(backend, format, batch_size, any_size) == backend:
             _write(model, path, format, top_k, batch_size, input_mode)
         else:
             _through_tensorflow(model, path, format, top_k, batch_size, input_mode)

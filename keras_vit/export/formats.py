@@ -15,6 +15,16 @@ THROUGH_TENSORFLOW = {
     ("torch", "litert"): "litert-torch 0.10 fails to lower a dynamic batch dimension (torch 2.13), even for a "
                          "single Linear layer; with --batch-size N and litert-torch installed, it writes the file",
 }
+# (backend, format) pairs whose exporter writes a fixed image size only, and why: an artefact of a model that
+# takes any size (input shape (None, None, 3)) is written from the TensorFlow backend in a fresh process
+# instead, whose exporters keep the height and width as they are (README's any-size table)
+THROUGH_TENSORFLOW_ANY_SIZE = {
+    ("jax", "onnx"): "jax2onnx 0.17 traces jnp.arange over a size known only when run as a placeholder, which the "
+                     "position embeddings' resize takes",
+    ("torch", "onnx"): "Keras' ops take torch.export's symbolic sizes for no dtype (a SymInt), which the position "
+                       "embeddings' resize takes",
+    ("torch", "litert"): "litert-torch 0.10 lowers fixed shapes only",
+}
 # the packages LiteRT from torch at a fixed batch imports (litert-torch's own full requirements also pin
 # typing-extensions<4.13 through xdsl, and bring transformers, kagglehub, sentencepiece, ...; none of that
 # is needed to convert)
@@ -22,15 +32,16 @@ LITERT_TORCH_INSTALL = ("pip install --no-deps litert-torch==0.10.0 litert-conve
                         "ai-edge-quantizer==0.10.0 multipledispatch")
 
 
-def writer(backend, format, batch_size=None):
+def writer(backend, format, batch_size=None, any_size=False):
     """The backend that writes `format` for a model of `backend` (at `batch_size`, None: any): `backend`
     itself, or "tensorflow" for the pairs of THROUGH_TENSORFLOW (LiteRT from torch at a fixed batch is
-    litert-torch's where it is installed).
+    litert-torch's where it is installed), and with `any_size` those of THROUGH_TENSORFLOW_ANY_SIZE.
 
     Args:
         backend: the Keras backend the model runs on: "jax", "tensorflow" or "torch".
         format: one of FORMATS: "tf_saved_model", "onnx" or "litert".
         batch_size: the fixed batch dimension of the artefact, or None for any batch size.
+        any_size: whether the model takes images of any height and width (`takes_any_size`).
 
     Returns:
         `backend`, or "tensorflow" when the artefact is written from the TensorFlow backend in a
@@ -38,13 +49,15 @@ def writer(backend, format, batch_size=None):
     """
     import importlib.util
 
+    if any_size and (backend, format) in THROUGH_TENSORFLOW_ANY_SIZE:
+        return "tensorflow"
     if (backend, format) == ("torch", "litert") and batch_size is not None \
             and importlib.util.find_spec("litert_torch") is not None:
         return backend
     return "tensorflow" if (backend, format) in THROUGH_TENSORFLOW else backend
 
 
-def check_format(backend, format, quantize=None, batch_size=None):
+def check_format(backend, format, quantize=None, batch_size=None, any_size=False):
     """Raises ValueError (one line) when `format` (with `quantize`) cannot be exported from `backend`:
     an unknown format or quantization, or the TensorFlow package missing where it writes the file.
 
@@ -54,6 +67,7 @@ def check_format(backend, format, quantize=None, batch_size=None):
         quantize: None, or a quantization of QUANTIZATIONS ("int8", ONNX only).
         batch_size: the fixed batch dimension of the artefact, or None for any batch size (it
             decides which backend writes LiteRT from torch, see `writer`).
+        any_size: whether the model takes images of any height and width (see `writer`).
 
     Raises:
         ValueError: with the reason, and the command that installs what is missing.
@@ -62,9 +76,10 @@ def check_format(backend, format, quantize=None, batch_size=None):
 
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
-    if writer(backend, format, batch_size) != backend and importlib.util.find_spec("tensorflow") is None:
-        raise ValueError(f"{format} from the {backend} backend is written from the TensorFlow backend in a separate "
-                         f"process ({THROUGH_TENSORFLOW[backend, format]}), and tensorflow is not installed: "
+    if writer(backend, format, batch_size, any_size) != backend and importlib.util.find_spec("tensorflow") is None:
+        why = THROUGH_TENSORFLOW.get((backend, format)) or THROUGH_TENSORFLOW_ANY_SIZE[backend, format]
+        raise ValueError(f"{format} from the {backend} backend{' at any image size' * any_size} is written from the "
+                         f"TensorFlow backend in a separate process ({why}), and tensorflow is not installed: "
                          "pip install 'keras-vit[tensorflow]'")
     if quantize is not None:
         if quantize not in QUANTIZATIONS:
@@ -72,6 +87,11 @@ def check_format(backend, format, quantize=None, batch_size=None):
         if format != "onnx":
             raise ValueError(f"--quantize {quantize} applies to onnx (onnxruntime's quantization), not {format}; "
                              "Keras' own model.quantize('int8') makes smaller .keras files")
+
+
+def takes_any_size(model):
+    """Whether `model` takes images of any height or width (built with `input_shape=(None, None, 3)`)."""
+    return None in tuple(model.input_shape[1:3])
 
 
 def artefact(out, format):

@@ -12,8 +12,17 @@ def run(path, format, images):
     Args:
         path: the artefact, as `export` returns it (a SavedModel folder, a .onnx or a .tflite file).
         format: its format, one of FORMATS.
-        images: uint8 images (N, h, w, 3), N a batch size the artefact takes.
+        images: uint8 images (N, h, w, 3), N a batch size the artefact takes (h and w any the
+            artefact takes: its own size, or any multiple of the patch for a model of any size).
+
+    Raises:
+        ValueError: `images` not uint8 (N, h, w, 3). TensorFlow's loader would cast a float numpy
+            array to uint8 silently (0.6 becomes 0); the other runtimes refuse it in their own words.
     """
+    images = np.asarray(images)
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
+        raise ValueError(f"an artefact takes uint8 images (N, h, w, 3) with values 0-255, got {images.dtype} of shape "
+                         f"{images.shape}; e.g. np.clip(x * 255, 0, 255).round().astype(np.uint8) for floats in [0, 1]")
     if format == "tf_saved_model":
         import tensorflow as tf
 

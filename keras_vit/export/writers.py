@@ -1,5 +1,6 @@
 """Writing an artefact from the running backend: Keras' `model.export`, torch's ONNX exporter, litert-torch."""
 
+from keras_vit.export.formats import takes_any_size
 from keras_vit.export.onnx_rewrites import _fix_onnx, _optimize_onnx
 from keras_vit.export.serving import serving_model
 from keras_vit.runtime import platform_chosen_on_host
@@ -17,14 +18,28 @@ def _write(model, path, format, top_k, batch_size, input_mode="vit"):
         _torch_litert(serving, path, batch_size)
     else:
         spec = keras.InputSpec(shape=(batch_size, *model.input_shape[1:]), dtype="uint8", name="images")
+        kwargs = {}
+        if backend == "jax" and format == "tf_saved_model" and takes_any_size(model):
+            kwargs["jax2tf_kwargs"] = {"polymorphic_shapes": [_symbolic_shape(model, batch_size)]}
         # jax2onnx has no converter for a computation chosen per lowered platform (platform_index):
         # the layers' CPU/accelerator choices are made for this machine when tracing (every format,
         # so that every artefact is made the same way)
         with platform_chosen_on_host():
-            serving.export(path, format=format, input_signature=[spec], verbose=False)
+            serving.export(path, format=format, input_signature=[spec], verbose=False, **kwargs)
     if format == "onnx":
         _fix_onnx(path, sorted(serving.output))
         _optimize_onnx(path)
+
+
+def _symbolic_shape(model, batch_size):
+    """jax2tf's shape of the images of a model of any size: each side a multiple of the pixels per token
+    ("(batch, 16*h, 16*w, 3)"), so that the patches' reshape is proven to fit when traced."""
+    from keras_vit.structure import find_vit
+
+    stride = find_vit(model).stride
+    h, w, channels = model.input_shape[1:]
+    sides = [f"{stride}*{name}" if size is None else str(size) for size, name in ((h, "h"), (w, "w"))]
+    return f"({batch_size or 'batch'}, {', '.join(sides)}, {channels})"
 
 
 def _images_module(serving):

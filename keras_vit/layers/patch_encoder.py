@@ -56,7 +56,7 @@ class PatchEncoder(keras.layers.Layer):
         c = images.shape[-1]
         shape = ops.shape(images)
         for axis, size in (("height", images.shape[1]), ("width", images.shape[2])):
-            if size is not None and size % p:
+            if isinstance(size, int) and size % p:  # not a size only known when run (None, or JAX's symbolic)
                 raise ValueError(f"PatchEncoder: input {axis} {size} is not divisible by patch_size {p} "
                                  f"(input shape {tuple(images.shape)}).")
         gh, gw = shape[1] // p, shape[2] // p

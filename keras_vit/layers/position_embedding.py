@@ -105,7 +105,7 @@ def runtime_grid(images, stride):
     when traced, scalar tensors where it is not; a clear error when a known side does not tile."""
     shape = ops.shape(images)
     for axis, size in (("height", images.shape[1]), ("width", images.shape[2])):
-        if size is not None and size % stride:
+        if isinstance(size, int) and size % stride:  # not a size only known when run (None, or JAX's symbolic)
             raise ValueError(
                 f"image {axis} {size} is not divisible by {stride} pixels per token (patch size x ResNet "
                 f"stride); got images of shape {tuple(images.shape)}, use a multiple of {stride}"

@@ -1,0 +1,128 @@
+"""Artefacts of a model that takes any image size (issue 35): every format from every backend takes uint8
+images of any batch, height and width divisible by the patch, and equals the Keras model at six sizes
+(square and not, smaller and larger than the trained grid), the position embeddings resized inside
+the artefact by each rule; features at any size; bad sizes and dtypes refused."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from conftest import TINY
+from keras_vit.export import FORMATS, export, run, takes_any_size, writer
+
+BACKEND = keras.backend.backend()
+RUNTIMES = {"tf_saved_model": "tensorflow", "onnx": "onnxruntime", "litert": "ai_edge_litert"}
+ARCH = {k: v for k, v in TINY.items() if k != "image_size"}  # /8 patches, laid out for 32x32 (a 4x4 grid)
+# square and not, smaller and larger than the trained 32x32
+SIZES = [(32, 32), (24, 48), (48, 48), (16, 64), (64, 64), (40, 8)]
+# each format with another rule of the position embeddings' resize (ONNX with timm's antialiased bicubic,
+# the one ONNX's own Resize cannot express); ONNX runs every rule in test_every_rule_in_onnx
+RULE = {"tf_saved_model": "bilinear", "onnx": "bicubic_antialias", "litert": "bicubic"}
+
+
+def _runtime_or_skip(format, any_size=True):
+    pytest.importorskip(RUNTIMES[format])
+    if writer(BACKEND, format, any_size=any_size) != BACKEND:
+        pytest.importorskip("tensorflow")  # writes it in a fresh process
+
+
+def _spread(model):
+    """Random weights everywhere (the head too), so that the outputs differ between images and sizes."""
+    for i, var in enumerate(model.weights):
+        var.assign(np.random.default_rng(i).normal(0, 0.3, var.shape).astype("float32"))
+    return model
+
+
+def _images(hw, n=2, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (n, *hw, 3), dtype=np.uint8)
+
+
+def _keras(model, images):
+    return keras.ops.convert_to_numpy(model(keras_vit.preprocess_input(images.astype("float32"))))
+
+
+def _check_sizes(model, path, format, name, sizes, atol):
+    for i, hw in enumerate(sizes):
+        images = _images(hw, seed=i)
+        expected, got = _keras(model, images), run(path, format, images)[name]
+        assert got.shape == expected.shape, hw
+        np.testing.assert_allclose(got, expected, atol=atol, rtol=0, err_msg=f"{format} at {hw}")
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_any_size_artefact_equals_keras_at_six_sizes(format, tmp_path):
+    """Probabilities within 1e-5 and the top-k, any batch; a size that does not tile and a float image
+    are refused by the runtime."""
+    _runtime_or_skip(format)
+    model = _spread(keras_vit.VisionTransformer(**ARCH, input_shape=(None, None, 3),
+                                                position_interpolation=RULE[format]))
+    assert takes_any_size(model)
+    path = export(model, tmp_path / "out", format, top_k=3)
+    _check_sizes(model, path, format, "probabilities", SIZES, 1e-5)
+    for n in (1, 3):  # any batch
+        images = _images((24, 40), n)
+        got, expected = run(path, format, images), _keras(model, images)
+        np.testing.assert_allclose(got["probabilities"], expected, atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(got["top_k_classes"], np.argsort(-expected, axis=-1)[:, :3])
+    spread = [_keras(model, _images(hw)).max() for hw in SIZES]
+    assert max(spread) - min(spread) > 0.01  # the sizes give different outputs: the resize is tested
+    with pytest.raises(Exception) as bad:  # 30 rows do not tile into 8-pixel patches
+        run(path, format, _images((30, 32)))
+    assert "reshape" in str(bad.value).lower() or "shape" in str(bad.value).lower()
+    with pytest.raises(ValueError, match=r"an artefact takes uint8 images \(N, h, w, 3\) with values 0-255, got float64"):
+        run(path, format, _images((32, 32)) / 255.0)
+    assert os.listdir(tmp_path) == ["out"]
+
+
+def test_every_rule_in_onnx(tmp_path):
+    """The paper's bilinear and Hugging Face's bicubic beside timm's (above): the interpolation matrices
+    are computed inside the graph from the image's size, in operations ONNX has."""
+    _runtime_or_skip("onnx")
+    for rule in ("bilinear", "bicubic"):
+        model = _spread(keras_vit.VisionTransformer(**ARCH, input_shape=(None, None, 3), include_top=False,
+                                                    pooling=None, position_interpolation=rule))
+        path = export(model, tmp_path / rule, "onnx")
+        _check_sizes(model, path, "onnx", "features", SIZES[1:4], 1e-4)
+
+
+@pytest.mark.parametrize("pooling", [None, "representation"], ids=["patch_features", "pooled"])
+def test_features_at_any_size(pooling, tmp_path):
+    """A backbone's (B, h, w, D) patch features (of the image's own grid) and its pooled representation."""
+    _runtime_or_skip("onnx")
+    model = _spread(keras_vit.VisionTransformer(**ARCH, input_shape=(None, None, 3), include_top=False,
+                                                pooling=pooling, position_interpolation="bicubic_antialias"))
+    path = export(model, tmp_path / "out", "onnx")
+    _check_sizes(model, path, "onnx", "features", SIZES, 1e-4)
+    if pooling is None:
+        assert run(path, "onnx", _images((16, 64)))["features"].shape == (2, 2, 8, 32)
+
+
+def test_hybrid_any_size_in_onnx(tmp_path):
+    """A hybrid's tokens are 2 x 4 = 8 pixels (patch x ResNet stride): it takes any multiple of 8."""
+    _runtime_or_skip("onnx")
+    resnet = {"num_layers": (1,), "width_factor": 1}
+    model = _spread(keras_vit.VisionTransformer(**dict(ARCH, patch_size=2), resnet=resnet, image_size=32,
+                                                input_shape=(None, None, 3), include_top=False, pooling=None))
+    assert model.get_layer("posembed_input").stride == 8
+    path = export(model, tmp_path / "out", "onnx")
+    _check_sizes(model, path, "onnx", "features", [(32, 32), (16, 48), (56, 40)], 1e-4)
+
+
+@pytest.mark.backend_independent
+def test_any_size_refusals_name_what_was_expected(tmp_path, capsys):
+    """Position embeddings that cannot be resized (Table 8's 2-D and relative variants) refuse any size
+    by name, as the model does; the CLI checks --image-size against the token size before writing."""
+    from keras_vit.cli import main
+
+    for variant in ("learned_2d", "relative"):
+        with pytest.raises(ValueError, match=f"position_embedding='{variant}'"):
+            keras_vit.VisionTransformer(**ARCH, input_shape=(None, None, 3), position_embedding=variant)
+    argv = ["export", "--model", "ViT_Ti16", "--weights", "none", "--any-size", "--image-size", "40",
+            "--format", "onnx", "--out", str(tmp_path / "x")]
+    assert main(argv) == 2
+    assert "--image-size 40: the model cuts images into 16-pixel tokens; expected a multiple of 16" \
+        in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
