@@ -258,11 +258,12 @@ def _export(args):
     import keras
     import numpy as np
 
-    from keras_vit.export import (CLASS_OUTPUTS, calibration_images, check_format, compare, export, output_name,
-                                  takes_any_size)
+    from keras_vit.export import (CLASS_OUTPUTS, calibration_images, check_format, check_resize_to, compare, export,
+                                  output_name, takes_any_size)
     from keras_vit.structure import find_vit
 
-    check_format(keras.backend.backend(), args.format, args.quantize, args.batch_size, args.any_size)  # before building
+    any_size = args.any_size or args.resize_to is not None
+    check_format(keras.backend.backend(), args.format, args.quantize, args.batch_size, any_size)  # before building
     if args.calibration is not None and args.quantize is None:
         raise ValueError("--calibration is for --quantize int8 (static quantization)")
     if os.path.exists(args.out):
@@ -271,21 +272,25 @@ def _export(args):
     mode = args.input_mode or mode
     size = _image_size(model, args.image_size)
     sizes = [size]
-    if takes_any_size(model):  # checked at its own size and at one as wide again
+    if args.resize_to is not None:  # checked on images of other sizes, resized inside
+        check_resize_to(model, args.resize_to)
+        sizes = [(size[0] * 3 // 2 + 1, size[1] * 2 // 3 + 1), (size[0] * 2, size[1] * 2)]
+    elif takes_any_size(model):  # checked at its own size and at one as wide again
         stride = find_vit(model).stride
         if size[0] % stride or size[1] % stride:
             raise ValueError(f"--image-size {args.image_size}: the model cuts images into {stride}-pixel tokens; "
                              f"expected a multiple of {stride}, e.g. {max(1, round(size[0] / stride)) * stride}")
         sizes.append((size[0], 2 * size[1]))
     calibration = None if args.calibration is None else calibration_images(args.calibration, size)
-    path = export(model, args.out, args.format, args.top_k, args.batch_size, args.quantize, calibration, mode)
+    path = export(model, args.out, args.format, args.top_k, args.batch_size, args.quantize, calibration, mode,
+                  args.resize_to)
     print(f"wrote {path} ({_size(path) / 2**20:.1f} MiB)")
     batch = args.batch_size or 2
     runtime = {"tf_saved_model": "TensorFlow", "onnx": "onnxruntime", "litert": "the LiteRT interpreter"}
     name = output_name(model)
     for h, w in sizes:
         images = np.random.default_rng(0).integers(0, 256, (batch, h, w, 3), dtype=np.uint8)
-        error, agreement = compare(model, path, args.format, images, mode)
+        error, agreement = compare(model, path, args.format, images, mode, args.resize_to)
         same = f"top-1 agreement {agreement:.0%}" if name in CLASS_OUTPUTS else f"cosine similarity >= {agreement:.6f}"
         print(f"checked in {runtime[args.format]} against Keras on {batch} random {h}x{w} images: output {name!r}, "
               f"max |difference| {error:.1e}, {same}")
@@ -377,6 +382,9 @@ def parser():
                    help="an artefact that takes images of any height and width divisible by the patch (times a "
                    "hybrid's stride), the position embeddings resized inside it by the weights' own rule "
                    "(--image-size: the size it is checked at)")
+    p.add_argument("--resize-to", type=int, default=None, metavar="N",
+                   help="an artefact that takes images of any size and resizes them to NxN inside (bicubic, "
+                   "antialiased), N the model's size (or, with --any-size, any multiple of its token size)")
     p.add_argument("--format", required=True, help=f"{', '.join(FORMATS)} (which ones: see above)")
     p.add_argument("--out", required=True, help="output folder (must not exist)")
     p.add_argument("--top-k", type=int, default=None, help="also output the k best classes and their scores")

@@ -11,7 +11,7 @@ import pytest
 
 import keras_vit
 from conftest import TINY
-from keras_vit.export import FORMATS, export, run, takes_any_size, writer
+from keras_vit.export import FORMATS, export, run, serving_model, takes_any_size, writer
 
 BACKEND = keras.backend.backend()
 RUNTIMES = {"tf_saved_model": "tensorflow", "onnx": "onnxruntime", "litert": "ai_edge_litert"}
@@ -125,4 +125,51 @@ def test_any_size_refusals_name_what_was_expected(tmp_path, capsys):
     assert main(argv) == 2
     assert "--image-size 40: the model cuts images into 16-pixel tokens; expected a multiple of 16" \
         in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+def test_resize_images_equals_torch_antialiased_bicubic():
+    """The in-graph resize against torch's own `interpolate(bicubic, antialias=True)`: shrinking (the
+    kernel stretched) and enlarging, each axis by its own factor."""
+    torch = pytest.importorskip("torch")
+    from keras_vit.layers import ResizeImages
+
+    x = np.random.default_rng(0).uniform(0, 255, (2, 37, 50, 3)).astype("float32")
+    for size in [(16, 16), (24, 80), (64, 30)]:
+        ours = keras.ops.convert_to_numpy(ResizeImages(size)(x))
+        theirs = torch.nn.functional.interpolate(torch.from_numpy(x).permute(0, 3, 1, 2), size=size, mode="bicubic",
+                                                 antialias=True, align_corners=False).permute(0, 2, 3, 1).numpy()
+        np.testing.assert_allclose(ours, theirs, atol=2e-4, rtol=0, err_msg=str(size))  # 1e-6 of 255
+
+
+@pytest.mark.parametrize("any_size", [False, True], ids=["fixed_model", "any_size_model"])
+def test_resize_to_takes_any_image_and_equals_keras(any_size, tmp_path):
+    """`resize_to`: any image size in, resized inside to the model's (or, for a model of any size, the
+    chosen) size; equal to the same resize and the model in Keras at six sizes."""
+    _runtime_or_skip("onnx")
+    shape = {"input_shape": (None, None, 3)} if any_size else {"image_size": 32}
+    model = _spread(keras_vit.VisionTransformer(**ARCH, **shape))
+    resize_to = (48, 24) if any_size else 32
+    path = export(model, tmp_path / "out", "onnx", resize_to=resize_to)
+    for i, hw in enumerate([(32, 32), (17, 23), (100, 61), (24, 48), (300, 200), (5, 9)]):
+        images = _images(hw, seed=i)
+        expected = keras.ops.convert_to_numpy(serving_model(model, resize_to=resize_to)(images)["probabilities"])
+        np.testing.assert_allclose(run(path, "onnx", images)["probabilities"], expected, atol=1e-5, rtol=0)
+    from keras_vit.layers import ResizeImages  # the serving model is the resize, then preprocess_input and the model
+
+    images = _images((100, 61))
+    resized = keras.ops.convert_to_numpy(ResizeImages(resize_to)(images))
+    np.testing.assert_allclose(run(path, "onnx", images)["probabilities"], _keras(model, resized), atol=1e-5, rtol=0)
+
+
+@pytest.mark.backend_independent
+def test_resize_to_refusals(tmp_path, capsys):
+    from keras_vit.cli import main
+
+    model = keras_vit.VisionTransformer(**ARCH, image_size=32)
+    with pytest.raises(ValueError, match=r"takes 32x32 images only; expected resize_to=32"):
+        export(model, tmp_path / "a", "onnx", resize_to=48)
+    any_size = keras_vit.VisionTransformer(**ARCH, input_shape=(None, None, 3))
+    with pytest.raises(ValueError, match="cuts images into 8-pixel tokens; expected multiples of 8"):
+        export(any_size, tmp_path / "a", "onnx", resize_to=(40, 30))
     assert os.listdir(tmp_path) == []

@@ -32,7 +32,7 @@ from keras_vit.export.formats import (
 from keras_vit.export.int8 import CALIBRATION_LIMIT, _quantize_int8, calibration_images
 from keras_vit.export.onnx_rewrites import FOLD_LIMIT
 from keras_vit.export.runtimes import compare, run
-from keras_vit.export.serving import CLASS_OUTPUTS, output_name, serving_model
+from keras_vit.export.serving import CLASS_OUTPUTS, check_resize_to, output_name, serving_model
 from keras_vit.export.through_tensorflow import _through_tensorflow
 from keras_vit.export.writers import _write
 
@@ -42,6 +42,7 @@ __all__ = [
     "writer",
     "artefact",
     "serving_model",
+    "check_resize_to",
     "output_name",
     "calibration_images",
     "run",
@@ -60,7 +61,7 @@ __all__ = [
 
 
 def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, quantize=None, calibration=None,
-           input_mode="vit"):
+           input_mode="vit", resize_to=None):
     """Exports `serving_model(model, top_k, input_mode)` as `format` into the new folder `out`; returns the
     artefact's path. `input_mode` is the scaling the model's weights were trained with (a
     `keras_vit.preprocess_input` mode: "vit", "imagenet", "clip"), done inside the artefact.
@@ -88,6 +89,8 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
         calibration: None (dynamic int8), or uint8 images (N, h, w, 3) for static int8.
         input_mode: the scaling the model's weights were trained with, a
             `keras_vit.preprocess_input` mode: "vit", "imagenet" or "clip".
+        resize_to: None, or an int or (h, w): the artefact takes images of any height and width
+            and resizes them to this size inside (bicubic, antialiased; see `serving_model`).
 
     Returns:
         The artefact's path inside `out` (see `artefact`).
@@ -101,8 +104,10 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     import keras
 
     backend = keras.backend.backend()
-    any_size = takes_any_size(model)
+    any_size = takes_any_size(model) or resize_to is not None
     check_format(backend, format, quantize, batch_size, any_size)
+    if resize_to is not None:
+        check_resize_to(model, resize_to)
     if calibration is not None and quantize is None:
         raise ValueError("calibration images are for quantize='int8'")
     out = os.path.abspath(os.fspath(out))
@@ -114,9 +119,9 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     try:
         path = artefact(tmp, format)
         if writer(backend, format, batch_size, any_size) == backend:
-            _write(model, path, format, top_k, batch_size, input_mode)
+            _write(model, path, format, top_k, batch_size, input_mode, resize_to)
         else:
-            _through_tensorflow(model, path, format, top_k, batch_size, input_mode)
+            _through_tensorflow(model, path, format, top_k, batch_size, input_mode, resize_to)
         if quantize:
             _quantize_int8(path, calibration)
         os.replace(tmp, out)

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from keras_vit.export.serving import CLASS_OUTPUTS, output_name
+from keras_vit.export.serving import CLASS_OUTPUTS, output_name, serving_model
 
 
 def run(path, format, images):
@@ -43,7 +43,7 @@ def run(path, format, images):
     return dict(runner(images=images))
 
 
-def compare(model, path, format, images, input_mode="vit"):
+def compare(model, path, format, images, input_mode="vit", resize_to=None):
     """The artefact against Keras on uint8 `images` (scaled for Keras by `preprocess_input(images,
     input_mode)`, or as they are for a model built with `input_dtype="uint8"`): (max abs difference
     of the outputs, agreement):
@@ -56,6 +56,7 @@ def compare(model, path, format, images, input_mode="vit"):
         format: its format, one of FORMATS.
         images: uint8 images (N, h, w, 3).
         input_mode: the `keras_vit.preprocess_input` mode the artefact was exported with.
+        resize_to: the `resize_to` the artefact was exported with (Keras resizes by the same layer).
 
     Returns:
         A tuple (max abs difference, agreement) of two floats.
@@ -64,8 +65,11 @@ def compare(model, path, format, images, input_mode="vit"):
 
     from keras_vit.preprocessing import model_input
 
-    expected = keras.ops.convert_to_numpy(model(model_input(model, images, input_mode)))
     name = output_name(model)
+    if resize_to is None:
+        expected = keras.ops.convert_to_numpy(model(model_input(model, images, input_mode)))
+    else:
+        expected = keras.ops.convert_to_numpy(serving_model(model, None, input_mode, resize_to)(images)[name])
     got = run(path, format, images)[name].reshape(expected.shape)
     if name in CLASS_OUTPUTS:
         agreement = float(np.mean(got.argmax(-1) == expected.argmax(-1)))

@@ -16,10 +16,12 @@ def output_name(model):
     return output_kind(model) or "probabilities"
 
 
-def serving_model(model, top_k=None, input_mode="vit"):
+def serving_model(model, top_k=None, input_mode="vit", resize_to=None):
     """`model` behind a uint8 input, scaled first as `keras_vit.preprocess_input(x, input_mode)` does
     ("vit": x / 127.5 - 1; "imagenet", "clip": per channel) by a `Rescaling` layer (a model built
-    with `input_dtype="uint8"` takes that input as it is).
+    with `input_dtype="uint8"` takes that input as it is). With `resize_to`, the input takes images
+    of any height and width, resized to `resize_to` first (`keras_vit.layers.ResizeImages`:
+    bicubic, antialiased when shrinking).
 
     Outputs a dict: the model's output under `output_name(model)` ("probabilities" of a classifier,
     "embeddings" of a projection, "features" of a backbone, ...), and with `top_k` (classifiers only)
@@ -31,26 +33,51 @@ def serving_model(model, top_k=None, input_mode="vit"):
             (classifiers only: a ValueError otherwise).
         input_mode: the scaling the model's weights were trained with, a
             `keras_vit.preprocess_input` mode: "vit", "imagenet" or "clip".
+        resize_to: None, or an int or (h, w): the size images are resized to inside, one `model`
+            takes (ValueError otherwise).
 
     Returns:
         A functional `keras.Model` named `<model.name>_serving`, its input named "images".
     """
     import keras
 
-    from keras_vit.layers import TopK
+    from keras_vit.layers import ResizeImages, TopK
     from keras_vit.preprocessing import input_scaling
 
     name = output_name(model)
     if top_k and name not in CLASS_OUTPUTS:
         raise ValueError(f"top_k is for a classifier; model {model.name!r} outputs {name}")
-    inputs = keras.Input(model.input_shape[1:], dtype="uint8", name="images")
-    if model.inputs[0].dtype == "uint8":  # built with input_dtype="uint8": it scales its input itself
-        x = inputs
+    if resize_to is None:
+        inputs = x = keras.Input(model.input_shape[1:], dtype="uint8", name="images")
     else:
+        size = check_resize_to(model, resize_to)
+        inputs = keras.Input((None, None, model.input_shape[-1]), dtype="uint8", name="images")
+        x = ResizeImages(size, name="resize")(inputs)  # float32 in [0, 255]
+        if model.inputs[0].dtype == "uint8":  # rounded back, as an image file read at that size would be
+            x = keras.ops.cast(keras.ops.round(keras.ops.clip(x, 0, 255)), "uint8")
+    if model.inputs[0].dtype != "uint8":  # a model built with input_dtype="uint8" scales its input itself
         scale, offset = input_scaling(input_mode)
-        x = keras.layers.Rescaling(scale, offset=offset, name="rescale")(inputs)
+        x = keras.layers.Rescaling(scale, offset=offset, name="rescale")(x)
     y = model(x)
     outputs = {name: y}
     if top_k:
         outputs["top_k_scores"], outputs["top_k_classes"] = TopK(top_k, name="top_k")(y)
     return keras.Model(inputs, outputs, name=f"{model.name}_serving")
+
+
+def check_resize_to(model, resize_to):
+    """`resize_to` as (h, w), one `model` takes: its own size, or for a model of any size a multiple of its
+    token size; ValueError naming what was expected otherwise."""
+    from keras_vit.configs import pair
+    from keras_vit.structure import find_vit
+
+    size = pair(resize_to, "resize_to")
+    fixed = tuple(model.input_shape[1:3])
+    if None not in fixed and size != fixed:
+        raise ValueError(f"resize_to {size}: model {model.name!r} takes {fixed[0]}x{fixed[1]} images only; expected "
+                         f"resize_to={fixed[0] if fixed[0] == fixed[1] else fixed} (or a model of any size)")
+    stride = find_vit(model).stride
+    if size[0] % stride or size[1] % stride:
+        raise ValueError(f"resize_to {size}: model {model.name!r} cuts images into {stride}-pixel tokens; expected "
+                         f"multiples of {stride}")
+    return size

@@ -6,11 +6,12 @@ import subprocess
 import sys
 import tempfile
 
+from keras_vit.configs import pair
 from keras_vit.export.formats import FORMATS
 from keras_vit.export.writers import _write
 
 
-def _through_tensorflow(model, path, format, top_k, batch_size, input_mode="vit"):
+def _through_tensorflow(model, path, format, top_k, batch_size, input_mode="vit", resize_to=None):
     """Writes the artefact at `path` from the TensorFlow backend: `model` saved as `.keras`, then loaded
     (safe mode) and exported by `python -m keras_vit.export` in a fresh process, on the CPU (a GPU
     stays with the calling process). Raises RuntimeError with the child's last error line."""
@@ -21,6 +22,7 @@ def _through_tensorflow(model, path, format, top_k, batch_size, input_mode="vit"
         command += [] if top_k is None else ["--top-k", str(top_k)]
         command += [] if batch_size is None else ["--batch-size", str(batch_size)]
         command += ["--input-mode", input_mode]
+        command += [] if resize_to is None else ["--resize-to", *map(str, pair(resize_to, "resize_to"))]
         env = dict(os.environ, KERAS_BACKEND="tensorflow", CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
         done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -31,7 +33,8 @@ def _through_tensorflow(model, path, format, top_k, batch_size, input_mode="vit"
 
 
 def _main(argv=None):
-    """`python -m keras_vit.export MODEL.keras PATH FORMAT [--top-k K] [--batch-size N] [--input-mode M]`: writes the
+    """`python -m keras_vit.export MODEL.keras PATH FORMAT [--top-k K] [--batch-size N] [--input-mode M]
+    [--resize-to H W]`: writes the
     artefact of a saved model from the running backend (`_through_tensorflow` runs it)."""
     import argparse
 
@@ -42,9 +45,11 @@ def _main(argv=None):
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--input-mode", default="vit")
+    p.add_argument("--resize-to", type=int, nargs=2, default=None)
     args = p.parse_args(argv)
     import keras
 
     import keras_vit  # noqa: F401  (registers the package's layers for safe-mode loading)
 
-    _write(keras.saving.load_model(args.model), args.path, args.format, args.top_k, args.batch_size, args.input_mode)
+    _write(keras.saving.load_model(args.model), args.path, args.format, args.top_k, args.batch_size, args.input_mode,
+           args.resize_to)

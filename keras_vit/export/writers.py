@@ -6,21 +6,22 @@ from keras_vit.export.serving import serving_model
 from keras_vit.runtime import platform_chosen_on_host
 
 
-def _write(model, path, format, top_k, batch_size, input_mode="vit"):
-    """Writes `serving_model(model, top_k, input_mode)` as `format` at `path` from the running backend."""
+def _write(model, path, format, top_k, batch_size, input_mode="vit", resize_to=None):
+    """Writes `serving_model(model, top_k, input_mode, resize_to)` as `format` at `path` from the running
+    backend."""
     import keras
 
     backend = keras.backend.backend()
-    serving = serving_model(model, top_k, input_mode)
+    serving = serving_model(model, top_k, input_mode, resize_to)
     if backend == "torch" and format == "onnx":
         _torch_onnx(serving, path, batch_size)
     elif backend == "torch" and format == "litert":
         _torch_litert(serving, path, batch_size)
     else:
-        spec = keras.InputSpec(shape=(batch_size, *model.input_shape[1:]), dtype="uint8", name="images")
+        spec = keras.InputSpec(shape=(batch_size, *serving.input_shape[1:]), dtype="uint8", name="images")
         kwargs = {}
-        if backend == "jax" and format == "tf_saved_model" and takes_any_size(model):
-            kwargs["jax2tf_kwargs"] = {"polymorphic_shapes": [_symbolic_shape(model, batch_size)]}
+        if backend == "jax" and format == "tf_saved_model" and takes_any_size(serving):
+            kwargs["jax2tf_kwargs"] = {"polymorphic_shapes": [_symbolic_shape(model, batch_size, resize_to)]}
         # jax2onnx has no converter for a computation chosen per lowered platform (platform_index):
         # the layers' CPU/accelerator choices are made for this machine when tracing (every format,
         # so that every artefact is made the same way)
@@ -31,14 +32,16 @@ def _write(model, path, format, top_k, batch_size, input_mode="vit"):
         _optimize_onnx(path)
 
 
-def _symbolic_shape(model, batch_size):
+def _symbolic_shape(model, batch_size, resize_to=None):
     """jax2tf's shape of the images of a model of any size: each side a multiple of the pixels per token
-    ("(batch, 16*h, 16*w, 3)"), so that the patches' reshape is proven to fit when traced."""
+    ("(batch, 16*h, 16*w, 3)"), so that the patches' reshape is proven to fit when traced; any side when
+    the artefact resizes its input (`resize_to`)."""
     from keras_vit.structure import find_vit
 
-    stride = find_vit(model).stride
+    stride = 1 if resize_to is not None else find_vit(model).stride
     h, w, channels = model.input_shape[1:]
-    sides = [f"{stride}*{name}" if size is None else str(size) for size, name in ((h, "h"), (w, "w"))]
+    sides = [f"{stride}*{name}" if size is None or resize_to is not None else str(size)
+             for size, name in ((h, "h"), (w, "w"))]
     return f"({batch_size or 'batch'}, {', '.join(sides)}, {channels})"
 
 

@@ -13,6 +13,7 @@ from keras_vit.layers.prefix_tokens import PrefixTokens
 from keras_vit.layers.position_embedding import AddPositionEmbs, resize_position_embeddings
 from keras_vit.layers.position_embedding_2d import AddPositionEmbs2D
 from keras_vit.layers.relative_attention import RelativeMultiHeadDotProductAttention, RelativeTransformerBlock
+from keras_vit.layers.resize_images import ResizeImages
 from keras_vit.layers.resnet import BottleneckUnit, ResNetStem, StdConv2D, standardize_kernel
 from keras_vit.layers.top_k import TopK
 from keras_vit.layers.transformer_block import TransformerBlock
@@ -32,6 +33,7 @@ __all__ = [
     "RelativeMultiHeadDotProductAttention",
     "RelativeTransformerBlock",
     "ResNetStem",
+    "ResizeImages",
     "SequencePooling",
     "StdConv2D",
     "TokensToMap",

@@ -75,19 +75,29 @@ def _cubic_kernel_ops(x, a):
     return ops.where(x < 1, near, ops.where(x < 2, far, ops.zeros_like(x)))
 
 
+def antialias_bicubic_matrix(old, new):
+    """(new, old) float32 matrix of bicubic resizing (a = -0.5, half-pixel centres), antialiased when
+    shrinking (the kernel stretched by the factor): torch's `interpolate(mode="bicubic", antialias=True)`,
+    with keras.ops; `old` and `new` ints or scalar tensors known only at call time. Dense: the kernel at
+    every input, zero outside its support, each row normalised to sum 1."""
+    scale = ops.cast(old, "float32") / ops.cast(new, "float32")
+    stretch = ops.maximum(scale, 1.0)
+    rows = ops.cast(ops.arange(new), "float32")
+    inputs = ops.cast(ops.arange(old), "float32")
+    offsets = (ops.expand_dims(inputs + 0.5, 0) - ops.expand_dims((rows + 0.5) * scale, 1)) / stretch
+    weights = _cubic_kernel_ops(offsets, -0.5)
+    return weights / ops.sum(weights, axis=1, keepdims=True)
+
+
 def _resize_matrix_ops(old, new, method):
     """`keras_vit.interpolation.resize_matrix(old, new, method)` with keras.ops (float32): `old` is an
     int, `new` an int or a scalar tensor known only at call time."""
     if method == "bilinear":
         return _linear_resize_matrix_ops(old, new)
+    if method == "bicubic_antialias":
+        return antialias_bicubic_matrix(old, new)
     scale = float(old) / ops.cast(new, "float32")
     rows = ops.cast(ops.arange(new), "float32")
-    if method == "bicubic_antialias":  # dense: the kernel at every input, zero outside its support
-        stretch = ops.maximum(scale, 1.0)
-        inputs = ops.cast(ops.arange(old), "float32")
-        offsets = (ops.expand_dims(inputs + 0.5, 0) - ops.expand_dims((rows + 0.5) * scale, 1)) / stretch
-        weights = _cubic_kernel_ops(offsets, -0.5)
-        return weights / ops.sum(weights, axis=1, keepdims=True)
     pos = (rows + 0.5) * scale - 0.5
     if method == "bilinear_half_pixel":
         return _linear_taps_ops(ops.clip(pos, 0.0, float(old - 1)), old)
