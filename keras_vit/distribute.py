@@ -398,8 +398,9 @@ def process_rows(data, batch_size):
                              f"{batch_size}), not divisible by the {count} parts; expected a row count whose "
                              f"remainder by {batch_size} is a multiple of {count}")
         body = array[:whole].reshape(-1, batch_size, *array.shape[1:])[:, index * rows:(index + 1) * rows]
-        end = tail // count
-        return np.concatenate([body.reshape(-1, *array.shape[1:]), array[whole + index * end:whole + (index + 1) * end]])
+        part = tail // count
+        rest = array[whole + index * part:whole + (index + 1) * part]
+        return np.concatenate([body.reshape(-1, *array.shape[1:]), rest])
 
     return keras.tree.map_structure(cut, data)
 
@@ -476,15 +477,25 @@ def _multi_worker_strategy():
     each step's logs (scalars) with `strategy.reduce("MEAN", value, axis=0)`; the multi-worker
     strategy's collective reduce takes one value only ("Attempt to convert a value (PerReplica ...) to a
     Tensor") and no axis of a scalar ("Invalid reduction dimension 0 for input with 0 dimensions").
-    Here each value of a nest is reduced on its own, in the same order on every worker, and a scalar
-    over the replicas (its mean or sum, as `MirroredStrategy` gives it)."""
+    Here each value of a nest is reduced on its own, in the same order on every worker, a scalar over the
+    replicas (its mean or sum, as `MirroredStrategy` gives it), and a type the collectives do not take
+    (uint8 images) as float32."""
     import tensorflow as tf
+
+    collective = (tf.bfloat16, tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
 
     class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
         def reduce(self, reduce_op, value, axis):
             def one(v):
-                rank = getattr(getattr(self.experimental_local_results(v)[0], "shape", None), "rank", None)
-                return super(MultiWorkerMirroredStrategy, self).reduce(reduce_op, v, None if rank == 0 else axis)
+                local = self.experimental_local_results(v)[0]
+                rank = getattr(getattr(local, "shape", None), "rank", None)
+                axis_ = None if rank == 0 else axis
+                reduce = super(MultiWorkerMirroredStrategy, self).reduce
+                dtype = getattr(local, "dtype", None)
+                if dtype is None or dtype in collective:
+                    return reduce(reduce_op, v, axis_)
+                # uint8 images (the recipes' default input): the collectives take no such type
+                return tf.cast(reduce(reduce_op, self.run(lambda t: tf.cast(t, tf.float32), args=(v,)), axis_), dtype)
 
             return tf.nest.map_structure(one, value)
 

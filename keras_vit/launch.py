@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-__all__ = ["free_ports", "launch", "main"]
+__all__ = ["launch"]
 
 GRACE_S = 10
 
@@ -136,7 +136,8 @@ def launch(command, processes, cpu_devices=None, timeout=None, out=None):
     def stop_all(signum, frame):
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, stop_all) if threading.current_thread() is threading.main_thread() else None
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop_all) if main_thread else None
     try:
         while True:
             codes = [p.poll() for p in procs]
@@ -168,6 +169,7 @@ def launch(command, processes, cpu_devices=None, timeout=None, out=None):
 
 
 def main(argv=None):
+    """`python -m keras_vit.launch`: parse `argv` (default sys.argv[1:]) and run `launch`; returns its status."""
     parser = argparse.ArgumentParser(
         prog="python -m keras_vit.launch",
         description="Start N processes of a command on this machine, as N hosts of a multi-host run "

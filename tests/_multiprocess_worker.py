@@ -8,7 +8,6 @@ several processes): numpy arrays cut with `distribute.process_rows`, a PyDataset
 `data.load(..., process_index, process_count)` of a mocked TFDS dataset."""
 
 import os
-import signal
 import sys
 
 import keras
@@ -21,8 +20,8 @@ from keras_vit import distribute, recipes
 process_index, process_count = distribute.initialize_multihost()
 assert keras.backend.backend() == "jax" and len(keras.distribution.list_devices()) == 4
 
-CONFIG = dict(image_size=16, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, classes=10,
-              classifier_activation=None, representation_size=16)
+CONFIG = {"image_size": 16, "patch_size": 8, "hidden_size": 32, "mlp_dim": 64, "num_heads": 4, "num_layers": 2,
+          "classes": 10, "classifier_activation": None, "representation_size": 16}
 BATCH, STEPS = 16, 4
 rng = np.random.default_rng(0)
 X = rng.uniform(-1, 1, (STEPS * BATCH, 16, 16, 3)).astype("float32")
@@ -56,11 +55,11 @@ class Rows(keras.utils.PyDataset):
 def numpy_feed():
     (x, y), (xe, ye) = distribute.process_rows((X, Y), BATCH), distribute.process_rows((XE, YE), BATCH)
     rows = BATCH // distribute.process_shard()[1]
-    return dict(x=x, y=y, batch_size=rows), dict(x=xe, y=ye, batch_size=rows)
+    return {"x": x, "y": y, "batch_size": rows}, {"x": xe, "y": ye, "batch_size": rows}
 
 
 def pydataset_feed():
-    return dict(x=Rows(X, Y)), dict(x=Rows(XE, YE))
+    return {"x": Rows(X, Y)}, {"x": Rows(XE, YE)}
 
 
 def load_feed():
@@ -72,7 +71,7 @@ def load_feed():
     with tfds.testing.mock_data(num_examples=STEPS * BATCH):
         train, test = data.load("cifar10", 16, BATCH, data_dir="/nonexistent/tfds", shuffle_buffer=1,
                                 repeat=False, process_index=index, process_count=count)
-    return dict(x=train), dict(x=test)
+    return {"x": train}, {"x": test}
 
 
 def train(setup, feed):
@@ -89,25 +88,6 @@ def train(setup, feed):
             "eval_loss": metrics["loss"], "eval_accuracy": metrics["accuracy"],
             "weights": [np.asarray(multihost_utils.process_allgather(v.value, tiled=True)) for v in model.weights]}
 
-
-def killed():
-    """Process 1 kills itself with SIGKILL in the middle of a long fit; process 0 is left waiting for it."""
-    class Kill(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            if batch == 2 and process_index == 1:
-                print("killing process 1", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    distribute.data_parallel()
-    model = keras_vit.VisionTransformer(**CONFIG)
-    recipes.compile_for_finetuning(model, total_steps=1000, base_lr=0.1, warmup_steps=1, batch_size=BATCH)
-    x, y = distribute.process_rows((np.repeat(X, 100, 0), np.repeat(Y, 100, 0)), BATCH)
-    model.fit(x, y, batch_size=BATCH // process_count, epochs=1, shuffle=False, verbose=0, callbacks=[Kill()])
-    raise AssertionError("the fit ended although process 1 was killed")
-
-
-if sys.argv[2:] == ["killed"]:
-    killed()
 
 RUNS = {
     "data_numpy": (distribute.data_parallel, numpy_feed),

@@ -16,10 +16,10 @@ if reference:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-import keras  # noqa: E402
+import keras
 
-import keras_vit  # noqa: E402
-from keras_vit import distribute, recipes  # noqa: E402
+import keras_vit
+from keras_vit import distribute, recipes
 
 assert keras.backend.backend() == "tensorflow"
 BATCH, STEPS = 16, 4

@@ -505,6 +505,9 @@ NOT_RUN = {
     ("docs/scaling.md", "model_parallel((2, 4))"):
         "2 replicas x 4-way tensor parallel needs 8 devices; the same calls run on 8 virtual CPU devices in "
         "tests/test_distribute.py (jax8)",
+    ("docs/scaling.md", "x_mine, y_mine = distribute.process_rows((x, y), 16)"):
+        "needs several processes (initialize_multihost); tests/_multiprocess_worker.py makes the same calls on 2 "
+        "processes started by tests/test_multiprocess.py",
 }
 CHECKED = {
     ("docs/keras-hub.md", "model = keras_vit.from_keras_hub(preset_dir)"):

@@ -89,6 +89,54 @@ def prepare_output_dir(out, flags, overwrite):
 # --------------------------------------------------------------------------
 # devices
 # --------------------------------------------------------------------------
+def _join_processes():
+    """Join a run of several processes (`python -m keras_vit.launch`, a cluster's launcher) before anything
+    touches the devices; returns this process's index (0 for a run of one)."""
+    from keras_vit.recipes.finetune_args import several_processes
+
+    if not several_processes():
+        return 0
+    import keras
+
+    if keras.backend.backend() == "jax":
+        from keras_vit import distribute
+
+        return distribute.initialize_multihost()[0]
+    return int(json.loads(os.environ["TF_CONFIG"]).get("task", {}).get("index", 0))
+
+
+@contextlib.contextmanager
+def _saving_alone():
+    """Lets one process of several save: Keras' saving builds a throwaway optimizer, whose variables a JAX
+    distribution over several processes would create with a check that takes every process; without the
+    distribution they are this process's own. The model's own variables, replicated, are read as they are."""
+    import keras
+
+    from keras_vit.recipes.finetune_args import several_processes
+
+    if not (several_processes() and keras.backend.backend() == "jax"):
+        yield
+        return
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(distribution)
+
+
+def _wait_for_every_process(what):
+    """A barrier of the JAX processes of a several-process run (nothing otherwise)."""
+    import keras
+
+    from keras_vit.recipes.finetune_args import several_processes
+
+    if several_processes() and keras.backend.backend() == "jax":
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(what)
+
+
 def _distribution(args):
     """The context to build and compile in for --distribute (refusing a mesh that does not fit)."""
     from keras_vit import distribute
@@ -130,6 +178,19 @@ def _step_batch(args):
             f"error: --batch-size {args.batch_size} is not a multiple of --device-batch-size {per_device} x "
             f"{replicas} replicas = {step_batch} images per step: {e}") from None
     return step_batch
+
+
+def _backup(folder):
+    """The recipe's `TrainingBackup` into `folder`, kept at the end; on several processes process 0 alone
+    writes it (see `_saving_alone`)."""
+    from keras_vit import recipes
+
+    class Backup(recipes.TrainingBackup):
+        def on_epoch_end(self, epoch, logs=None):
+            with _saving_alone():
+                super().on_epoch_end(epoch, logs)
+
+    return Backup(folder, delete_on_end=False)
 
 
 # --------------------------------------------------------------------------
@@ -198,7 +259,10 @@ def main(dataset, argv=None, callbacks=()):
     args = parse_args(dataset, argv)
     flags = run_flags(args)
     out = args.output_dir
-    resuming = prepare_output_dir(out, flags, args.overwrite)
+    # on several processes process 0 alone writes the folder (all read the backup from it)
+    writer = _join_processes() == 0
+    resuming = prepare_output_dir(out, flags, args.overwrite) if writer else False
+    _wait_for_every_process("the output folder is ready")
 
     import keras
 
@@ -216,7 +280,7 @@ def main(dataset, argv=None, callbacks=()):
 
     # kept until metrics.json is written, so a run killed after training
     # but before its files are saved resumes at the end instead of restarting
-    backup = recipes.TrainingBackup(os.path.join(out, BACKUP), delete_on_end=False)
+    backup = _backup(os.path.join(out, BACKUP))
     done = backup.restore(model)  # train steps already done (0 for a new run)
     steps_per_epoch = args.eval_every * args.accumulation
     total_micro = args.steps * args.accumulation
@@ -249,8 +313,9 @@ def main(dataset, argv=None, callbacks=()):
         def on_epoch_end(self, epoch, logs=None):
             for key, value in (logs or {}).items():
                 history.setdefault(key, []).append(float(value))
-            os.makedirs(os.path.dirname(history_path), exist_ok=True)
-            write_json(history_path, history)
+            if writer:
+                os.makedirs(os.path.dirname(history_path), exist_ok=True)
+                write_json(history_path, history)
 
     class EpochTimes(keras.callbacks.Callback):
         # training time of each epoch (without the per-epoch validation)
@@ -274,7 +339,7 @@ def main(dataset, argv=None, callbacks=()):
     if initial_epoch < epochs:
         model.fit(train, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
                   validation_data=test if args.validate else None, verbose=args.verbose,
-                  shuffle=False, callbacks=[stop, timer, KeepHistory(), backup, *callbacks])
+                  shuffle=False, callbacks=[stop, timer, KeepHistory(), *([backup] if writer else []), *callbacks])
     elif model.optimizer.use_ema:
         # killed after the last backup but before saving: fit would have
         # ended by loading the averaged weights
@@ -283,8 +348,10 @@ def main(dataset, argv=None, callbacks=()):
     trained_images = (total_micro - done) * step_batch
 
     result = model.evaluate(test, verbose=args.verbose, return_dict=True)
+    if not writer:
+        return {"test_accuracy": float(result.get("accuracy", float("nan"))), "test_loss": float(result["loss"])}
 
-    with atomic_write(os.path.join(out, "model.keras")) as tmp:
+    with atomic_write(os.path.join(out, "model.keras")) as tmp, _saving_alone():
         model.save(tmp)
     plot_curves(os.path.join(out, "curves.png"), history, args.eval_every,
                 f"{args.model if not args.model.startswith('{') else 'ViT'} on {dataset}")

@@ -1,6 +1,7 @@
 """The fine-tuning recipe's command line (`keras_vit.recipes.finetune`): its flags, their checks and defaults."""
 
 import argparse
+import json
 import math
 import os
 
@@ -30,6 +31,20 @@ def _number(kind, minimum, strict):
 
 
 _positive_int, _non_negative_int, _positive_float = _number(int, 0, True), _number(int, 0, False), _number(float, 0, True)
+
+
+def several_processes():
+    """The number of processes of this run when it is more than one (None otherwise): JAX's
+    KERAS_DISTRIBUTION_NUM_PROCESSES, or on TensorFlow the workers TF_CONFIG names (as `python -m
+    keras_vit.launch` and cluster launchers set them)."""
+    import keras
+
+    if keras.backend.backend() == "tensorflow":
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+        count = len(config.get("cluster", {}).get("worker", []))
+    else:
+        count = int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES") or 1)
+    return count if count > 1 else None
 
 
 def parse_args(dataset, argv=None):
@@ -116,10 +131,21 @@ def parse_args(dataset, argv=None):
     if args.distribute == "model" and keras.backend.backend() != "jax":
         parser.error(f"--distribute model runs on the jax backend (Keras ModelParallel); this is "
                      f"{keras.backend.backend()!r}: use --distribute data"
-                     + (" or torchrun" if keras.backend.backend() == "torch" else ""))
+                     + (" on the jax or tensorflow backend" if keras.backend.backend() == "torch" else ""))
     if args.distribute == "data" and keras.backend.backend() == "torch":
-        parser.error("--distribute data covers the jax and tensorflow backends; on 'torch' run one process "
-                     "per device with torchrun")
+        parser.error(f"--distribute data covers the jax and tensorflow backends; Keras {keras.__version__} has "
+                     "no distribution for 'torch' (fit trains on one device there): set KERAS_BACKEND=jax or "
+                     "tensorflow")
+    processes = several_processes()
+    if processes and args.distribute == "none":
+        told = "TF_CONFIG" if keras.backend.backend() == "tensorflow" else "KERAS_DISTRIBUTION_NUM_PROCESSES"
+        parser.error(f"this is one of {processes} processes ({told}); "
+                     "pass --distribute data so that they train one model together, each on its rows of "
+                     "every global batch")
+    if processes and args.distribute == "model":
+        parser.error(f"--distribute model over {processes} processes: the saved model and backups need every "
+                     "process's shards of the variables, which this recipe does not gather; use --distribute data "
+                     "(or keras_vit.distribute.model_parallel() in your own script)")
     if args.mesh is not None:
         if args.distribute != "model":
             parser.error(f"--mesh goes with --distribute model, got --distribute {args.distribute}")
