@@ -1,10 +1,18 @@
 """Files in and out: every write is atomic (a temporary file beside the target, then a rename), so
-an interrupted or failed write never leaves a half-written file where a good one is expected."""
+an interrupted or failed write never leaves a half-written file where a good one is expected.
+
+A temporary is named `.NAME.HOST-PID.XXXXXXXX.tmp...`: hidden, beside the target NAME, with the host and
+process that writes it. A write that fails removes its temporary; one killed outright (SIGKILL, power loss)
+cannot, so the next write of the same target removes the temporaries of it that a process of this host
+wrote and that is gone (another host's are left alone: its processes cannot be seen from here)."""
 
 import contextlib
 import json
 import os
 import pathlib
+import re
+import shutil
+import socket
 import tempfile
 
 import numpy as np
@@ -12,30 +20,165 @@ import numpy as np
 from keras_vit.configs import pair
 
 
+def _host():
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+
+
+def _temporaries(path):
+    """The prefix of this process' temporaries of `path`, and a pattern of any process' (host, pid, tempfile's
+    8 random characters)."""
+    base = f".{os.path.basename(path)}."
+    pattern = re.compile(re.escape(base) + r"(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)\.[a-z0-9_]{8}\.tmp")
+    return f"{base}{_host()}-{os.getpid()}.", pattern
+
+
+def _alive(pid):
+    if os.name == "nt":  # os.kill(pid, 0) would end the process there: no cleaning on Windows
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: another user's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(path):
+    """Removes the temporaries of `path` (files or folders) whose writer, a process of this host, is gone.
+    Returns the names removed."""
+    folder = os.path.dirname(os.path.abspath(path))
+    _, pattern = _temporaries(path)
+    removed = []
+    if not os.path.isdir(folder):
+        return removed
+    host = _host()
+    for name in os.listdir(folder):
+        match = pattern.match(name)
+        if not match or match.group("host") != host or _alive(int(match.group("pid"))):
+            continue
+        stale = os.path.join(folder, name)
+        try:
+            shutil.rmtree(stale) if os.path.isdir(stale) and not os.path.islink(stale) else os.remove(stale)
+            removed.append(name)
+        except OSError:
+            pass  # gone meanwhile
+    return removed
+
+
+def _check_destination(path, folder):
+    """`path` made absolute, its folder made, the stale temporaries of it removed; an error naming it when
+    it is a folder where a file is written (`folder` False) or a file where a folder is (True)."""
+    path = os.path.abspath(os.fspath(path))
+    if folder is False and os.path.isdir(path):
+        raise IsADirectoryError(f"cannot write the file {path}: it is a folder (expected a file path)")
+    if folder is True and os.path.exists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(f"cannot write the folder {path}: it is a file (expected a folder path)")
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise NotADirectoryError(f"cannot write {path}: {parent} is a file, not a folder")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    remove_stale_temporaries(path)
+    return path
+
+
 @contextlib.contextmanager
 def atomic_write(path, suffix=None):
     """Yields a temporary path in `path`'s folder; moves it onto `path` when the block succeeds and
-    removes it when the block fails.
+    removes it when the block fails (see the module docstring for a writer that is killed).
 
     The temporary name keeps `path`'s extensions (or `suffix`), for writers that check them
     (Keras' `.weights.h5`, numpy's `.npz`). The file gets the usual permissions (0666 less umask).
     """
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
+    path = _check_destination(path, folder=False)
     suffix = "".join(pathlib.Path(path).suffixes) if suffix is None else suffix
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp" + suffix)
+    prefix, _ = _temporaries(path)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=prefix, suffix=".tmp" + suffix)
     os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         yield tmp
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+@contextlib.contextmanager
+def temporary_folder(path, folder=None):
+    """Yields a new empty folder beside `path` (a file or, `folder` True, a folder to write), named as
+    `atomic_write`'s temporaries (so that a later write of `path` removes it if its writer is killed); it is
+    removed when the block ends unless the block moved it away."""
+    path = _check_destination(path, folder)
+    prefix, _ = _temporaries(path)
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(path), prefix=prefix, suffix=".tmp")
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _exchange(a, b):
+    """Swaps the folders `a` and `b` in one step (Linux' renameat2 RENAME_EXCHANGE); False where the system
+    cannot."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "renameat2"):
+        return False
+    at_cwd, exchange = -100, 2
+    return libc.renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange) == 0
+
+
+@contextlib.contextmanager
+def atomic_folder(path, replaceable=None):
+    """Yields a new empty folder beside `path` to write into; when the block succeeds it takes `path`'s
+    place in one step, and when it fails it is removed.
+
+    A folder already at `path` is exchanged with the new one in one step where the system can (Linux),
+    else moved aside first (a kill between the two renames leaves no folder at `path`, the old one in a
+    hidden temporary beside it), then removed. It is replaced only when it is empty or holds nothing but
+    the names in `replaceable` (a user's folder of other files is never removed): otherwise FileExistsError.
+    """
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path):
+        others = sorted(set(os.listdir(path)) - set(replaceable or ()))
+        if others:
+            raise FileExistsError(f"{path} already holds {', '.join(others[:5])}{' ...' * (len(others) > 5)}, "
+                                  "which this writer did not write: pick a new or empty folder")
+    with temporary_folder(path, folder=True) as tmp:
+        yield tmp
+        if not os.path.isdir(path):
+            os.replace(tmp, path)
+            return
+        if not _exchange(tmp, path):
+            with temporary_folder(path) as aside:
+                os.replace(path, os.path.join(aside, "old"))
+                os.replace(tmp, path)
+                return
+    # exchanged: the old folder is at `tmp`, removed as the temporary folder it now is
+
+
+def not_npz(path):
+    """Why the file `path` is no `.npz` archive, or None when it is a zip archive. Checked before `np.load`,
+    which takes anything else for a pickle and answers with advice to unpickle it."""
+    import zipfile
+
+    if zipfile.is_zipfile(path):
+        return None
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head.startswith(b"\x93NUMPY"):
+        return "it holds a single .npy array, not an .npz archive of named arrays"
+    return f"got {os.path.getsize(path)} bytes that are no zip archive" + (f", starting {head!r}" if head else "")
 
 
 def load_image(path, image_size):

@@ -2,10 +2,9 @@
 taken for a good one."""
 
 import os
-import shutil
-import tempfile
 import zipfile
 
+from keras_vit.fileio import temporary_folder
 from keras_vit.weights.registry import BUCKET_URL as DEFAULT_BASE_URL
 
 # A mirror of the official bucket (same folder layout), e.g. an internal server.
@@ -56,8 +55,7 @@ def fetch(url, filename, directory=None):
             return path
         os.remove(path)  # a corrupt or truncated leftover: never trusted
     url = resolve_url(url)
-    tmp = tempfile.mkdtemp(prefix=".download-", dir=directory)
-    try:
+    with temporary_folder(path) as tmp:  # a download killed midway is removed by the next fetch of the file
         try:
             import keras
 
@@ -73,6 +71,4 @@ def fetch(url, filename, directory=None):
                 "interrupted or corrupt); nothing was cached, call again to retry"
             )
         os.replace(part, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return path

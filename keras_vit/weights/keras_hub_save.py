@@ -15,13 +15,16 @@ import keras
 import numpy as np
 
 from keras_vit.configs import FAMILY_DEFAULTS
-from keras_vit.fileio import atomic_write
+from keras_vit.fileio import atomic_folder
 from keras_vit.structure import find_vit
 from keras_vit.weights.keras_hub import POSEMB
 from keras_vit.weights.npz import official_variables
 
 _EMBED = "layers/vi_t_patching_and_embedding"
 _BACKBONE_ONLY = ("head/", "head_dist/", "pre_logits/")
+# what save_to_preset writes in a preset folder: what a new preset may replace (anything else is a user's)
+PRESET_FILES = ("config.json", "metadata.json", "model.weights.h5", "model.weights.json", "task.json",
+                "task.weights.h5", "preprocessor.json", "tokenizer.json", "assets")
 
 
 def _pairs(num_layers, class_token):
@@ -68,7 +71,9 @@ def save_keras_hub_preset(model, preset_dir):
     them; keras-hub loads it with `keras_hub.models.ViTBackbone.from_preset(preset_dir)` (keras-vit
     with `from_keras_hub`). The backbone returns the token sequence after the final LayerNorm; the
     model's head and pre-logits are not written. Raises ValueError, before writing anything, for a
-    model a ViTBackbone cannot compute (see the module docstring). Returns `preset_dir`.
+    model a ViTBackbone cannot compute (see the module docstring). The folder is written whole beside its
+    place, then renamed: a preset already there is replaced in one step, and a folder holding other files
+    than a preset's is refused (FileExistsError). Returns `preset_dir`.
     """
     import h5py
 
@@ -101,14 +106,16 @@ def save_keras_hub_preset(model, preset_dir):
                    "use_patch_bias": True},
         "registered_name": "keras_hub>ViTBackbone",
     }
-    os.makedirs(preset_dir, exist_ok=True)
-    with atomic_write(os.path.join(preset_dir, "model.weights.h5"), suffix=".h5") as tmp, h5py.File(tmp, "w") as f:
-        for path, key in pairs:
-            value = np.asarray(keras.ops.convert_to_numpy(variables[key]), np.float32)
-            f.create_dataset(path, data=value[0] if key == POSEMB else value)  # the table is (N, D) in keras-hub
     count = int(sum(np.prod(v.shape) for v in variables.values()))
     metadata = {"keras_version": keras.__version__, "parameter_count": count, "written_by": "keras_vit"}
-    for name, value in (("config.json", config), ("metadata.json", metadata)):
-        with atomic_write(os.path.join(preset_dir, name)) as tmp, open(tmp, "w") as f:
-            json.dump(value, f, indent=4)
+    # the whole folder at once: a preset it replaces stays whole until the new one is, and a task's files
+    # of an earlier preset there (task.json, task.weights.h5) do not outlive it beside the new backbone
+    with atomic_folder(preset_dir, replaceable=PRESET_FILES) as folder:
+        with h5py.File(os.path.join(folder, "model.weights.h5"), "w") as f:
+            for path, key in pairs:
+                value = np.asarray(keras.ops.convert_to_numpy(variables[key]), np.float32)
+                f.create_dataset(path, data=value[0] if key == POSEMB else value)  # the table is (N, D) in keras-hub
+        for name, value in (("config.json", config), ("metadata.json", metadata)):
+            with open(os.path.join(folder, name), "w") as f:
+                json.dump(value, f, indent=4)
     return preset_dir
