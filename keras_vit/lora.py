@@ -8,11 +8,12 @@ backbones). The blocks read it through `layer.kernel`, so the fused q/k/v and ML
 """
 
 import json
+import zipfile
 
 import keras
 import numpy as np
 
-from keras_vit.fileio import atomic_write
+from keras_vit.fileio import atomic_write, not_npz
 from keras_vit.layers.transformer_block import TransformerBlock
 
 LORA_TARGETS = ("query", "key", "value", "out", "mlp")
@@ -20,6 +21,12 @@ DEFAULT_TARGETS = ("query", "value")
 # top-level layers that stay trainable under LoRA: the classifier head(s) and a pre-logits layer
 HEAD_LAYERS = ("head", "head_dist", "pre_logits")
 _META = "__keras_vit_lora__"
+
+
+def _check_model(model):
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"expected a keras-vit model (a keras.Model), got {type(model).__name__}: {model!r:.80}")
+    return model
 
 
 def _blocks(model):
@@ -30,6 +37,8 @@ def _blocks(model):
 
 
 def _check_targets(targets):
+    if not isinstance(targets, (str, list, tuple)):
+        raise TypeError(f"LoRA targets must be a name or a list of names from {LORA_TARGETS}; got {targets!r}")
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
     unknown = [t for t in targets if t not in LORA_TARGETS]
     if unknown or not targets:
@@ -42,6 +51,13 @@ def _check_rank(rank):
     if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank <= 0:
         raise ValueError(f"LoRA rank must be a positive integer; got {rank!r}")
     return int(rank)
+
+
+def _check_alpha(alpha):
+    number = not isinstance(alpha, bool) and isinstance(alpha, (int, float, np.floating, np.integer))
+    if not (number and alpha > 0 and np.isfinite(alpha)):
+        raise ValueError(f"LoRA alpha must be a positive number or None (= rank); got {alpha!r}")
+    return alpha
 
 
 def target_layers(model, targets=DEFAULT_TARGETS):
@@ -80,9 +96,10 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
     Returns:
         the same model, with `len(model.trainable_weights)` the adapters and the head.
     """
+    _check_model(model)
     rank = _check_rank(rank)
-    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0):
-        raise ValueError(f"LoRA alpha must be a positive number or None (= rank); got {alpha!r}")
+    if alpha is not None:
+        _check_alpha(alpha)
     layers = target_layers(model, targets)
     if lora_layers(model):
         raise ValueError(f"LoRA is already on in model {model.name!r} (rank {lora_layers(model)[0].lora_rank}); "
@@ -123,7 +140,7 @@ def save_lora(model, path):
         model: a model on which `enable_lora` was called (and usually `fit`).
         path: the file to write: an `.npz` archive, whatever the name's suffix.
     """
-    state = _state(model)
+    state = _state(_check_model(model))
     arrays = {name: keras.ops.convert_to_numpy(v) for name, v in state.items()}
     arrays[_META] = np.array(json.dumps(_meta(model)))
     with atomic_write(path) as tmp, open(tmp, "wb") as f:  # a file object: numpy adds no ".npz" to the name
@@ -142,15 +159,23 @@ def load_lora(model, path):
     Returns:
         the same model.
     """
+    _check_model(model)
     try:
+        why = not_npz(path)
+        if why:
+            raise ValueError(why)
         with np.load(path, allow_pickle=False) as f:
             arrays = {name: f[name] for name in f.files}
-    except (OSError, ValueError, EOFError) as err:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:  # BadZipFile: a cut or damaged archive
         raise ValueError(f"cannot read {path} as a LoRA adapter file (.npz from save_lora): "
                          f"{err or type(err).__name__}") from None
     if _META not in arrays:
         raise ValueError(f"{path} is not a LoRA adapter file: it has no {_META!r} entry (write it with save_lora)")
-    meta = json.loads(str(arrays.pop(_META)))
+    meta = _read_meta(arrays.pop(_META), path)
+    not_float = sorted(name for name, a in arrays.items() if not np.issubdtype(a.dtype, np.floating))
+    if not_float:
+        raise ValueError(f"{path} holds {len(not_float)} arrays that are not floating point "
+                         f"({not_float[0]}: {arrays[not_float[0]].dtype}); expected the float adapters save_lora writes")
     targets = _targets_of(model, meta["layers"], path)
     if lora_layers(model):
         expected = _meta(model)
@@ -173,6 +198,22 @@ def load_lora(model, path):
     for name, variable in _state(model).items():
         variable.assign(arrays[name])
     return model
+
+
+def _read_meta(entry, path):
+    """The rank, alpha and adapted layers that `save_lora` wrote beside the arrays, checked."""
+    try:
+        meta = json.loads(str(entry))
+        rank, alpha, layers = meta["rank"], meta["alpha"], meta["layers"]
+    except (ValueError, TypeError, KeyError) as err:
+        raise ValueError(f"{path}: its {_META!r} entry is not the JSON save_lora writes ({err!r})") from None
+    if not (isinstance(layers, list) and all(isinstance(p, str) for p in layers)):
+        raise ValueError(f"{path}: its {_META!r} entry names no list of layers, got {layers!r}")
+    try:
+        _check_rank(rank), _check_alpha(alpha)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return meta
 
 
 def _targets_of(model, layer_paths, source):
@@ -205,7 +246,7 @@ def merge_lora(model):
     Returns:
         the merged model (all weights trainable, not compiled).
     """
-    if not lora_layers(model):
+    if not lora_layers(_check_model(model)):
         raise ValueError(f"model {model.name!r} has no LoRA adapters to merge")
     merged = model.__class__.from_config(model.get_config())
     pairs = list(zip(model._flatten_layers(include_self=False), merged._flatten_layers(include_self=False)))

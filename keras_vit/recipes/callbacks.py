@@ -3,12 +3,14 @@
 import math
 import os
 import warnings
+import zipfile
 
 import keras
 import numpy as np
 
-from keras_vit.fileio import atomic_write
+from keras_vit.fileio import atomic_write, not_npz
 from keras_vit.lora import lora_layers
+from keras_vit.weights.keras_files import check_dtypes
 
 
 class NonFiniteLossError(RuntimeError):
@@ -128,7 +130,15 @@ class TrainingBackup(keras.callbacks.Callback):
         if lora:
             _assign_all(_state_variables(model), self.lora_path)
         else:
-            model.load_weights(self.path)
+            before = [keras.ops.convert_to_numpy(v) for v in model.weights]
+            try:
+                check_dtypes(self.path, model)  # Keras would cast integers into the float weights
+                model.load_weights(self.path)
+            except Exception as err:  # a damaged backup: h5py's and Keras' own errors, after some assignments
+                for variable, value in zip(model.weights, before):
+                    variable.assign(value)
+                what = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+                raise ValueError(f"cannot read the training backup {self.path} (a Keras .weights.h5): {what}") from None
         # optimizer.iterations counts updates; one update is
         # gradient_accumulation_steps train_step calls.
         updates = int(keras.ops.convert_to_numpy(optimizer.iterations))
@@ -175,9 +185,12 @@ def _state_variables(model):
 def _assign_all(variables, path):
     """Assigns the arrays of the `.npz` at `path` (as `TrainingBackup` writes them) to `variables`."""
     try:
+        why = not_npz(path)
+        if why:
+            raise ValueError(why)
         with np.load(path, allow_pickle=False) as stored:
             values = [stored[f"arr_{i}"] for i in range(len(stored.files))]
-    except (OSError, ValueError, KeyError, EOFError) as err:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
         raise ValueError(f"cannot read the training backup {path}: {err or type(err).__name__}") from None
     shapes = [tuple(v.shape) for v in variables]
     if [tuple(v.shape) for v in values] != shapes:

@@ -7,7 +7,12 @@ from keras_vit.configs import find_variant
 from keras_vit.structure import find_vit
 from keras_vit.weights.download import fetch
 from keras_vit.weights.foreign import ForeignFile, is_foreign, load_foreign
-from keras_vit.weights.keras_files import check_keras_file, file_array_count, weight_file_mismatch
+from keras_vit.weights.keras_files import (
+    check_dtypes,
+    check_keras_file,
+    file_array_count,
+    weight_file_mismatch,
+)
 from keras_vit.weights.npz import (
     load_npz,
     official_variables,
@@ -96,6 +101,7 @@ def load_weights(model, weights):
         check_keras_file(weights)
         before = _snapshot(model)
         try:
+            check_dtypes(weights, model)
             model.load_weights(weights)
             if file_array_count(weights) != len(model.weights):  # Keras only warns about arrays it did not use
                 raise ValueError("the file holds arrays the model has no variables for")

@@ -2,7 +2,6 @@
 its suffix says, and what differs between a `.weights.h5`/`.keras` file and a model, key by key, for
 load errors."""
 
-import io
 import os
 import tempfile
 import zipfile
@@ -36,30 +35,59 @@ def load_keras_model(path):
         raise FileNotFoundError(f"model file not found: {path}")
     check_keras_file(path)
     try:
-        return keras.saving.load_model(path, compile=False, safe_mode=True)
+        model = keras.saving.load_model(path, compile=False, safe_mode=True)
     except Exception as err:
         what = (str(err).strip().splitlines() or [""])[0][:300]
         raise ValueError(f"could not load {path} as a Keras model: {type(err).__name__}: {what}") from None
+    check_dtypes(path, model)
+    return model
+
+
+def _h5_arrays(source):
+    """{dataset name: (shape, numpy dtype)} of an HDF5 file (its headers only)."""
+    import h5py
+
+    arrays = {}
+    with h5py.File(source, "r") as f:
+        f.visititems(lambda name, obj: arrays.__setitem__(name, (tuple(obj.shape), obj.dtype))
+                     if isinstance(obj, h5py.Dataset) else None)
+    return arrays
+
+
+def _file_arrays(path):
+    if str(path).endswith(".keras"):
+        with zipfile.ZipFile(path) as archive, archive.open("model.weights.h5") as member:
+            return _h5_arrays(member)  # Keras stores the member uncompressed: h5py seeks in it
+    return _h5_arrays(path)
 
 
 def _h5_shapes(source):
-    import h5py
-
-    shapes = {}
-    with h5py.File(source, "r") as f:
-        f.visititems(lambda name, obj: shapes.__setitem__(name, tuple(obj.shape)) if isinstance(obj, h5py.Dataset) else None)
-    return shapes
+    return {name: shape for name, (shape, _) in _h5_arrays(source).items()}
 
 
 def _file_shapes(path):
-    if str(path).endswith(".keras"):
-        with zipfile.ZipFile(path) as archive:
-            return _h5_shapes(io.BytesIO(archive.read("model.weights.h5")))
-    return _h5_shapes(path)
+    return {name: shape for name, (shape, _) in _file_arrays(path).items()}
 
 
 def file_array_count(path):
     return len(_file_shapes(path))
+
+
+def _floating(dtype):
+    return "float" in str(dtype) or "bfloat16" in str(dtype)
+
+
+def check_dtypes(path, model):
+    """Refuses a Keras file with more arrays of integers (or strings) than `model` has such variables: Keras
+    casts what it loads, so a damaged or rewritten file of integer arrays would load as rounded weights.
+    (Integer variables are legitimate: int8 kernels of a quantized model, an optimizer's step count.)"""
+    arrays = {k: dtype for k, (_, dtype) in _file_arrays(path).items() if not k.startswith("optimizer/")}
+    others = sorted(k for k, dtype in arrays.items() if not _floating(dtype))
+    if len(others) > sum(not _floating(v.dtype) for v in model.weights):
+        shown = ", ".join(f"{k} ({arrays[k]})" for k in others[:3])
+        raise ValueError(f"{path} holds {len(others)} arrays that are not floating point ({shown}{' ...' * (len(others) > 3)}) "
+                         f"where model {model.name!r} has float weights; expected the float arrays Keras writes "
+                         "(a damaged or rewritten file?)")
 
 
 def _model_shapes(model):

@@ -3,11 +3,12 @@ before a single variable is written."""
 
 import logging
 import math
+import os
 import zipfile
 
 import numpy as np
 
-from keras_vit.fileio import atomic_write
+from keras_vit.fileio import atomic_write, not_npz
 from keras_vit.patch_resize import resize_patch_embedding
 from keras_vit.structure import find_vit
 
@@ -82,14 +83,19 @@ class _NpzReader:
         )
 
     def __enter__(self):
+        if os.path.isdir(self.path):
+            raise ValueError(f"{self.path} is a folder without config.json; expected a weights file (.npz, "
+                             ".weights.h5, .keras, .safetensors, .pth, .bin), a Hugging Face folder or a keras-hub "
+                             "preset folder")
         try:
+            why = not_npz(self.path)
+            if why:
+                raise self._fail(why)
             self.data = np.load(self.path, allow_pickle=False)
         except FileNotFoundError:
             raise FileNotFoundError(f"weights file not found: {self.path}") from None
         except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
             raise self._fail(err) from None
-        if not hasattr(self.data, "files"):
-            raise self._fail("it holds a single .npy array, not an .npz archive of named arrays")
         return self
 
     def __exit__(self, *exc):
@@ -116,8 +122,9 @@ def _shape(var):
     return tuple(int(d) for d in var.shape)
 
 
-def plan_npz(model, arrays):
-    """Maps checkpoint arrays onto the model's variables without writing anything.
+def plan_npz(model, arrays, source="checkpoint"):
+    """Maps checkpoint arrays onto the model's variables without writing anything (`source`: the file
+    the arrays came from, for the error).
 
     Returns (assignments {key: (variable, value)}, notes [str]); raises ValueError listing every
     missing, mis-shaped or unexpected key when the file does not fit the model.
@@ -126,7 +133,7 @@ def plan_npz(model, arrays):
     posembed = find_vit(model).posembed
     resizers = _resizers(model)
     assignments, notes = {}, []
-    missing, mismatched = [], []
+    missing, mismatched, not_float = [], [], []
 
     model_head = targets.get("head/kernel")
     replace_head = False
@@ -183,22 +190,22 @@ def plan_npz(model, arrays):
             mismatched.append(f"{key}: file {tuple(value.shape)}, model {shape}{why}")
             continue
         if not np.issubdtype(value.dtype, np.floating):
-            mismatched.append(f"{key}: dtype {value.dtype}, expected floating point")
+            not_float.append(f"{key}: dtype {value.dtype}, expected floating point")
             continue
         assignments[key] = (var, value)
 
     tolerated = ("pre_logits/", *HEADS, "MAPHead_0/", "fc_norm/")  # what a model without the head or pooling leaves
     unused = sorted(k for k in arrays if k not in targets)
     unexpected = [k for k in unused if not k.startswith(tolerated)]
-    if missing or mismatched or unexpected:
+    if missing or mismatched or not_float or unexpected:
         lines = []
         for title, items in (("missing from the file", missing), ("shape mismatch", mismatched),
-                             ("in the file but not in the model", unexpected)):
+                             ("not floating point", not_float), ("in the file but not in the model", unexpected)):
             if items:
                 shown = "\n    ".join(items[:12]) + (f"\n    ... and {len(items) - 12} more" if len(items) > 12 else "")
                 lines.append(f"  {len(items)} {title}:\n    {shown}")
         raise ValueError(
-            f"checkpoint does not fit model {model.name!r} (another variant, resolution or classifier?); "
+            f"{source} does not fit model {model.name!r} (another variant, resolution or classifier?); "
             "the model's weights were left unchanged.\n" + "\n".join(lines)
         )
     dropped = sorted({k.split("/")[0] for k in unused})
@@ -214,7 +221,7 @@ def load_npz(model, path):
 
 def load_arrays(model, arrays, path, notes=()):
     """Loads {official key: array} into `model`: checked whole by `plan_npz`, then written."""
-    assignments, planned = plan_npz(model, arrays)
+    assignments, planned = plan_npz(model, arrays, path)
     notes = [*notes, *planned]
     for var, value in assignments.values():
         var.assign(value.astype(var.dtype if isinstance(var.dtype, str) else "float32"))
