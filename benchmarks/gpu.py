@@ -363,6 +363,35 @@ def update_tables(record, root=ROOT):
         os.replace(path + ".part", path)
 
 
+def _positive(kind):
+    """An argparse type: a number of `kind` above 0, else the error that names what came."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {'integer' if kind is int else 'number'}, "
+                                             f"got {text!r}")
+        return value
+    return parse
+
+
+def _session_json(text):
+    """An argparse type: the path of a session's JSON object, read."""
+    try:
+        with open(text) as f:
+            record = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise argparse.ArgumentTypeError(f"expected a session JSON written by gpu.py --out, got {text!r}: {err}")
+    if not isinstance(record, dict):
+        raise argparse.ArgumentTypeError(f"expected a session JSON object, {text!r} holds a {type(record).__name__}")
+    return text
+
+
+POLICIES = ("float32", "mixed_bfloat16", "mixed_float16", "bfloat16", "float16")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the tiny model, a few steps: a rehearsal on any machine")
@@ -371,21 +400,22 @@ def main(argv=None):
     parser.add_argument("--site", default=os.path.join(tempfile.gettempdir(), "keras-vit-gpu-site"),
                         help="where the wheels are installed (pip --target)")
     parser.add_argument("--out", default="gpu-session.json", help="the session's JSON (rewritten after each part)")
-    parser.add_argument("--resume", metavar="JSON", help="keep the parts this session JSON has done, run the rest")
-    parser.add_argument("--budget", type=float, default=None,
+    parser.add_argument("--resume", metavar="JSON", type=_session_json, help="keep the parts this session JSON has done, run the rest")
+    parser.add_argument("--budget", type=_positive(float), default=None,
                         help=f"seconds for all parts (default {FULL['budget']}; --quick {QUICK['budget']})")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="Keras backends (those installed run)")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"peers in the same run, from {','.join(PEERS)}")
     parser.add_argument("--recipes", default=",".join(RECIPES), help="the recipes fit runs under")
     parser.add_argument("--levers", default=",".join(LEVERS), help=f"JAX levers, from {','.join(LEVERS)}")
-    parser.add_argument("--policy", default="mixed_bfloat16", help="Keras dtype policy (default mixed_bfloat16)")
-    parser.add_argument("--steps", type=int, default=None, help="timed fit steps")
-    parser.add_argument("--render", metavar="JSON", help="instead: rewrite the README tables from a session's JSON")
+    parser.add_argument("--policy", default="mixed_bfloat16", choices=POLICIES,
+                        help="Keras dtype policy (default mixed_bfloat16)")
+    parser.add_argument("--steps", type=_positive(int), default=None, help="timed fit steps")
+    parser.add_argument("--render", metavar="JSON", type=_session_json, help="instead: rewrite the README tables from a session's JSON")
     parser.add_argument("--fetch-wheels", metavar="DIR", help="instead: download the wheels a bare GPU machine needs")
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python, for --fetch-wheels")
     parser.add_argument("--feed", action="store_true",
                         help="instead: host time per batch of a float32 vs a uint8 pipeline on each backend")
-    parser.add_argument("--feed-batch", type=int, default=64, help="batch of --feed (default 64)")
+    parser.add_argument("--feed-batch", type=_positive(int), default=64, help="batch of --feed (default 64)")
     args = parser.parse_args(argv)
     if args.fetch_wheels:
         print("\n".join(fetch_wheels(args.fetch_wheels, args.python_version)))

@@ -225,6 +225,12 @@ def _inspect(args):
     from keras_vit.inspection import find_vit, inspect_model
     from keras_vit.preprocessing import load_image, preprocess_input
 
+    for path in args.image:  # before the model is built
+        if os.path.isdir(path):
+            raise ValueError(f"--image {path} is a folder; inspect takes image files (repeat --image for several, "
+                             "or use keras-vit predict for a folder)")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise NotADirectoryError(f"--out {args.out} is a file; expected the folder to write the PNGs in")
     model, mode = _build(args)
     parts = find_vit(model)
     pixels = np.stack([load_image(p, _image_size(model, args.image_size)) for p in args.image])

@@ -265,6 +265,12 @@ def build_vit(
                          f"distillation_token={distillation_token!r}")
     if classifier not in CLASSIFIERS:
         raise ValueError(f"unknown classifier {classifier!r}; expected one of {CLASSIFIERS}")
+    if classifier_activation is not None:  # checked with or without a top, as every other argument
+        try:
+            keras.activations.get(classifier_activation)
+        except (ValueError, TypeError):
+            raise ValueError(f"unknown classifier_activation {classifier_activation!r}; expected None, the name of "
+                             "a Keras activation (e.g. 'softmax') or a callable") from None
     for key, value in (("patch_size", patch_size), ("hidden_size", hidden_size), ("mlp_dim", mlp_dim),
                        ("num_heads", num_heads), ("num_layers", num_layers), ("classes", classes)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
