@@ -364,13 +364,15 @@ def update_tables(record, root=ROOT):
 
 
 def _positive(kind):
-    """An argparse type: a number of `kind` above 0, else the error that names what came."""
+    """An argparse type: a finite number of `kind` above 0, else the error that names what came. (The finetune
+    command's own_images._positive does the same; this script imports nothing of keras_vit, which needs Keras,
+    not installed yet on a bare GPU machine.)"""
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             value = None
-        if value is None or not value > 0:
+        if value is None or not 0 < value < float("inf"):
             raise argparse.ArgumentTypeError(f"expected a positive {'integer' if kind is int else 'number'}, "
                                              f"got {text!r}")
         return value
