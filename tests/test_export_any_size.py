@@ -15,7 +15,8 @@ from keras_vit.export import FORMATS, export, run, serving_model, takes_any_size
 
 BACKEND = keras.backend.backend()
 RUNTIMES = {"tf_saved_model": "tensorflow", "onnx": "onnxruntime", "litert": "ai_edge_litert"}
-ARCH = {k: v for k, v in TINY.items() if k != "image_size"}  # /8 patches, laid out for 32x32 (a 4x4 grid)
+ARCH = {k: v for k, v in TINY.items() if k != "image_size"}  # /8 patches
+ANY = dict(ARCH, image_size=32, input_shape=(None, None, 3))  # any size, position embeddings laid out for 32x32 (4x4)
 # square and not, smaller and larger than the trained 32x32
 SIZES = [(32, 32), (24, 48), (48, 48), (16, 64), (64, 64), (40, 8)]
 # each format with another rule of the position embeddings' resize (ONNX with timm's antialiased bicubic,
@@ -57,7 +58,7 @@ def test_any_size_artefact_equals_keras_at_six_sizes(format, tmp_path):
     """Probabilities within 1e-5 and the top-k, any batch; a size that does not tile and a float image
     are refused by the runtime."""
     _runtime_or_skip(format)
-    model = _spread(keras_vit.VisionTransformer(**ARCH, input_shape=(None, None, 3),
+    model = _spread(keras_vit.VisionTransformer(**ANY,
                                                 position_interpolation=RULE[format]))
     assert takes_any_size(model)
     path = export(model, tmp_path / "out", format, top_k=3)
@@ -82,7 +83,7 @@ def test_every_rule_in_onnx(tmp_path):
     are computed inside the graph from the image's size, in operations ONNX has."""
     _runtime_or_skip("onnx")
     for rule in ("bilinear", "bicubic"):
-        model = _spread(keras_vit.VisionTransformer(**ARCH, input_shape=(None, None, 3), include_top=False,
+        model = _spread(keras_vit.VisionTransformer(**ANY, include_top=False,
                                                     pooling=None, position_interpolation=rule))
         path = export(model, tmp_path / rule, "onnx")
         _check_sizes(model, path, "onnx", "features", SIZES[1:4], 1e-4)
@@ -92,7 +93,7 @@ def test_every_rule_in_onnx(tmp_path):
 def test_features_at_any_size(pooling, tmp_path):
     """A backbone's (B, h, w, D) patch features (of the image's own grid) and its pooled representation."""
     _runtime_or_skip("onnx")
-    model = _spread(keras_vit.VisionTransformer(**ARCH, input_shape=(None, None, 3), include_top=False,
+    model = _spread(keras_vit.VisionTransformer(**ANY, include_top=False,
                                                 pooling=pooling, position_interpolation="bicubic_antialias"))
     path = export(model, tmp_path / "out", "onnx")
     _check_sizes(model, path, "onnx", "features", SIZES, 1e-4)
@@ -119,7 +120,7 @@ def test_any_size_refusals_name_what_was_expected(tmp_path, capsys):
 
     for variant in ("learned_2d", "relative"):
         with pytest.raises(ValueError, match=f"position_embedding='{variant}'"):
-            keras_vit.VisionTransformer(**ARCH, input_shape=(None, None, 3), position_embedding=variant)
+            keras_vit.VisionTransformer(**ANY, position_embedding=variant)
     argv = ["export", "--model", "ViT_Ti16", "--weights", "none", "--any-size", "--image-size", "40",
             "--format", "onnx", "--out", str(tmp_path / "x")]
     assert main(argv) == 2
@@ -147,8 +148,7 @@ def test_resize_to_takes_any_image_and_equals_keras(any_size, tmp_path):
     """`resize_to`: any image size in, resized inside to the model's (or, for a model of any size, the
     chosen) size; equal to the same resize and the model in Keras at six sizes."""
     _runtime_or_skip("onnx")
-    shape = {"input_shape": (None, None, 3)} if any_size else {"image_size": 32}
-    model = _spread(keras_vit.VisionTransformer(**ARCH, **shape))
+    model = _spread(keras_vit.VisionTransformer(**(ANY if any_size else dict(ARCH, image_size=32))))
     resize_to = (48, 24) if any_size else 32
     path = export(model, tmp_path / "out", "onnx", resize_to=resize_to)
     for i, hw in enumerate([(32, 32), (17, 23), (100, 61), (24, 48), (300, 200), (5, 9)]):
@@ -169,7 +169,34 @@ def test_resize_to_refusals(tmp_path, capsys):
     model = keras_vit.VisionTransformer(**ARCH, image_size=32)
     with pytest.raises(ValueError, match=r"takes 32x32 images only; expected resize_to=32"):
         export(model, tmp_path / "a", "onnx", resize_to=48)
-    any_size = keras_vit.VisionTransformer(**ARCH, input_shape=(None, None, 3))
+    any_size = keras_vit.VisionTransformer(**ANY)
     with pytest.raises(ValueError, match="cuts images into 8-pixel tokens; expected multiples of 8"):
         export(any_size, tmp_path / "a", "onnx", resize_to=(40, 30))
     assert os.listdir(tmp_path) == []
+
+
+def test_export_cli_any_size_and_resize_to(tmp_path, capsys):
+    """`keras-vit export --any-size` of a model saved for any size, checked at its own size and at one as
+    wide again; `--resize-to` of a model saved at 32x32, checked on images of two other sizes; a model
+    saved at one size refuses --any-size, naming how to get one that takes any."""
+    from keras_vit.cli import main
+
+    _runtime_or_skip("onnx")
+    _spread(keras_vit.VisionTransformer(**ANY)).save(tmp_path / "any.keras")
+    _spread(keras_vit.VisionTransformer(**ARCH, image_size=32)).save(tmp_path / "fixed.keras")
+    out = tmp_path / "any"
+    assert main(["export", "--weights", str(tmp_path / "any.keras"), "--any-size", "--format", "onnx",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for hw in ("32x32", "32x64"):
+        assert f"checked in onnxruntime against Keras on 2 random {hw} images: output 'probabilities'" in printed
+    assert run(str(out / "model.onnx"), "onnx", _images((16, 72)))["probabilities"].shape == (2, 10)
+    assert main(["export", "--weights", str(tmp_path / "fixed.keras"), "--resize-to", "32", "--format", "onnx",
+                 "--out", str(tmp_path / "resize")]) == 0
+    printed = capsys.readouterr().out
+    for hw in ("49x22", "64x64"):
+        assert f"on 2 random {hw} images: output 'probabilities', max |difference|" in printed
+    assert main(["export", "--weights", str(tmp_path / "fixed.keras"), "--any-size", "--format", "onnx",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "was saved for 32x32 images only; save one built with input_shape=(None, None, 3)" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["any", "any.keras", "fixed.keras", "resize"]

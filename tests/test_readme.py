@@ -499,8 +499,9 @@ RUN_ABLATIONS = ("docs/experiments.md", 'position_embedding="learned_2d"')
 RUN_MASKED_PATCH = ("docs/experiments.md", "MaskedPatchPredictor(")
 RUN_WAYS = ("docs/ways-to-finetune.md", "keras_vit.enable_lora(model, rank=8)")
 RUN_OWN_IMAGES = ("docs/own-images.md", 'keras_vit.from_huggingface("dinov2-vits14"')
+RUN_ANY_SIZE = ("docs/serving.md", 'export(backbone, "dinov2_any_size", "onnx"')
 RUN = (RUN_TWENTY_LINES, RUN_QUICK_START, RUN_CONFIGURATION, RUN_RESOLUTION, RUN_TIMM_HF, RUN_FAMILIES, RUN_FINETUNE,
-       RUN_ABLATIONS, RUN_MASKED_PATCH, RUN_WAYS, RUN_OWN_IMAGES)
+       RUN_ABLATIONS, RUN_MASKED_PATCH, RUN_WAYS, RUN_OWN_IMAGES, RUN_ANY_SIZE)
 NOT_RUN = {
     ("docs/scaling.md", "model_parallel((2, 4))"):
         "2 replicas x 4-way tensor parallel needs 8 devices; the same calls run on 8 virtual CPU devices in "
@@ -559,3 +560,17 @@ def test_own_images_in_python(user):
     np.testing.assert_allclose([rescale["scale"], rescale["offset"]], [scale, offset], rtol=1e-6)
     x = np.random.default_rng(0).integers(0, 256, (2, 224, 224, 3), dtype=np.uint8)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(again(x)), keras.ops.convert_to_numpy(ns.model(x)), atol=1e-5)
+
+
+def test_any_size_serving_in_python(user):
+    """docs/serving.md's any-size block: one ONNX file of a DINOv2 folder's patch features (a transformers
+    stand-in) at three sizes, each of its own grid."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("onnxruntime")
+    code = block(RUN_ANY_SIZE)
+    config = transformers.Dinov2Config(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
+                                       patch_size=14, image_size=224)
+    transformers.Dinov2Model(config).save_pretrained("dinov2-vits14")
+    ns = run(code)
+    assert ns.features.shape == (1, 518 // 14, 518 // 14, 8)
+    assert os.listdir("dinov2_any_size") == ["model.onnx"]
