@@ -105,14 +105,22 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime's intra-op threads; 0: its default")
+    parser.add_argument("--sizes", nargs="+", default=[f"{h}x{w}" for h, w in SIZES], metavar="HxW",
+                        help="image sizes, multiples of 16 (default: " + " ".join(f"{h}x{w}" for h, w in SIZES) + ")")
     parser.add_argument("--no-timm", dest="timm", action="store_false")
     args = parser.parse_args(argv)
+    try:
+        sizes = [tuple(int(v) for v in size.lower().split("x")) for size in args.sizes]
+    except ValueError:
+        parser.error(f"--sizes: expected HxW, e.g. 224x224, got {' '.join(args.sizes)}")
+    if any(len(hw) != 2 or min(hw) < 16 or hw[0] % 16 or hw[1] % 16 for hw in sizes):
+        parser.error(f"--sizes: expected HxW, multiples of 16 (the patch), got {' '.join(args.sizes)}")
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import keras
     import onnxruntime as ort
 
     folder = tempfile.mkdtemp()
-    files, any_size = _keras_vit_files(args.model, SIZES, folder)
+    files, any_size = _keras_vit_files(args.model, sizes, folder)
     timm_path, timm_status = _timm_file(args.model, folder) if args.timm else (None, "not run (--no-timm)")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -128,7 +136,7 @@ def main(argv=None):
         runners["timm dynamic_img_size"] = session(timm_path)
     resize = session(_resize_only_file(any_size, folder))
     rows = []
-    for hw in SIZES:
+    for hw in sizes:
         images = np.random.default_rng(0).integers(0, 256, (args.batch, *hw, 3), np.uint8)
         calls = dict(runners, fixed=session(files[hw]), resize=lambda _, x=images.astype("float32"): resize(x))
         times = {label: [] for label in calls}

@@ -152,3 +152,22 @@ def test_folder_feed_refuses_bad_arguments(capsys):
         with pytest.raises(SystemExit):
             folder_feed.parse(args)
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the script runs on TensorFlow (its default) "
+                    "whichever backend the suite runs: once, on that lane")
+def test_any_size_serving_benchmark_times_every_file():
+    """benchmarks/any_size.py at one size: the any-size file, a fixed file per size, the position resize
+    alone, and timm's dynamic_img_size export (its figures, or the exporter's refusal)."""
+    env = dict(os.environ, KERAS_BACKEND="tensorflow")
+    proc = subprocess.run([sys.executable, "benchmarks/any_size.py", "--model", "ViT_Ti16", "--repeats", "1",
+                           "--threads", "1", "--sizes", "32x96"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout[:proc.stdout.rindex("}") + 1])
+    assert [row["size"] for row in report["rows"]] == ["32x96"]
+    for row in report["rows"]:
+        assert row["any-size_ms_per_image"] > 0 and row["fixed_ms_per_image"] > 0 and row["resize_ms_per_call"] > 0
+        assert row["any_over_fixed"] == row["any-size_ms_per_image"] / row["fixed_ms_per_image"]
+    assert report["timm_export"] == "exported" or report["timm_export"].startswith("failed: ")
+    assert report["clock"] == "process CPU time"

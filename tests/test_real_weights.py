@@ -351,7 +351,8 @@ def test_any_size_onnx_serves_dinov2_patch_features_at_the_image_size(any_size_t
 
 
 @pytest.mark.slow
-@pytest.mark.one_backend
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="onnxruntime's int8 tools read the file whichever backend wrote it: "
+                    "run once, on the lane where TensorFlow writes it in process")
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 def test_int8_onnx_at_any_size_on_real_weights(folder, static, tmp_path):
     """int8 ONNX of the any-size pooled representation on photographs at three sizes (static: calibrated
