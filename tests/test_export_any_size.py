@@ -20,7 +20,7 @@ ANY = dict(ARCH, image_size=32, input_shape=(None, None, 3))  # any size, positi
 # square and not, smaller and larger than the trained 32x32
 SIZES = [(32, 32), (24, 48), (48, 48), (16, 64), (64, 64), (40, 8)]
 # each format with another rule of the position embeddings' resize (ONNX with timm's antialiased bicubic,
-# the one ONNX's own Resize cannot express); ONNX runs every rule in test_every_rule_in_onnx
+# which ONNX's Resize expresses only from opset 18); ONNX runs every rule in test_every_rule_in_onnx
 RULE = {"tf_saved_model": "bilinear", "onnx": "bicubic_antialias", "litert": "bicubic"}
 
 

@@ -12,7 +12,9 @@ class ResizeImages(keras.layers.Layer):
     """Resizes a batch of images (B, H, W, C) of any H and W to `size`: bicubic, antialiased when
     shrinking, half-pixel centres (torch's `interpolate(mode="bicubic", antialias=True)`, the filter
     of PIL's BICUBIC), as one matrix product per axis whose weights are computed from the input's
-    size when called, so that every exporter expresses it (ONNX has no antialiased resize).
+    size when called, so that every exporter expresses it (ONNX's `Resize` has antialiasing only
+    from opset 18, which tf2onnx and jax2onnx do not write; `tf.image.resize(antialias=True)` is
+    `ScaleAndTranslate`, which tf2onnx cannot convert).
 
     Args:
         size: int or (h, w), the output's height and width.
