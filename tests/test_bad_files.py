@@ -6,6 +6,7 @@ from the seeds below, so a failure replays exactly."""
 import io
 import json
 import os
+import shutil
 import struct
 import zipfile
 
@@ -192,10 +193,11 @@ class Kind:
     folder), `files` the names inside a folder to damage, `read(target, model)` the reader under test,
     `wrong_dtype(target)` turns the good file's arrays into integers, `legit` the OTHER_KINDS it reads."""
 
-    def __init__(self, name, write, read, wrong_dtype=None, files=None, legit=(), prepare=None):
+    def __init__(self, name, write, read, wrong_dtype=None, files=None, legit=(), prepare=None, model=True):
         self.name, self.write, self.read, self.wrong_dtype = name, write, read, wrong_dtype
         self.files, self.legit = files, legit  # legit: the OTHER_KINDS this kind's reader takes
         self.prepare = prepare or (lambda model: model)  # what the reader needs of the model (compiled, LoRA)
+        self.model = model  # False: the reader takes no model (images, ONNX), so the backend plays no part
 
     def __repr__(self):
         return self.name
@@ -311,11 +313,11 @@ KINDS = [
     Kind("lora", _lora, lambda p, m: keras_vit.load_lora(m, p), lambda p: _npz_as(p, "int32")),
     Kind("backup", _backup, _restore, lambda p: _h5_as(p, "int32"), prepare=_compiled),
     Kind("lora-backup", lambda d: _backup(d, lora=True), _restore, prepare=lambda m: _compiled(_with_adapters(m))),
-    Kind("png", _png, lambda p, m: read_image(p), legit=("png",)),
-    Kind("png-resized", _png, lambda p, m: load_image(p, 32), legit=("png",)),
-    Kind("jpeg", _jpeg, lambda p, m: read_image(p), legit=("png",)),
+    Kind("png", _png, lambda p, m: read_image(p), legit=("png",), model=False),
+    Kind("png-resized", _png, lambda p, m: load_image(p, 32), legit=("png",), model=False),
+    Kind("jpeg", _jpeg, lambda p, m: read_image(p), legit=("png",), model=False),
 ]
-ONNX = Kind("onnx", _onnx, _quantize)
+ONNX = Kind("onnx", _onnx, _quantize, model=False)
 
 
 def _cases(kinds):
@@ -323,11 +325,34 @@ def _cases(kinds):
         for file in kind.files or (None,):
             for damage in DAMAGE:
                 for seed in SEEDS if damage != "zero-byte" else SEEDS[:1]:
-                    yield pytest.param(kind, file, damage, seed, id=f"{kind}-{file or 'file'}-{damage}-{seed}")
+                    marks = () if kind.model else pytest.mark.backend_independent
+                    yield pytest.param(kind, file, damage, seed, id=f"{kind}-{file or 'file'}-{damage}-{seed}",
+                                       marks=marks)
 
 
 def _numpy(model):
-    return [keras.ops.convert_to_numpy(v).copy() for v in model.weights]
+    return [] if model is None else [keras.ops.convert_to_numpy(v).copy() for v in model.weights]
+
+
+GOOD = {}  # kind name -> its good file or folder, written once per session
+
+
+@pytest.fixture()
+def good(tmp_path, tmp_path_factory):
+    """`good(kind)`: a copy in `tmp_path` of the kind's good file or folder."""
+    def copy(kind):
+        if kind.name not in GOOD:
+            GOOD[kind.name] = kind.write(str(tmp_path_factory.mktemp(f"good-{kind}")))
+        source = GOOD[kind.name]
+        target = str(tmp_path / os.path.basename(source))
+        shutil.copytree(source, target) if os.path.isdir(source) else shutil.copyfile(source, target)
+        return target
+    return copy
+
+
+def _target_model(kind):
+    """The model a reader is given (built as it is, every weight a value a file would replace), or None."""
+    return kind.prepare(keras_vit.VisionTransformer(**TINY)) if kind.model else None
 
 
 def _damage(kind, target, file, damage, seed):
@@ -362,18 +387,17 @@ def _expect_refused(kind, target, named, model, allow_success=False):
     assert all(np.array_equal(a, b) for a, b in zip(before, after)), f"{kind}: {named} was partly loaded"
 
 
-def _run(kind, file, damage, seed, tmp_path):
-    target = kind.write(str(tmp_path))
+def _run(kind, file, damage, seed, target):
     named = _damage(kind, target, file, damage, seed)
-    model = kind.prepare(_model(7))
+    model = _target_model(kind)
     # a flipped bit in a format without a checksum (float data, a JSON digit) may give a file that still reads
     _expect_refused(kind, target, named, model, allow_success=damage == "bit-flipped")
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind, file, damage, seed", list(_cases(KINDS)))
-def test_a_damaged_file_is_one_value_error_naming_it_and_the_model_is_untouched(kind, file, damage, seed, tmp_path):
-    _run(kind, file, damage, seed, tmp_path)
+def test_a_damaged_file_is_one_value_error_naming_it_and_the_model_is_untouched(kind, file, damage, seed, good):
+    _run(kind, file, damage, seed, good(kind))
 
 
 @pytest.mark.backend_independent
@@ -381,17 +405,17 @@ def test_a_damaged_file_is_one_value_error_naming_it_and_the_model_is_untouched(
                    "errors, and the float file left renamed beside the damaged one")
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind, file, damage, seed", list(_cases([ONNX])))
-def test_a_damaged_onnx_file_given_to_the_int8_quantizer_is_one_value_error(kind, file, damage, seed, tmp_path):
-    _run(kind, file, damage, seed, tmp_path)
+def test_a_damaged_onnx_file_given_to_the_int8_quantizer_is_one_value_error(kind, file, damage, seed, good, tmp_path):
+    _run(kind, file, damage, seed, good(kind))
     assert os.listdir(tmp_path) == ["model.onnx"]
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", [k for k in KINDS if k.wrong_dtype], ids=str)
-def test_integer_arrays_where_weights_are_float_are_refused_untouched(kind, tmp_path):
-    target = kind.write(str(tmp_path))
+def test_integer_arrays_where_weights_are_float_are_refused_untouched(kind, good):
+    target = good(kind)
     kind.wrong_dtype(target)
-    model = kind.prepare(_model(7))
+    model = _target_model(kind)
     before = _numpy(model)
     with pytest.raises(ValueError, match="not floating point|expected floating point") as err:
         kind.read(target, model)
