@@ -9,6 +9,7 @@ from keras_vit.configs import VARIANTS, VariantConfig, get_variant
 from keras_vit.convert import from_huggingface, from_keras_hub, from_timm
 from keras_vit.features import feature_extractor
 from keras_vit.lora import enable_lora, load_lora, merge_lora, save_lora
+from keras_vit.model import any_size
 from keras_vit.patch_resize import resize_patch_embedding
 from keras_vit.preprocessing import decode_predictions, preprocess_input
 from keras_vit.runtime import exact_float32, jit_compile_default
@@ -18,7 +19,7 @@ from keras_vit.weights import list_weights, load_weights
 
 __version__ = "0.1.0"
 __all__ = sorted({
-    "VARIANTS", "VariantConfig", "decode_predictions", "distribute", "enable_lora", "exact_float32",
+    "VARIANTS", "VariantConfig", "any_size", "decode_predictions", "distribute", "enable_lora", "exact_float32",
     "feature_extractor", "load_lora", "merge_lora", "save_lora",
     "from_huggingface", "from_keras_hub", "from_timm", "get_variant", "jit_compile_default", "layers", "list_weights", "load_weights", "preprocess_input",
     "recipes", "resize_patch_embedding", *_factories})

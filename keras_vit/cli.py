@@ -76,12 +76,8 @@ def _build(args):
         raise ValueError(f"--image-size must be a positive number of pixels, got {size}")
     any_size = getattr(args, "any_size", False)
     if args.weights is not None and args.weights.endswith(".keras"):
-        model = _saved_model(args.weights, args.model, size)
-        if any_size and None not in model.input_shape[1:3]:
-            raise ValueError(f"--any-size: the model in {args.weights} was saved for {model.input_shape[1]}x"
-                             f"{model.input_shape[2]} images only; save one built with input_shape=(None, None, 3) "
-                             "(the same weights load into it: model.get_weights())")
-        return model, "vit"
+        model = _saved_model(args.weights, args.model, None if any_size else size)
+        return (keras_vit.any_size(model) if any_size else model), "vit"
     # --any-size: images of any height and width, the position embeddings laid out for the weights' own size
     # (--image-size is then the size the command checks the model at)
     shape = {"input_shape": (None, None, 3)} if any_size else {"image_size": size} if size is not None else {}

@@ -410,3 +410,48 @@ def build_vit(
     if input_tensor is not None:
         inputs = keras.utils.get_source_inputs(input_tensor)
     return ViTModel(inputs, x, name=name)
+
+
+def any_size(model):
+    """A copy of `model`, a keras-vit model built for one image size, that takes images of any height and
+    width divisible by its token size (patch size times a hybrid's ResNet stride): the same layers
+    and weights, the position embeddings kept on their grid and resized at each call by the model's
+    rule, as if built with `input_shape=(None, None, 3)`; class names kept. A model that takes any
+    size already is returned as it is.
+
+    Raises:
+        ValueError: a model whose position embeddings cannot be resized at call time (Table 8's
+            2-D and relative variants, none, or added before every block), or no keras-vit model.
+    """
+    from keras_vit.structure import find_vit
+
+    if None in tuple(model.input_shape[1:3]):
+        return model
+    parts = find_vit(model)
+    names = {layer.name for layer in model.layers}
+    if parts.container is not model or type(parts.posembed) is not L.AddPositionEmbs \
+            or any(n.startswith("posembed_") and n != "posembed_input" for n in names):
+        raise ValueError(f"any_size: model {model.name!r} cannot take any image size: expected a model of the "
+                         "builder with learned 1-D position embeddings added once (Table 8's 2-D, relative and "
+                         f"per-block variants have a table for one grid only); got position layer "
+                         f"{type(parts.posembed).__name__} in {parts.path or model.name!r}")
+    stride = parts.stride
+    inputs = keras.Input((None, None, model.input_shape[-1]), dtype=model.inputs[0].dtype, name=model.inputs[0].name)
+
+    def clone(layer):
+        config = layer.get_config()
+        if layer.name == "posembed_input":
+            config["stride"] = stride
+        elif layer.name == "feature_map":
+            config.update(grid_size=None, stride=stride)
+        return layer.__class__.from_config(config)
+
+    def call(layer, *args, **kwargs):  # the two layers that read the grid off the images get them
+        return layer(*args, inputs, **kwargs) if layer.name in ("posembed_input", "feature_map") else layer(*args, **kwargs)
+
+    copy = keras.models.clone_model(model, input_tensors=inputs, clone_function=clone, call_function=call)
+    for layer in copy.layers:
+        layer.set_weights(model.get_layer(layer.name).get_weights())
+    if getattr(model, "class_names", None) is not None:
+        copy.class_names = model.class_names
+    return copy

@@ -179,7 +179,7 @@ def test_resize_to_refusals(tmp_path, capsys):
 def test_export_cli_any_size_and_resize_to(tmp_path, capsys):
     """`keras-vit export --any-size` of a model saved for any size, checked at its own size and at one as
     wide again; `--resize-to` of a model saved at 32x32, checked on images of two other sizes; a model
-    saved at one size refuses --any-size, naming how to get one that takes any."""
+    saved at one size (keras-vit finetune's) made to take any size by `--any-size`."""
     from keras_vit.cli import main
 
     _runtime_or_skip("onnx")
@@ -197,7 +197,48 @@ def test_export_cli_any_size_and_resize_to(tmp_path, capsys):
     printed = capsys.readouterr().out
     for hw in ("49x22", "64x64"):
         assert f"on 2 random {hw} images: output 'probabilities', max |difference|" in printed
-    assert main(["export", "--weights", str(tmp_path / "fixed.keras"), "--any-size", "--format", "onnx",
-                 "--out", str(tmp_path / "x")]) == 2
-    assert "was saved for 32x32 images only; save one built with input_shape=(None, None, 3)" in capsys.readouterr().err
-    assert sorted(os.listdir(tmp_path)) == ["any", "any.keras", "fixed.keras", "resize"]
+    assert main(["export", "--weights", str(tmp_path / "fixed.keras"), "--any-size", "--image-size", "16",
+                 "--format", "onnx", "--out", str(tmp_path / "fixed_any")]) == 0  # keras_vit.any_size of the file
+    printed = capsys.readouterr().out
+    for hw in ("16x16", "16x32"):
+        assert f"on 2 random {hw} images: output 'probabilities', max |difference|" in printed
+    assert sorted(os.listdir(tmp_path)) == ["any", "any.keras", "fixed.keras", "fixed_any", "resize"]
+
+
+@pytest.mark.parametrize("kind", ["classifier", "uint8_gap", "hybrid_features"])
+def test_any_size_copy_of_a_fixed_model(kind, tmp_path):
+    """`keras_vit.any_size(model)` of a model built for 32x32 (a fine-tuned model.keras, say) equals the
+    same weights in a model built for any size, at other sizes, and is the model itself at 32x32; its
+    class names are kept, and it saves and reloads in safe mode."""
+    options = {"classifier": dict(ARCH), "uint8_gap": dict(ARCH, classifier="gap", input_dtype="uint8"),
+               "hybrid_features": dict(ARCH, patch_size=2, resnet={"num_layers": (1,), "width_factor": 1},
+                                       include_top=False, pooling=None)}[kind]
+    fixed = _spread(keras_vit.VisionTransformer(**options, image_size=32))
+    if "include_top" not in options:
+        fixed.class_names = [f"c{i}" for i in range(10)]
+    copy = keras_vit.any_size(fixed)
+    built = keras_vit.VisionTransformer(**options, image_size=32, input_shape=(None, None, 3))
+    built.set_weights(fixed.get_weights())
+    dtype = options.get("input_dtype", "float32")
+    for hw in [(32, 32), (16, 48), (64, 40)]:
+        x = _images(hw, seed=1).astype(dtype)
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(copy(x)), keras.ops.convert_to_numpy(built(x)),
+                                   atol=1e-6, rtol=0, err_msg=str(hw))
+    x = _images((32, 32), seed=2).astype(dtype)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(copy(x)), keras.ops.convert_to_numpy(fixed(x)), atol=1e-6)
+    assert getattr(copy, "class_names", None) == getattr(fixed, "class_names", None)
+    copy.save(tmp_path / "any.keras")
+    again = keras.saving.load_model(tmp_path / "any.keras", safe_mode=True)
+    assert again.input_shape == (None, None, None, 3) and again.class_names == copy.class_names
+    x = _images((24, 56), seed=3).astype(dtype)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(again(x)), keras.ops.convert_to_numpy(copy(x)), atol=1e-6)
+    assert keras_vit.any_size(copy) is copy
+
+
+@pytest.mark.backend_independent
+def test_any_size_copy_refuses_a_table_of_one_grid():
+    for variant in ("learned_2d", "relative"):
+        model = keras_vit.VisionTransformer(**ARCH, image_size=32, position_embedding=variant)
+        with pytest.raises(ValueError, match="cannot take any image size: expected a model of the builder with "
+                                             "learned 1-D position embeddings added once"):
+            keras_vit.any_size(model)
