@@ -37,6 +37,26 @@ class Lines(io.TextIOBase):
         return "\n".join(line for _, line in self.lines)
 
 
+def _launch_beside(reference, env, argv, **options):
+    """`launch.launch(argv)` on 2 processes under `env` while the `reference` process runs: (exit code,
+    the launcher's Lines, the reference's output); the reference is stopped if it outlives its time."""
+    lines = Lines()
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        code = launch.launch(argv, 2, timeout=400, out=lines, **options)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    try:
+        reference_out, _ = reference.communicate(timeout=420)
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+            reference.wait(30)
+    return code, lines, reference_out
+
+
 @pytest.fixture
 def jax_env(monkeypatch):
     monkeypatch.setenv("KERAS_BACKEND", "jax")
@@ -53,20 +73,7 @@ def jax_runs(tmp_path_factory):
     reference = subprocess.Popen([sys.executable, "-m", "keras_vit.launch", "-n", "1", "--cpu-devices", "4",
                                   "--timeout", "400", "--", WORKER, str(out)], env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
-    lines = Lines()
-    saved = dict(os.environ)
-    os.environ.update(env)
-    try:
-        code = launch.launch([WORKER, str(out)], 2, cpu_devices=2, timeout=400, out=lines)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    try:
-        reference_out, _ = reference.communicate(timeout=420)
-    finally:
-        if reference.poll() is None:  # the launcher stops its own processes on SIGTERM
-            reference.terminate()
-            reference.wait(30)
+    code, lines, reference_out = _launch_beside(reference, env, [WORKER, str(out)], cpu_devices=2)
     assert code == 0, lines.text()[-6000:]
     assert reference.returncode == 0, reference_out[-6000:]
     return np.load(out / "2.npz"), np.load(out / "1.npz")
@@ -201,20 +208,7 @@ def test_tf_two_workers_equal_mirrored_strategy_on_one(tmp_path):
     worker = str(HERE / "_multiworker_tf.py")
     reference = subprocess.Popen([sys.executable, worker, str(tmp_path), "reference"], env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = Lines()
-    saved = dict(os.environ)
-    os.environ.update(env)
-    try:
-        code = launch.launch([worker, str(tmp_path)], 2, timeout=400, out=lines)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    try:
-        reference_out, _ = reference.communicate(timeout=420)
-    finally:
-        if reference.poll() is None:
-            reference.kill()
-            reference.wait(30)
+    code, lines, reference_out = _launch_beside(reference, env, [worker, str(tmp_path)])
     assert code == 0, lines.text()[-6000:]
     assert reference.returncode == 0, reference_out[-6000:]
     multi = np.load(tmp_path / "multi_worker.npz")
