@@ -401,8 +401,6 @@ def test_a_damaged_file_is_one_value_error_naming_it_and_the_model_is_untouched(
 
 
 @pytest.mark.backend_independent
-@pytest.mark.xfail(strict=True, reason="keras_vit/export/int8.py (issue 35's files): onnx's and onnxruntime's own "
-                   "errors, and the float file left renamed beside the damaged one")
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind, file, damage, seed", list(_cases([ONNX])))
 def test_a_damaged_onnx_file_given_to_the_int8_quantizer_is_one_value_error(kind, file, damage, seed, good, tmp_path):

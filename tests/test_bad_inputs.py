@@ -343,8 +343,6 @@ def test_gpu_benchmark_flags_out_of_range_stop_before_anything_runs(argv, match,
 
 
 @pytest.mark.backend_independent
-@pytest.mark.xfail(strict=True, reason="for the lead (keras_vit/export/__init__.py, issue 35's files): calibration "
-                   "is checked only by onnxruntime, after the model is exported")
 @pytest.mark.parametrize("calibration, match", [
     (np.zeros((2, 32, 32, 3), "float32"), "calibration.*uint8.*float32"),
     (np.zeros((2, 16, 16, 3), "uint8"), r"calibration.*\(N, 32, 32, 3\).*\(2, 16, 16, 3\)"),

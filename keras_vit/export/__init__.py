@@ -14,8 +14,6 @@ process), `through_tensorflow` (the fresh process), `onnx_rewrites`, `int8`, `ru
 """
 
 import os
-import shutil
-import tempfile
 
 from keras_vit.export.formats import (
     FILES,
@@ -29,12 +27,13 @@ from keras_vit.export.formats import (
     takes_any_size,
     writer,
 )
-from keras_vit.export.int8 import CALIBRATION_LIMIT, _quantize_int8, calibration_images
+from keras_vit.export.int8 import CALIBRATION_LIMIT, _quantize_int8, calibration_images, check_calibration
 from keras_vit.export.onnx_rewrites import FOLD_LIMIT
 from keras_vit.export.runtimes import compare, run
 from keras_vit.export.serving import CLASS_OUTPUTS, check_resize_to, output_name, serving_model
 from keras_vit.export.through_tensorflow import _through_tensorflow
 from keras_vit.export.writers import _write
+from keras_vit.fileio import temporary_folder
 
 __all__ = [
     "export",
@@ -45,6 +44,7 @@ __all__ = [
     "check_resize_to",
     "output_name",
     "calibration_images",
+    "check_calibration",
     "run",
     "compare",
     "FORMATS",
@@ -106,17 +106,17 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     backend = keras.backend.backend()
     any_size = takes_any_size(model) or resize_to is not None
     check_format(backend, format, quantize, batch_size, any_size)
-    if resize_to is not None:
-        check_resize_to(model, resize_to)
     if calibration is not None and quantize is None:
         raise ValueError("calibration images are for quantize='int8'")
+    if resize_to is not None:
+        check_resize_to(model, resize_to)
+    if calibration is not None:
+        check_calibration(calibration, None if any_size else tuple(model.input_shape[1:3]))
     out = os.path.abspath(os.fspath(out))
     if os.path.exists(out):
         raise FileExistsError(f"{out} already exists; export writes a new folder (remove it or pick another)")
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
-    try:
+    # a temporary folder beside `out`, removed on failure (and, if this process is killed, by the next export to `out`)
+    with temporary_folder(out, folder=True) as tmp:
         path = artefact(tmp, format)
         if writer(backend, format, batch_size, any_size) == backend:
             _write(model, path, format, top_k, batch_size, input_mode, resize_to)
@@ -125,7 +125,4 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
         if quantize:
             _quantize_int8(path, calibration)
         os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return artefact(out, format)

@@ -38,17 +38,55 @@ def calibration_images(folder, image_size):
     return np.stack(images).round().clip(0, 255).astype(np.uint8)
 
 
+def check_calibration(calibration, image_size=None):
+    """Raises ValueError unless `calibration` is what static int8 quantization reads: a numpy uint8 array
+    of images (N, h, w, 3), N >= 1, of the artefact's `image_size` (h, w) (None: any size).
+
+    Args:
+        calibration: the images given to `export(..., calibration=...)`.
+        image_size: (h, w) the artefact takes, or None for an artefact that takes any size.
+    """
+    if not isinstance(calibration, np.ndarray):
+        raise ValueError(f"calibration must be a numpy array of uint8 images (N, h, w, 3), got "
+                         f"{type(calibration).__name__}; calibration_images(folder, size) reads a folder into one")
+    if calibration.dtype != np.uint8:
+        raise ValueError(f"calibration images must be uint8 (0-255), as the artefact takes them; got {calibration.dtype}")
+    h, w = image_size or ("h", "w")
+    fits = calibration.ndim == 4 and calibration.shape[-1] == 3 \
+        and (image_size is None or tuple(calibration.shape[1:3]) == tuple(image_size))
+    if not fits:
+        raise ValueError(f"calibration images must have shape (N, {h}, {w}, 3), got {calibration.shape}")
+    if not len(calibration):
+        raise ValueError("calibration holds no images (N = 0); give a few hundred")
+
+
 def _quantize_int8(path, calibration):
     """Replaces the float ONNX file at `path` by its int8 quantization (dynamic, or static with
     `calibration` images): the matrix products of a weight, per output channel for static. The
     attention's two products of activations (q k^T, and the weights times v) stay float32 either
     way (dynamic quantization only takes products of a weight): statically quantized, they changed
     the class of 1 of the demo model's 224 test digits (benchmarks/README.md)."""
+    source = path + ".float32.onnx"
+    os.replace(path, source)
+    try:
+        _quantize(source, path, calibration)
+    except BaseException as err:
+        if os.path.exists(path):
+            os.remove(path)
+        os.replace(source, path)  # the float32 file back where it was
+        if not isinstance(err, Exception):
+            raise
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        raise ValueError(f"could not quantize {path} to int8 (expected an ONNX file of a model; the file is left as "
+                         f"it was): {type(err).__name__}: {first}") from err
+    os.remove(source)
+
+
+def _quantize(source, path, calibration):
+    """onnxruntime's int8 quantization of the float ONNX file `source`, written to `path`."""
     import onnx
     from onnxruntime import quantization as q
 
-    source = path + ".float32.onnx"
-    os.replace(path, source)
     if calibration is None:
         q.quantize_dynamic(source, path, weight_type=q.QuantType.QInt8)
     else:
@@ -65,7 +103,6 @@ def _quantize_int8(path, calibration):
                           op_types_to_quantize=["MatMul", "Gemm"], nodes_to_quantize=weighted,
                           activation_type=q.QuantType.QUInt8,
                           weight_type=q.QuantType.QInt8, per_channel=True)
-    os.remove(source)
 
 
 class _Calibration:
