@@ -102,13 +102,14 @@ def test_two_processes_equal_one_process_over_four_devices(jax_runs, run):
 @pytest.mark.backend_independent
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_finetune_recipe_on_two_processes_killed_and_resumed_on_one(tmp_path, jax_env, monkeypatch):
+def test_finetune_recipe_killed_on_two_processes_resumes_on_one_and_back(tmp_path, jax_env, monkeypatch):
     """The fine-tuning recipe (`--distribute data`, gradient accumulation) through the launcher on 2
     processes x 2 devices; a second such run whose process 1 kills itself (SIGKILL) in the middle of its
     third epoch: the launcher stops process 0, left waiting in a collective, within 60 s with one message,
     the backup of the second epoch is there; that run started again on 1 process x 4 devices resumes
-    from it and ends with the uninterrupted run's history, test metrics and weights."""
-    from test_examples import TINY, weights_in
+    from it and ends with the uninterrupted run's history, test metrics and weights. And the other way
+    round: a 1-process run killed there resumes on 2 processes to the same end."""
+    from test_examples import TINY
 
     script = str(HERE / "_finetune_mocked.py")
     flags = ["--model", TINY, "--weights", "none", "--image-size", "16", "--batch-size", "8", "--device-batch-size",
@@ -145,14 +146,36 @@ def test_finetune_recipe_on_two_processes_killed_and_resumed_on_one(tmp_path, ja
     assert launch.launch([script, *flags, str(tmp_path / "killed")], 1, cpu_devices=4, timeout=400, out=lines) == 0, (
         lines.text()[-6000:])
     assert "resuming" in lines.text()
-    resumed = json.loads((tmp_path / "killed" / "metrics.json").read_text())
-    reference = json.loads((tmp_path / "straight" / "metrics.json").read_text())
+    _same_run(tmp_path / "killed", tmp_path / "straight")
+
+    # the other way round: 1 process x 4 devices killed after the backup of epoch 2, resumed on 2 x 2
+    monkeypatch.setenv("KILL_PROCESS", "0")
+    monkeypatch.setenv("PAUSE_AT", "9")
+    lines = Lines()
+    assert launch.launch([script, *flags, str(tmp_path / "one")], 1, cpu_devices=4, timeout=400, out=lines) == 1
+    assert (tmp_path / "one" / "backup" / "latest.weights.h5").exists()
+    monkeypatch.delenv("KILL_PROCESS")
+    monkeypatch.delenv("PAUSE_AT")
+    lines = Lines()
+    assert launch.launch([script, *flags, str(tmp_path / "one")], 2, cpu_devices=2, timeout=400, out=lines) == 0, (
+        lines.text()[-6000:])
+    assert "resuming" in lines.text()
+    _same_run(tmp_path / "one", tmp_path / "straight")
+
+
+def _same_run(resumed_dir, reference_dir):
+    """The resumed run in `resumed_dir` (from the backup of step 4) ended as the uninterrupted one: history,
+    test metrics and every weight."""
+    from test_examples import weights_in
+
+    resumed = json.loads((resumed_dir / "metrics.json").read_text())
+    reference = json.loads((reference_dir / "metrics.json").read_text())
     assert resumed["resumed_from_step"] == 4 and reference["replicas"] == resumed["replicas"] == 4
     for key in ("loss", "accuracy"):
         np.testing.assert_allclose(resumed["history"][key], reference["history"][key], rtol=1e-6)
     np.testing.assert_allclose(resumed["test_loss"], reference["test_loss"], rtol=1e-6)
     assert resumed["test_accuracy"] == reference["test_accuracy"]
-    a, b = weights_in(tmp_path / "straight" / "model.keras"), weights_in(tmp_path / "killed" / "model.keras")
+    a, b = weights_in(reference_dir / "model.keras"), weights_in(resumed_dir / "model.keras")
     assert a.keys() == b.keys() and len(a) > 5
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=name)
