@@ -260,8 +260,8 @@ def _export(args):
     import keras
     import numpy as np
 
-    from keras_vit.export import (CLASS_OUTPUTS, calibration_images, check_format, check_resize_to, compare, export,
-                                  output_name, takes_any_size)
+    from keras_vit.export import (CLASS_OUTPUTS, calibration_images, check_format, compare, export, output_name,
+                                  takes_any_size)
     from keras_vit.structure import find_vit
 
     any_size = args.any_size or args.resize_to is not None
@@ -275,7 +275,6 @@ def _export(args):
     size = _image_size(model, args.image_size)
     sizes = [size]
     if args.resize_to is not None:  # checked on images of other sizes, resized inside
-        check_resize_to(model, args.resize_to)
         sizes = [(size[0] * 3 // 2 + 1, size[1] * 2 // 3 + 1), (size[0] * 2, size[1] * 2)]
     elif takes_any_size(model):  # checked at its own size and at one as wide again
         stride = find_vit(model).stride

@@ -33,7 +33,7 @@ from keras_vit.export.runtimes import compare, run
 from keras_vit.export.serving import CLASS_OUTPUTS, check_resize_to, output_name, serving_model
 from keras_vit.export.through_tensorflow import _through_tensorflow
 from keras_vit.export.writers import _write
-from keras_vit.fileio import temporary_folder
+from keras_vit.fileio import atomic_folder
 
 __all__ = [
     "export",
@@ -115,8 +115,9 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     out = os.path.abspath(os.fspath(out))
     if os.path.exists(out):
         raise FileExistsError(f"{out} already exists; export writes a new folder (remove it or pick another)")
-    # a temporary folder beside `out`, removed on failure (and, if this process is killed, by the next export to `out`)
-    with temporary_folder(out, folder=True) as tmp:
+    # written in a temporary folder beside `out`, renamed into place when complete, removed on failure (and,
+    # if this process is killed, by the next export to `out`)
+    with atomic_folder(out) as tmp:
         path = artefact(tmp, format)
         if writer(backend, format, batch_size, any_size) == backend:
             _write(model, path, format, top_k, batch_size, input_mode, resize_to)
@@ -124,5 +125,4 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
             _through_tensorflow(model, path, format, top_k, batch_size, input_mode, resize_to)
         if quantize:
             _quantize_int8(path, calibration)
-        os.replace(tmp, out)
     return artefact(out, format)

@@ -38,10 +38,12 @@ def _symbolic_shape(model, batch_size, resize_to=None):
     the artefact resizes its input (`resize_to`)."""
     from keras_vit.structure import find_vit
 
-    stride = 1 if resize_to is not None else find_vit(model).stride
     h, w, channels = model.input_shape[1:]
-    sides = [f"{stride}*{name}" if size is None or resize_to is not None else str(size)
-             for size, name in ((h, "h"), (w, "w"))]
+    if resize_to is not None:
+        sides = ["h", "w"]
+    else:
+        stride = find_vit(model).stride
+        sides = [f"{stride}*{name}" if size is None else str(size) for size, name in ((h, "h"), (w, "w"))]
     return f"({batch_size or 'batch'}, {', '.join(sides)}, {channels})"
 
 

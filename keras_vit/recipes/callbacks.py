@@ -10,6 +10,7 @@ import numpy as np
 
 from keras_vit.fileio import atomic_write, not_npz
 from keras_vit.lora import lora_layers
+from keras_vit.weights import _restore, _snapshot
 from keras_vit.weights.keras_files import check_dtypes
 
 
@@ -130,13 +131,12 @@ class TrainingBackup(keras.callbacks.Callback):
         if lora:
             _assign_all(_state_variables(model), self.lora_path)
         else:
-            before = [keras.ops.convert_to_numpy(v) for v in model.weights]
+            before = _snapshot(model)
             try:
                 check_dtypes(self.path, model)  # Keras would cast integers into the float weights
                 model.load_weights(self.path)
             except Exception as err:  # a damaged backup: h5py's and Keras' own errors, after some assignments
-                for variable, value in zip(model.weights, before):
-                    variable.assign(value)
+                _restore(model, before)
                 what = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
                 raise ValueError(f"cannot read the training backup {self.path} (a Keras .weights.h5): {what}") from None
         # optimizer.iterations counts updates; one update is
