@@ -307,6 +307,19 @@ def parser():
     from keras_vit.preprocessing import NORMALIZATIONS
 
     modes = tuple(NORMALIZATIONS)
+    _add_predict_parser(sub, modes)
+    _add_list_parser(sub)
+    _add_inspect_parser(sub)
+    _add_convert_parser(sub)
+    _add_export_parser(sub, modes)
+    from keras_vit.recipes import own_images
+
+    own_images.add_parser(sub)
+    return top
+
+
+def _add_predict_parser(sub, modes):
+    """`keras-vit predict`'s arguments; modes: the --input-mode choices."""
     p = sub.add_parser("predict", help="classify images (files, or folders of them) and print the top classes",
                        description="Classify images and print each one's top classes: the model's own class names "
                        "(model.class_names, kept in a .keras file), else ImageNet's for a 1000- or 21843-class "
@@ -329,10 +342,16 @@ def parser():
                    "input_dtype='uint8' is fed uint8 images and scales them itself")
     p.set_defaults(func=_predict)
 
+
+def _add_list_parser(sub):
+    """`keras-vit list`'s arguments."""
     p = sub.add_parser("list", help="list the variants and the registered released weights")
     p.add_argument("--variant", default=None, help="only this variant's weights")
     p.set_defaults(func=_list)
 
+
+def _add_inspect_parser(sub):
+    """`keras-vit inspect`'s arguments."""
     p = sub.add_parser(
         "inspect",
         help="draw attention rollout, attention distance, position-embedding similarity "
@@ -353,6 +372,9 @@ def parser():
                    help="embedding-filter principal components to draw (default 28)")
     p.set_defaults(func=_inspect)
 
+
+def _add_convert_parser(sub):
+    """`keras-vit convert`'s arguments."""
     p = sub.add_parser("convert", help="a timm .safetensors/.pth/.bin file, a Hugging Face folder or a keras-hub "
                        "preset folder of a ViT, DeiT, DINOv2, CLIP or SigLIP image tower -> .keras")
     p.add_argument("source", help="timm state dict file, a Hugging Face folder (config.json + model.safetensors), "
@@ -365,6 +387,9 @@ def parser():
     p.add_argument("--image-size", type=int, nargs="+", default=None, help="input size (h [w]); default: the file's")
     p.set_defaults(func=_convert)
 
+
+def _add_export_parser(sub, modes):
+    """`keras-vit export`'s arguments; modes: the --input-mode choices."""
     from keras_vit.export import FORMATS, QUANTIZATIONS, THROUGH_TENSORFLOW
 
     through = "; ".join(f"{f} from {b}" for b, f in THROUGH_TENSORFLOW)
@@ -399,10 +424,6 @@ def parser():
     p.add_argument("--calibration", default=None, metavar="DIR",
                    help="folder of a few hundred images whose activation ranges fix a static int8 quantization")
     p.set_defaults(func=_export)
-    from keras_vit.recipes import own_images
-
-    own_images.add_parser(sub)
-    return top
 
 
 def main(argv=None):
