@@ -371,6 +371,22 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
     if dev_fraction is not None:
         train_split, eval_split = dev_splits(train_split, dev_fraction)
 
+    read = _split_reader(tf, tfds, name, data_dir, download)
+    train_raw = read(train_split)
+    num_train = _count_train(train_raw, name, train_split, batch_size, repeat, drop_remainder)
+    train = _train_stream(tf, train_raw, num_train, size, batch_size, shuffle_buffer, seed, repeat, skip_batches,
+                          drop_remainder, process_index, process_count, image_dtype)
+
+    evaluation = _this_process(read(eval_split), eval_batch_size, process_index, process_count).map(
+        lambda encoded, label: (eval_preprocess(_decode(tf, encoded), size, image_dtype), label),
+        num_parallel_calls=_AUTOTUNE, deterministic=True)
+    evaluation = evaluation.batch(eval_batch_size // process_count).prefetch(_AUTOTUNE)
+    return train, evaluation
+
+
+def _split_reader(tf, tfds, name, data_dir, download):
+    """read(split_name): the (encoded image, int32 label) examples of a split of TFDS dataset `name`,
+    prepared first (downloaded, if `download`) when it is not."""
     builder = _builder(name, data_dir)
     image_key, label_key = _features(builder)
     if not builder.is_prepared():
@@ -391,7 +407,11 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
             raise ValueError(f"Cannot read split {split_name!r} of {name!r}: {e}") from None
         return ds.map(lambda ex: (ex[image_key], tf.cast(ex[label_key], tf.int32)))
 
-    train_raw = read(train_split)
+    return read
+
+
+def _count_train(train_raw, name, train_split, batch_size, repeat, drop_remainder):
+    """The number of examples of the train split, checked to be enough for the stream asked for."""
     num_train = int(train_raw.cardinality())
     if num_train < 0:  # unknown: count once
         num_train = int(train_raw.reduce(0, lambda n, _: n + 1))
@@ -402,7 +422,13 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
             f"The train split {train_split!r} has {num_train} examples, fewer than one "
             f"batch of {batch_size}; lower batch_size or pass drop_remainder=False."
         )
+    return num_train
 
+
+def _train_stream(tf, train_raw, num_train, size, batch_size, shuffle_buffer, seed, repeat, skip_batches,
+                  drop_remainder, process_index, process_count, image_dtype):
+    """The training batches of load(): passes over `train_raw` (each shuffled by seed and pass), from batch
+    `skip_batches` on, this process's rows augmented by train_preprocess and batched."""
     start_example = skip_batches * batch_size
     first_pass, offset = divmod(start_example, num_train)
     if not repeat and first_pass > 0:
@@ -446,12 +472,7 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
         cardinality = -(-(num_train - offset) // batch_size)
     train = train.apply(tf.data.experimental.assert_cardinality(cardinality))
     train = train.prefetch(_AUTOTUNE)
-
-    evaluation = _this_process(read(eval_split), eval_batch_size, process_index, process_count).map(
-        lambda encoded, label: (eval_preprocess(_decode(tf, encoded), size, image_dtype), label),
-        num_parallel_calls=_AUTOTUNE, deterministic=True)
-    evaluation = evaluation.batch(eval_batch_size // process_count).prefetch(_AUTOTUNE)
-    return train, evaluation
+    return train
 
 
 def _this_process(ds, batch_size, process_index, process_count):
