@@ -12,11 +12,13 @@ rule is one name of `POSITION_INTERPOLATIONS`, and `resize_matrix` builds its ma
 - "bicubic_antialias": the same call with `antialias=True` (timm's default, Hugging Face's
   DINOv2-with-registers): a PIL-style filter, A=-0.5, widened by the factor when downsampling, its
   taps cut off at the edges and the remaining weights renormalised.
+- "bilinear_antialias": torch `F.interpolate(mode="bilinear", align_corners=False, antialias=True)`
+  (Hugging Face's SigLIP 2): the same filter with the triangle for the cubic.
 """
 
 import numpy as np
 
-POSITION_INTERPOLATIONS = ("bilinear", "bilinear_half_pixel", "bicubic", "bicubic_antialias")
+POSITION_INTERPOLATIONS = ("bilinear", "bilinear_half_pixel", "bicubic", "bicubic_antialias", "bilinear_antialias")
 
 
 def check_interpolation(method, what="interpolation"):
@@ -73,11 +75,11 @@ def resize_matrix(n_in, n_out, method="bilinear"):
         return linear_resize_matrix(n_in, n_out, align_corners=method == "bilinear")
     scale = n_in / n_out
     rows = np.arange(n_out)
-    if method == "bicubic_antialias":
+    if method.endswith("_antialias"):
         # every input sample j sits at j + 0.5, output i covers [i, i + 1) * scale around its centre
         stretch = max(scale, 1.0)
         offsets = (np.arange(n_in)[None, :] + 0.5 - (rows[:, None] + 0.5) * scale) / stretch
-        weights = cubic_kernel(offsets, -0.5)
+        weights = cubic_kernel(offsets, -0.5) if method == "bicubic_antialias" else np.maximum(1 - np.abs(offsets), 0)
         return weights / weights.sum(axis=1, keepdims=True)
     pos = (rows + 0.5) * scale - 0.5
     taps = np.floor(pos).astype(int)[:, None] + np.arange(-1, 3)[None, :]

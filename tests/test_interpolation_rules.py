@@ -27,6 +27,7 @@ TORCH_CALLS = {
     "bilinear_half_pixel": dict(mode="bilinear", align_corners=False),
     "bicubic": dict(mode="bicubic", align_corners=False),
     "bicubic_antialias": dict(mode="bicubic", align_corners=False, antialias=True),
+    "bilinear_antialias": dict(mode="bilinear", align_corners=False, antialias=True),
 }
 # up, down, square, not square, from and to a single position. Not (h, 1) -> (h', 1) for
 # "bicubic_antialias": torch 2.13's CPU antialias kernel gives every output row the first row's
@@ -210,7 +211,7 @@ def test_resize_official_uses_the_layers_rule():
 
 @pytest.mark.backend_independent
 def test_unknown_rules_raise_listing_the_choices():
-    choices = r"'bilinear', 'bilinear_half_pixel', 'bicubic', 'bicubic_antialias'"
+    choices = r"'bilinear', 'bilinear_half_pixel', 'bicubic', 'bicubic_antialias', 'bilinear_antialias'"
     with pytest.raises(ValueError, match=f"AddPositionEmbs interpolation must be one of {choices}; got 'cubic'"):
         AddPositionEmbs((2, 2), interpolation="cubic")
     with pytest.raises(ValueError, match=f"method must be one of {choices}; got 'area'"):

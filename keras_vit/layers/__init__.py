@@ -2,6 +2,7 @@
 
 from keras_vit.layers.attention import MultiHeadDotProductAttention
 from keras_vit.layers.class_token import ClassToken
+from keras_vit.layers.factorized_position_embedding import AddFactorizedPositionEmbs
 from keras_vit.layers.feature_map import TokensToMap
 from keras_vit.layers.map_head import MAPHead
 from keras_vit.layers.no_position_embedding import NoPositionEmbs
@@ -15,10 +16,12 @@ from keras_vit.layers.position_embedding_2d import AddPositionEmbs2D
 from keras_vit.layers.relative_attention import RelativeMultiHeadDotProductAttention, RelativeTransformerBlock
 from keras_vit.layers.resize_images import ResizeImages
 from keras_vit.layers.resnet import BottleneckUnit, ResNetStem, StdConv2D, standardize_kernel
+from keras_vit.layers.token_validity import TokenValidity
 from keras_vit.layers.top_k import TopK
 from keras_vit.layers.transformer_block import TransformerBlock
 
 __all__ = [
+    "AddFactorizedPositionEmbs",
     "AddPositionEmbs",
     "AddPositionEmbs2D",
     "BottleneckUnit",
@@ -36,6 +39,7 @@ __all__ = [
     "ResizeImages",
     "SequencePooling",
     "StdConv2D",
+    "TokenValidity",
     "TokensToMap",
     "TopK",
     "TransformerBlock",

@@ -92,7 +92,15 @@ def dense(x, kernel, bias, gelu=False, approximate=True):
 _FUSED_QKV = {"torch": True, "tensorflow": True}
 
 
-def _matmul_attention(q, k, v, scale):
+def mask_keys(logits, valid):
+    """float32 `logits` (B, heads, Tq, Tk) with the keys that are not `valid` (B, Tk) bool, or None
+    for all, taken out of the softmax (a NaFlex batch's padding)."""
+    if valid is None:
+        return logits
+    return ops.where(valid[:, None, None, :], logits, ops.full_like(logits, -1e30))
+
+
+def _matmul_attention(q, k, v, scale, valid=None):
     """Attention as two batched matmuls in (B, heads, T, head_dim) layout with a float32 softmax.
 
     On XLA:CPU and oneDNN this ran faster than einsums in (B, T, heads, head_dim) layout, with
@@ -100,49 +108,60 @@ def _matmul_attention(q, k, v, scale):
     """
     q, k, v = (ops.swapaxes(t, 1, 2) for t in (q, k, v))
     logits = ops.matmul(q * ops.cast(scale, q.dtype), ops.swapaxes(k, -1, -2))
-    weights = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), v.dtype)
+    weights = ops.cast(ops.softmax(mask_keys(ops.cast(logits, "float32"), valid), axis=-1), v.dtype)
     return ops.swapaxes(ops.matmul(weights, v), 1, 2)
 
 
-def padded_attention(q, k, v, scale, multiple=CUDNN_TRAINING_MULTIPLE, implementation="cudnn"):
+def padded_attention(q, k, v, scale, multiple=CUDNN_TRAINING_MULTIPLE, implementation="cudnn", valid=None):
     """JAX: softmax(q k^T * scale) v for q, k, v (B, T, heads, head_dim), with T padded to a
     multiple of `multiple` and the padded keys and queries masked out (`jax.nn.dot_product_attention`'s
     sequence lengths), the padding sliced off after: the same values and gradients as unpadded
-    attention. `implementation="xla"` runs it anywhere (the tests); "cudnn" is the GPU kernel."""
+    attention. `implementation="xla"` runs it anywhere (the tests); "cudnn" is the GPU kernel.
+    `valid` (B, T) bool: a NaFlex batch's tokens, the valid ones first; the others are masked too."""
     import jax
     import jax.numpy as jnp
 
     batch, tokens = q.shape[0], q.shape[1]
     pad = -tokens % multiple
-    if not pad:
+    lengths = jnp.full((batch,), tokens, "int32") if valid is None else jnp.sum(valid, axis=1, dtype="int32")
+    if not pad and valid is None:
         return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation=implementation)
     q, k, v = (jnp.pad(t, ((0, 0), (0, pad), (0, 0), (0, 0))) for t in (q, k, v))
-    lengths = jnp.full((batch,), tokens, "int32")
     y = jax.nn.dot_product_attention(q, k, v, scale=scale, query_seq_lengths=lengths,
                                      key_value_seq_lengths=lengths, implementation=implementation)
     return y[:, :tokens]
 
 
-def _flash_attention(q, k, v, scale, training=False):
+def _flash_attention(q, k, v, scale, training=False, valid=None):
     """softmax(q k^T * scale) v for q, k, v (B, T, heads, head_dim) through the GPU's fused kernel
-    (`flash_unavailable` has said it runs here); JAX training takes `padded_attention`."""
+    (`flash_unavailable` has said it runs here); JAX training takes `padded_attention`.
+
+    With `valid` (a NaFlex batch: the valid tokens first, the padding after), JAX's kernel takes the
+    number of valid tokens as its sequence lengths; torch's flash kernel takes no mask, so SDPA picks
+    among its kernels that do."""
     if keras.backend.backend() == "torch":
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if valid is not None:
+            mask = valid[:, None, None, :]
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).transpose(1, 2)
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
             y = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
         return y.transpose(1, 2)
     if training:
-        return padded_attention(q, k, v, scale)
+        return padded_attention(q, k, v, scale, valid=valid)
     import jax
 
-    return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
+    lengths = None if valid is None else ops.sum(ops.cast(valid, "int32"), axis=1)
+    return jax.nn.dot_product_attention(q, k, v, scale=scale, query_seq_lengths=lengths,
+                                        key_value_seq_lengths=lengths, implementation="cudnn")
 
 
-def _fused_attention(q, k, v, scale):
-    """softmax(q k^T * scale) v for q, k, v (B, T, heads, head_dim), the backend's standard path."""
+def _fused_attention(q, k, v, scale, valid=None):
+    """softmax(q k^T * scale) v for q, k, v (B, T, heads, head_dim), the backend's standard path;
+    keys not `valid` (B, T) bool, when given, masked."""
     backend = keras.backend.backend()
     if backend == "torch":
         import torch
@@ -150,12 +169,14 @@ def _fused_attention(q, k, v, scale):
         # (B, heads, T, head_dim) views straight into SDPA (flash / memory-efficient kernels where
         # the device has them): no contiguous copies of q, k, v as keras.ops makes
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale).transpose(1, 2)
+        mask = None if valid is None else valid[:, None, None, :]
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).transpose(1, 2)
     # batched matmuls in (B, heads, T, head_dim) layout on a CPU: faster on oneDNN and XLA:CPU;
     # elsewhere XLA's attention (cuDNN's fused kernel is `_flash_attention`, chosen in the layer's build)
-    return per_platform(q, k, v, cpu=lambda q, k, v: _matmul_attention(q, k, v, scale),
-                        default=lambda q, k, v: ops.dot_product_attention(q, k, v, scale=scale,
-                                                                          flash_attention=False))
+    return per_platform(q, k, v, valid, cpu=lambda q, k, v, valid: _matmul_attention(q, k, v, scale, valid),
+                        default=lambda q, k, v, valid: ops.dot_product_attention(
+                            q, k, v, mask=None if valid is None else valid[:, None, None, :], scale=scale,
+                            flash_attention=False))
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -181,6 +202,12 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             with the sequence padded to a multiple of 64 and the padding masked
             (`padded_attention`), a ValueError when the layer is built where it cannot run;
             "standard": never that kernel.
+    Call args:
+        x: tokens (B, T, D).
+        return_attention: also return the softmax weights (B, heads, T, T).
+        valid: None, or (B, T) bool: the keys that take part (a NaFlex batch's padding is False,
+            after the valid tokens); every path masks the others, the fused GPU kernels as sequence
+            lengths.
     """
 
     def __init__(self, num_heads, dropout_rate=0.0, attention_implementation="auto", **kwargs):
@@ -242,19 +269,19 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         fused path runs). A hook for subclasses, e.g. relative position attention."""
         return None
 
-    def call(self, x, training=None, return_attention=False):
+    def call(self, x, training=None, return_attention=False, valid=None):
         q, k, v = self._qkv(x)
         scale = 1.0 / math.sqrt(self.head_dim)
         bias = self.logit_bias(q, scale)
         if bias is None and not return_attention and not (training and self.dropout_rate > 0):
             if self.flash and (self.attention_implementation == "flash" or not training
                                or keras.backend.backend() != "jax"):
-                return self._out(_flash_attention(q, k, v, scale, training=bool(training)))
-            return self._out(_fused_attention(q, k, v, scale))
+                return self._out(_flash_attention(q, k, v, scale, training=bool(training), valid=valid))
+            return self._out(_fused_attention(q, k, v, scale, valid))
         logits = ops.einsum("bqnh,bknh->bnqk", q * ops.cast(scale, q.dtype), k)
         if bias is not None:
             logits = logits + ops.cast(bias, logits.dtype)
-        weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        weights = ops.softmax(mask_keys(ops.cast(logits, "float32"), valid), axis=-1)
         dropped = ops.cast(self.attention_dropout(weights, training=training), v.dtype)
         y = self._out(ops.einsum("bnqk,bknh->bqnh", dropped, v))
         return (y, weights) if return_attention else y

@@ -6,6 +6,7 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.layers.attention import mask_keys
 from keras_vit.layers.mlp import activate, check_mlp_activation
 
 
@@ -22,6 +23,9 @@ class MAPHead(keras.layers.Layer):
         mlp_dim: hidden width of the MLP.
         num_prefix_tokens: leading tokens the probe does not attend to (timm pools patch tokens only).
         layer_norm_epsilon, approximate_gelu, mlp_activation: as the encoder blocks'.
+    Call args:
+        tokens: (B, T, D).
+        valid: None, or (B, T) bool: the tokens the probe attends to (a NaFlex batch's padding is False).
     """
 
     def __init__(self, num_heads, mlp_dim, num_prefix_tokens=0, layer_norm_epsilon=1e-6, approximate_gelu=True,
@@ -56,13 +60,14 @@ class MAPHead(keras.layers.Layer):
         self.mlp_0.build((None, 1, dim))
         self.mlp_1.build((None, 1, self.mlp_dim))
 
-    def call(self, tokens):
+    def call(self, tokens, valid=None):
         tokens = tokens[:, self.num_prefix_tokens:]
+        valid = None if valid is None else valid[:, self.num_prefix_tokens:]
         probe = ops.broadcast_to(ops.cast(self.probe, tokens.dtype), (ops.shape(tokens)[0], 1, tokens.shape[-1]))
         q, k, v = self.query(probe), self.key(tokens), self.value(tokens)
         scale = ops.cast(1.0 / math.sqrt(q.shape[-1]), q.dtype)
         logits = ops.einsum("bqnh,bknh->bnqk", q * scale, k)
-        weights = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), v.dtype)
+        weights = ops.cast(ops.softmax(mask_keys(ops.cast(logits, "float32"), valid), axis=-1), v.dtype)
         y = self.out(ops.einsum("bnqk,bknh->bqnh", weights, v))
         y = y + self.mlp_1(activate(self.mlp_0(self.norm(y)), self.mlp_activation, self.approximate_gelu))
         return y[:, 0]

@@ -19,8 +19,9 @@ class NoPositionEmbs(AddPositionEmbs):
     def build(self, input_shape):
         self._check(input_shape)
 
-    def call(self, tokens, images=None):  # images: the parent's signature (runtime resolution), unused
-        self._check(tokens.shape)
+    def call(self, tokens, images=None, patch_coord=None, patch_valid=None):  # the parent's signature
+        if patch_coord is None:  # a NaFlex batch has any number of tokens
+            self._check(tokens.shape)
         return tokens
 
     def official_weights(self):

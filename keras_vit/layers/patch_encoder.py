@@ -23,6 +23,9 @@ class PatchEncoder(keras.layers.Layer):
     computed as one matmul over the flattened patches. Output tokens are row-major over the
     (H / P, W / P) grid, so non-square inputs work.
 
+    Called on a NaFlex batch of patches (B, N, P * P * C), each patch flattened row-major with the
+    channels fastest (timm's and Hugging Face's layout), it projects them with the same kernel.
+
     Args:
         patch_size: P, the side of a square patch in pixels (1 on a hybrid's feature map).
         hidden_size: D, the width of each token.
@@ -32,9 +35,21 @@ class PatchEncoder(keras.layers.Layer):
         super().__init__(**kwargs)
         self.patch_size = int(patch_size)
         self.hidden_size = int(hidden_size)
-        self.input_spec = keras.InputSpec(ndim=4)
+        self.input_spec = keras.InputSpec(min_ndim=3, max_ndim=4)
+
+    def _patch_channels(self, shape, channels=None):
+        """The channels of patches of `shape` (B, N, P * P * C); a ValueError when they are not P x P."""
+        p, width = self.patch_size, shape[-1]
+        if width is None or width % (p * p) or (channels is not None and width != p * p * channels):
+            what = f"{p * p * channels} values ({p}x{p} pixels x {channels} channels)" if channels \
+                else f"a multiple of {p * p} values ({p}x{p} pixels x channels)"
+            raise ValueError(f"{self.name}: the model's patches are {what}, got patches of shape {tuple(shape)}; "
+                             f"cut the images into the model's patch size {p}")
+        return width // (p * p)
 
     def build(self, input_shape):
+        if len(input_shape) == 3:  # NaFlex patches
+            input_shape = (None, None, None, self._patch_channels(input_shape))
         _, h, w, c = input_shape
         p = self.patch_size
         for axis, size in (("height", h), ("width", w)):
@@ -52,6 +67,10 @@ class PatchEncoder(keras.layers.Layer):
 
     def call(self, images):
         p, d = self.patch_size, self.hidden_size
+        if len(images.shape) == 3:  # NaFlex patches (B, N, P * P * C)
+            c = self._patch_channels(images.shape, self.kernel.shape[2])
+            kernel = ops.reshape(self.kernel, (p * p * c, d))
+            return ops.matmul(images, ops.cast(kernel, images.dtype)) + ops.cast(self.bias, images.dtype)
         check_channels(self, images.shape, self.kernel.shape[2])
         c = images.shape[-1]
         shape = ops.shape(images)
@@ -70,6 +89,8 @@ class PatchEncoder(keras.layers.Layer):
         return ops.matmul(patches, ops.cast(kernel, patches.dtype)) + ops.cast(self.bias, patches.dtype)
 
     def compute_output_shape(self, input_shape):
+        if len(input_shape) == 3:
+            return (*input_shape[:2], self.hidden_size)
         b, h, w, _ = input_shape
         tokens = None if h is None or w is None else (h // self.patch_size) * (w // self.patch_size)
         return (b, tokens, self.hidden_size)

@@ -15,6 +15,10 @@ class SequencePooling(keras.layers.Layer):
         num_prefix_tokens: tokens "gap" leaves out of the mean (1 to average only the patch tokens
             of a class-token model).
         token_index: the token "token" takes (1: DeiT's distillation token).
+    Call args:
+        tokens: (B, T, D).
+        valid: None, or (B, T) bool: "gap" averages the valid tokens only (a NaFlex batch's padding
+            is False).
     """
 
     def __init__(self, method="token", num_prefix_tokens=0, token_index=0, **kwargs):
@@ -26,8 +30,14 @@ class SequencePooling(keras.layers.Layer):
         self.token_index = int(token_index)
         self.input_spec = keras.InputSpec(ndim=3)
 
-    def call(self, tokens):
-        return tokens[:, self.token_index] if self.method == "token" else ops.mean(tokens[:, self.num_prefix_tokens:], axis=1)
+    def call(self, tokens, valid=None):
+        if self.method == "token":
+            return tokens[:, self.token_index]
+        tokens = tokens[:, self.num_prefix_tokens:]
+        if valid is None:
+            return ops.mean(tokens, axis=1)
+        weights = ops.cast(valid[:, self.num_prefix_tokens:], tokens.dtype)[:, :, None]
+        return ops.sum(tokens * weights, axis=1) / ops.maximum(ops.sum(weights, axis=1), 1)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[2])

@@ -9,7 +9,8 @@ from keras import ops
 from keras_vit.interpolation import check_interpolation, resize_2d
 
 
-def resize_position_embeddings(posemb, new_grid, old_grid=None, num_prefix_tokens=1, method="bilinear"):
+def resize_position_embeddings(posemb, new_grid, old_grid=None, num_prefix_tokens=1, method="bilinear",
+                               aspect_preserving=False):
     """Resizes (1, prefix + gh*gw, D) position embeddings to a (new_h, new_w) patch grid.
 
     The prefix ([class] token) entries are kept as they are; the grid part is resampled, each axis
@@ -24,6 +25,8 @@ def resize_position_embeddings(posemb, new_grid, old_grid=None, num_prefix_token
         old_grid: (gh, gw) of `posemb`; inferred as square when None.
         num_prefix_tokens: 1 with a class token, 0 for `classifier="gap"` models.
         method: a name of `POSITION_INTERPOLATIONS`, the rule of the weights' source.
+        aspect_preserving: resize the grid to a square of the longer side, then keep its top-left
+            (new_h, new_w) (timm's `pos_embed_ar_preserving`, its NaFlex "par" models).
     Returns:
         float array (1, num_prefix_tokens + new_h * new_w, D) in posemb's dtype.
     """
@@ -46,24 +49,18 @@ def resize_position_embeddings(posemb, new_grid, old_grid=None, num_prefix_token
         raise ValueError(f"old_grid {old_grid} holds {gh * gw} positions but the embeddings have {n}")
     if (gh, gw) == (nh, nw):
         return posemb.copy()
-    out = resize_2d(grid.reshape(gh, gw, -1), (nh, nw), method=method)
-    out = out.reshape(1, nh * nw, -1).astype(posemb.dtype)
+    side = max(nh, nw)
+    out = resize_2d(grid.reshape(gh, gw, -1), (side, side) if aspect_preserving else (nh, nw), method=method)
+    out = out[:nh, :nw].reshape(1, nh * nw, -1).astype(posemb.dtype)
     return np.concatenate([prefix, out], axis=1)
 
 
-def _linear_resize_matrix_ops(old, new):
-    """`linear_resize_matrix(old, new)` (corners aligned) with keras.ops, for sizes known only at call
-    time (float32)."""
-    step = ops.cast(old - 1, "float32") / ops.cast(ops.maximum(new - 1, 1), "float32")
-    return _linear_taps_ops(ops.cast(ops.arange(new), "float32") * step, old)
-
-
 def _linear_taps_ops(pos, old):
-    """(n, old) matrix that reads each of the n positions `pos` (float32, in [0, old - 1]) linearly
+    """(..., old) weights that read each position of `pos` (float32, in [0, old - 1]) linearly
     between its two neighbouring inputs."""
     lo = ops.clip(ops.cast(ops.floor(pos), "int32"), 0, old - 1)
     hi = ops.minimum(lo + 1, old - 1)
-    frac = ops.expand_dims(pos - ops.cast(lo, "float32"), 1)
+    frac = ops.expand_dims(pos - ops.cast(lo, "float32"), -1)
     return ops.one_hot(lo, old) * (1.0 - frac) + ops.one_hot(hi, old) * frac
 
 
@@ -75,39 +72,66 @@ def _cubic_kernel_ops(x, a):
     return ops.where(x < 1, near, ops.where(x < 2, far, ops.zeros_like(x)))
 
 
-def antialias_bicubic_matrix(old, new):
-    """(new, old) float32 matrix of bicubic resizing (a = -0.5, half-pixel centres), antialiased when
-    shrinking (the kernel stretched by the factor): torch's `interpolate(mode="bicubic", antialias=True)`,
-    with keras.ops; `old` and `new` ints or scalar tensors known only at call time. Dense: the kernel at
-    every input, zero outside its support, each row normalised to sum 1."""
+def resize_weights(old, rows, new, method):
+    """The rows `rows` of `keras_vit.interpolation.resize_matrix(old, new, method)`, with keras.ops
+    (float32): `old` an int (the antialiased rules: or a scalar tensor), `rows` a tensor of output indices (any shape), `new` the output size, an
+    int or a tensor broadcastable to `rows` (each row its own size: a NaFlex batch's images).
+    Returns (*rows.shape, old)."""
+    rows = ops.cast(rows, "float32")
     scale = ops.cast(old, "float32") / ops.cast(new, "float32")
-    stretch = ops.maximum(scale, 1.0)
-    rows = ops.cast(ops.arange(new), "float32")
-    inputs = ops.cast(ops.arange(old), "float32")
-    offsets = (ops.expand_dims(inputs + 0.5, 0) - ops.expand_dims((rows + 0.5) * scale, 1)) / stretch
-    weights = _cubic_kernel_ops(offsets, -0.5)
-    return weights / ops.sum(weights, axis=1, keepdims=True)
-
-
-def _resize_matrix_ops(old, new, method):
-    """`keras_vit.interpolation.resize_matrix(old, new, method)` with keras.ops (float32): `old` is an
-    int, `new` an int or a scalar tensor known only at call time."""
-    if method == "bilinear":
-        return _linear_resize_matrix_ops(old, new)
-    if method == "bicubic_antialias":
-        return antialias_bicubic_matrix(old, new)
-    scale = float(old) / ops.cast(new, "float32")
-    rows = ops.cast(ops.arange(new), "float32")
+    if method == "bilinear":  # corners aligned
+        step = ops.cast(old - 1, "float32") / ops.maximum(ops.cast(new, "float32") - 1.0, 1.0)
+        return _linear_taps_ops(rows * step, old)
+    if method.endswith("_antialias"):  # the filter at every input, stretched when shrinking, rows normalised
+        scale = ops.expand_dims(scale * ops.ones_like(rows), -1)
+        inputs = ops.cast(ops.arange(old), "float32")
+        offsets = (inputs + 0.5 - (ops.expand_dims(rows, -1) + 0.5) * scale) / ops.maximum(scale, 1.0)
+        weights = _cubic_kernel_ops(offsets, -0.5) if method == "bicubic_antialias" \
+            else ops.maximum(1.0 - ops.abs(offsets), 0.0)
+        return weights / ops.sum(weights, axis=-1, keepdims=True)
     pos = (rows + 0.5) * scale - 0.5
     if method == "bilinear_half_pixel":
         return _linear_taps_ops(ops.clip(pos, 0.0, float(old - 1)), old)
     floor = ops.floor(pos)  # "bicubic": four taps around pos, the ones past an edge clamped onto it
     first = ops.cast(floor, "int32") - 1
-    matrix = 0.0
+    weights = 0.0
     for k in range(4):
-        weight = ops.expand_dims(_cubic_kernel_ops(pos - floor + float(1 - k), -0.75), 1)
-        matrix = matrix + ops.one_hot(ops.clip(first + k, 0, old - 1), old) * weight
-    return matrix
+        weight = ops.expand_dims(_cubic_kernel_ops(pos - floor + float(1 - k), -0.75), -1)
+        weights = weights + ops.one_hot(ops.clip(first + k, 0, old - 1), old) * weight
+    return weights
+
+
+def antialias_bicubic_matrix(old, new):
+    """(new, old) float32 matrix of bicubic resizing (a = -0.5, half-pixel centres), antialiased when
+    shrinking (the kernel stretched by the factor): torch's `interpolate(mode="bicubic", antialias=True)`,
+    with keras.ops; `old` and `new` ints or scalar tensors known only at call time. Dense: the kernel at
+    every input, zero outside its support, each row normalised to sum 1."""
+    return _resize_matrix_ops(old, new, "bicubic_antialias")
+
+
+def _resize_matrix_ops(old, new, method):
+    """`keras_vit.interpolation.resize_matrix(old, new, method)` with keras.ops (float32): `old` is an
+    int, `new` an int or a scalar tensor known only at call time."""
+    return resize_weights(old, ops.arange(new), new, method)
+
+
+def naflex_grids(patch_coord, patch_valid=None):
+    """(B, 2) int32: each NaFlex image's (rows, cols) of patches, one more than its largest valid
+    (row, col) in `patch_coord` (B, N, 2); `patch_valid` (B, N) bool, None: all valid."""
+    coord = ops.cast(patch_coord, "int32")
+    if patch_valid is not None:
+        coord = ops.where(ops.expand_dims(patch_valid, -1), coord, ops.zeros_like(coord))
+    return ops.max(coord, axis=1) + 1
+
+
+def resize_sizes(grid, aspect_preserving):
+    """The sizes a (h, w) grid is resized to, per axis: (h, w), or the longer side twice with
+    `aspect_preserving` (the grid then the top-left of that square). `grid`: a pair of ints or
+    scalars, or a (..., 2) tensor."""
+    if isinstance(grid, (tuple, list)):
+        return (max(grid),) * 2 if aspect_preserving and all(isinstance(v, int) for v in grid) \
+            else (ops.maximum(*grid),) * 2 if aspect_preserving else tuple(grid)
+    return ops.repeat(ops.max(grid, axis=-1, keepdims=True), 2, axis=-1) if aspect_preserving else grid
 
 
 def runtime_grid(images, stride):
@@ -140,11 +164,20 @@ class AddPositionEmbs(keras.layers.Layer):
         interpolation: how the grid is resized, at load time (`resize_official`) and at call time:
             a name of `keras_vit.interpolation.POSITION_INTERPOLATIONS`, the rule of the source of
             the weights ("bilinear": official; "bicubic_antialias": timm; "bicubic": Hugging Face).
+        aspect_preserving: resize to a square of the longer side and keep the top-left grid (timm's
+            `pos_embed_ar_preserving`), instead of each axis by its own factor.
+
+    Called as `layer(tokens, patch_coord=..., patch_valid=...)` on a NaFlex batch (prefix tokens,
+    then N patch tokens of images of different grids, padded), it adds to each patch the embedding
+    of its (row, col) in its own image's grid, (max row + 1, max col + 1) of its valid patches, by
+    the same rule: the embeddings a model built at that image's size adds.
     """
 
-    def __init__(self, grid_size, num_prefix_tokens=1, stride=None, interpolation="bilinear", **kwargs):
+    def __init__(self, grid_size, num_prefix_tokens=1, stride=None, interpolation="bilinear", aspect_preserving=False,
+                 **kwargs):
         super().__init__(**kwargs)
         self.interpolation = check_interpolation(interpolation, what="AddPositionEmbs interpolation")
+        self.aspect_preserving = bool(aspect_preserving)
         self.grid_size = tuple(int(v) for v in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.stride = None if stride is None else int(stride)
@@ -165,8 +198,10 @@ class AddPositionEmbs(keras.layers.Layer):
                 "size; weights= resizes the position embeddings)."
             )
 
-    def build(self, tokens_shape, images_shape=None):
-        if self.stride is None:
+    def build(self, tokens_shape, images_shape=None, patch_coord_shape=None, patch_valid_shape=None):
+        if patch_coord_shape is not None:
+            pass
+        elif self.stride is None:
             self._check(tokens_shape)
         elif images_shape is None:
             raise ValueError("AddPositionEmbs with a stride is called as layer(tokens, images)")
@@ -176,7 +211,9 @@ class AddPositionEmbs(keras.layers.Layer):
             initializer=keras.initializers.RandomNormal(stddev=0.02),
         )
 
-    def call(self, tokens, images=None):
+    def call(self, tokens, images=None, patch_coord=None, patch_valid=None):
+        if patch_coord is not None:
+            return tokens + ops.cast(self.at(patch_coord, patch_valid), tokens.dtype)
         if self.stride is None:
             self._check(tokens.shape)
             return tokens + ops.cast(self.pos_embedding, tokens.dtype)
@@ -184,19 +221,39 @@ class AddPositionEmbs(keras.layers.Layer):
             raise ValueError("AddPositionEmbs with a stride is called as layer(tokens, images)")
         return tokens + ops.cast(self.resized(runtime_grid(images, self.stride)), tokens.dtype)
 
+    def _table(self):
+        """(prefix entries (1, prefix, D), the grid (gh, gw, D)) in float32."""
+        posemb = ops.cast(self.pos_embedding, "float32")
+        return posemb[:, :self.num_prefix_tokens], ops.reshape(posemb[0, self.num_prefix_tokens:], (*self.grid_size, -1))
+
     def resized(self, grid):
         """The embeddings for a (new_h, new_w) grid (ints or scalar tensors), computed with ops."""
-        (gh, gw), prefix = self.grid_size, self.num_prefix_tokens
-        if all(isinstance(v, int) for v in grid) and tuple(grid) == (gh, gw):
+        if all(isinstance(v, int) for v in grid) and tuple(grid) == self.grid_size:
             return self.pos_embedding
-        posemb = ops.cast(self.pos_embedding, "float32")
-        table = ops.reshape(posemb[0, prefix:], (gh, gw, -1))
-        rows, cols = (_resize_matrix_ops(old, new, self.interpolation) for old, new in zip((gh, gw), grid))
+        prefix, table = self._table()
+        sizes = resize_sizes(grid, self.aspect_preserving)
+        rows, cols = (resize_weights(old, ops.arange(new), size, self.interpolation)
+                      for old, new, size in zip(self.grid_size, grid, sizes))
         table = ops.einsum("ih,hwd,jw->ijd", rows, table, cols)
-        table = ops.reshape(table, (1, -1, ops.shape(posemb)[-1]))
-        return ops.concatenate([posemb[:, :prefix], table], axis=1)
+        return ops.concatenate([prefix, ops.reshape(table, (1, -1, ops.shape(table)[-1]))], axis=1)
 
-    def compute_output_shape(self, tokens_shape, images_shape=None):
+    def at(self, patch_coord, patch_valid=None):
+        """(B, prefix + N, D): the prefix entries, then the embedding of each patch at `patch_coord`
+        (B, N, 2) (row, col) in its image's grid (see `naflex_grids`), for a NaFlex batch."""
+        prefix, table = self._table()
+        grids = naflex_grids(patch_coord, patch_valid)
+        if self.aspect_preserving:  # an image on the table's own grid takes it as it is (timm's rule)
+            own = ops.all(grids == ops.convert_to_tensor(self.grid_size, "int32"), axis=-1, keepdims=True)
+            grids = ops.where(own, grids, resize_sizes(grids, True))
+        coord = ops.cast(patch_coord, "int32")
+        rows, cols = (resize_weights(old, coord[..., i], grids[..., i:i + 1], self.interpolation)
+                      for i, old in enumerate(self.grid_size))
+        both = ops.reshape(rows[..., :, None] * cols[..., None, :], (*ops.shape(rows)[:2], -1))
+        patches = ops.matmul(both, ops.reshape(table, (-1, ops.shape(table)[-1])))
+        prefix = ops.broadcast_to(prefix, (ops.shape(patches)[0], self.num_prefix_tokens, ops.shape(patches)[-1]))
+        return ops.concatenate([prefix, patches], axis=1)
+
+    def compute_output_shape(self, tokens_shape, images_shape=None, patch_coord_shape=None, patch_valid_shape=None):
         return tokens_shape
 
     def official_weights(self):
@@ -205,7 +262,7 @@ class AddPositionEmbs(keras.layers.Layer):
     def resize_official(self, name, value):
         """`value` of the official array `name` from another grid, resized to this layer's grid."""
         return resize_position_embeddings(value, self.grid_size, num_prefix_tokens=self.num_prefix_tokens,
-                                          method=self.interpolation)
+                                          method=self.interpolation, aspect_preserving=self.aspect_preserving)
 
     def get_config(self):
         return {
@@ -214,4 +271,5 @@ class AddPositionEmbs(keras.layers.Layer):
             "num_prefix_tokens": self.num_prefix_tokens,
             "stride": self.stride,
             "interpolation": self.interpolation,
+            "aspect_preserving": self.aspect_preserving,
         }

@@ -53,6 +53,9 @@ class AddPositionEmbs2D(AddPositionEmbs):
         self._check(tokens.shape)
         return tokens + ops.cast(self.pos_embedding, tokens.dtype)
 
+    def compute_output_shape(self, tokens_shape, images_shape=None):
+        return tokens_shape
+
     def official_weights(self):
         params = {"row_embedding": self.row_embedding, "col_embedding": self.col_embedding}
         if self.prefix_embedding is not None:

@@ -136,6 +136,7 @@ class TransformerBlock(keras.layers.Layer):
     Call args:
         x: tokens (B, T, D).
         return_attention: also return the softmax attention weights (B, heads, T, T).
+        valid: None, or (B, T) bool, the tokens attention reads (a NaFlex batch: False on padding).
     """
 
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, remat=False,
@@ -188,17 +189,18 @@ class TransformerBlock(keras.layers.Layer):
             name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy
         )
 
-    def call(self, x, training=None, return_attention=False):
+    def call(self, x, training=None, return_attention=False, valid=None):
         x = _cotangent_barrier(x)
         if self.remat and training and not return_attention:
-            keep = self._keep_masks(x)
-            forward = lambda x, keep: self._forward(x, training, keep=keep)  # noqa: E731
+            # the mask travels with the dropout masks: the recomputation may close over no traced value
+            keep = (self._keep_masks(x), valid)
+            forward = lambda x, keep: self._forward(x, training, keep=keep[0], valid=keep[1])  # noqa: E731
             if keras.backend.backend() != "jax":
                 return keras.remat(lambda x: forward(x, keep))(x)
             # chosen for the platform the step is lowered for: `jax.checkpoint` on a GPU or TPU
             return per_platform(x, keep, cpu=lambda x, keep: _jax_cpu_remat(forward, self.variables, x, keep),
                                 default=keras.remat(forward))
-        return self._forward(x, training, return_attention=return_attention)
+        return self._forward(x, training, return_attention=return_attention, valid=valid)
 
     def _keep_masks(self, x):
         """Dropout keep-masks for the three dropouts of a training step (none without dropout)."""
@@ -228,8 +230,8 @@ class TransformerBlock(keras.layers.Layer):
     def _scaled(self, y, i):
         return y * ops.cast(self.scales[i], y.dtype) if self.scales else y
 
-    def _forward(self, x, training, return_attention=False, keep=()):
-        y = self.attention(self.norm_0(x), training=training, return_attention=return_attention)
+    def _forward(self, x, training, return_attention=False, keep=(), valid=None):
+        y = self.attention(self.norm_0(x), training=training, return_attention=return_attention, valid=valid)
         if return_attention:
             y, weights = y
         x = x + self._drop(self._scaled(y, 0), training, keep, 0)
