@@ -113,86 +113,24 @@ def _separate_qkv(graph):
     Transpose, q already scaled (s * s folded into its kernel and bias), k transposed in one step.
     Returns how many attentions were rewritten; anything else is left as it is.
     """
-    import onnx
-    from onnx import helper, numpy_helper
-
     uses = _consumers(graph)
     producer = {o: n for n in graph.node for o in n.output}
     new_nodes, new_inits, rewritten = {}, [], 0
-
-    def scalar(node, tensor):
-        """`node` = Mul(tensor, scalar constant): the scalar, else None."""
-        if node is None or node.op_type != "Mul" or tensor not in node.input:
-            return None
-        other = _constant(graph, node.input[1 - list(node.input).index(tensor)])
-        return None if other is None or other.size != 1 else float(other.reshape(()))
-
     for softmax in [n for n in graph.node if n.op_type == "Softmax" and _attr(n, "axis", -1) in (-1, 3)]:
         logits = producer.get(softmax.input[0])
         after = uses.get(softmax.output[0], [])
         if logits is None or logits.op_type != "MatMul" or len(after) != 1 or after[0].op_type != "MatMul" \
                 or after[0].input[0] != softmax.output[0]:
             continue
-        # query side: Mul(Transpose(Gather(X, 0)), s)
-        q_mul = producer.get(logits.input[0])
-        q_t = producer.get(q_mul.input[0]) if q_mul is not None and q_mul.op_type == "Mul" else None
-        s_q = scalar(q_mul, q_t.output[0]) if q_t is not None else None
-        # key side: Mul(Reshape(Transpose[0,2,1](Reshape(Transpose(Gather(X, 1))))), s)
-        k_mul = producer.get(logits.input[1])
-        chain, node = [], producer.get(k_mul.input[0]) if k_mul is not None and k_mul.op_type == "Mul" else None
-        s_k = scalar(k_mul, node.output[0]) if node is not None else None
-        for op in ("Reshape", "Transpose", "Reshape"):
-            if node is None or node.op_type != op:
-                break
-            chain.append(node)
-            node = producer.get(node.input[0])
-        k_t = node
-        v_t = producer.get(after[0].input[1])
-        if s_q is None or s_k is None or len(chain) != 3 or _attr(chain[1], "perm") != [0, 2, 1]:
+        scaled = _scaled_qkv(graph, producer, logits, after[0])
+        fused = None if scaled is None else _fused_qkv_projection(graph, producer, scaled[:3])
+        if fused is None:
             continue
-        gathers = []
-        for t in (q_t, k_t, v_t):
-            g = producer.get(t.input[0]) if t is not None and t.op_type == "Transpose" \
-                and _attr(t, "perm") == [0, 2, 1, 3] else None
-            index = _constant(graph, g.input[1]) if g is not None and g.op_type == "Gather" else None
-            if index is None or index.size != 1 or _attr(g, "axis", 0) != 2:
-                break
-            gathers.append((g, int(index.reshape(()))))
-        if len(gathers) != 3 or [i for _, i in gathers] != [0, 1, 2] or len({g.input[0] for g, _ in gathers}) != 1:
-            continue
-        reshape = producer.get(gathers[0][0].input[0])
-        shape = _constant(graph, reshape.input[1]) if reshape is not None and reshape.op_type == "Reshape" else None
-        add = producer.get(reshape.input[0]) if shape is not None else None
-        if shape is None or shape.size != 5 or shape[2] != 3 or add is None or add.op_type != "Add":
-            continue
-        matmul = producer.get(add.input[0])
-        bias = _constant(graph, add.input[1])
-        kernel = _constant(graph, matmul.input[1]) if matmul is not None and matmul.op_type == "MatMul" else None
-        tokens, heads, head_dim = int(shape[1]), int(shape[3]), int(shape[4])
-        width = heads * head_dim
-        if kernel is None or bias is None or kernel.ndim != 2 or kernel.shape[1] != 3 * width \
-                or bias.shape != (3 * width,) or tokens <= 0:
-            continue
-        prefix = f"{matmul.name or matmul.output[0]}/separate_qkv"
-        scale = s_q * s_k
-        kernels = [kernel[:, :width] * np.float32(scale), kernel[:, width:2 * width], kernel[:, 2 * width:]]
-        biases = [bias[:width] * np.float32(scale), bias[width:2 * width], bias[2 * width:]]
-        split_shape = f"{prefix}/shape"
-        new_inits.append(numpy_helper.from_array(np.array([-1, tokens, heads, head_dim], np.int64), split_shape))
         # q replaces the scaled query, k^T the scaled key, v the value: the logits MatMul and the
         # weights-times-values MatMul read them directly
         targets = [(logits, 0, [0, 2, 1, 3]), (logits, 1, [0, 2, 3, 1]), (after[0], 1, [0, 2, 1, 3])]
-        nodes = []
-        for (name, w, b), (reader, slot, perm) in zip(zip("qkv", kernels, biases), targets):
-            p = f"{prefix}/{name}"
-            new_inits += [numpy_helper.from_array(w.astype(kernel.dtype), f"{p}/kernel"),
-                          numpy_helper.from_array(b.astype(bias.dtype), f"{p}/bias")]
-            nodes += [helper.make_node("MatMul", [matmul.input[0], f"{p}/kernel"], [f"{p}/matmul"], name=f"{p}/matmul"),
-                      helper.make_node("Add", [f"{p}/matmul", f"{p}/bias"], [f"{p}/add"], name=f"{p}/add"),
-                      helper.make_node("Reshape", [f"{p}/add", split_shape], [f"{p}/heads"], name=f"{p}/heads"),
-                      helper.make_node("Transpose", [f"{p}/heads"], [f"{p}/out"], name=f"{p}/out", perm=perm)]
-            reader.input[slot] = f"{p}/out"
-        new_nodes[id(matmul)] = nodes
+        matmul, kernel, bias, split = fused
+        new_nodes[id(matmul)] = _separated_projections(matmul, kernel, bias, split, scaled[3], targets, new_inits)
         rewritten += 1
     if rewritten:
         nodes = []
@@ -202,6 +140,94 @@ def _separate_qkv(graph):
         graph.node.extend(nodes)
         graph.initializer.extend(new_inits)
     return rewritten
+
+
+def _scalar_factor(graph, node, tensor):
+    """`node` = Mul(tensor, scalar constant): the scalar, else None."""
+    if node is None or node.op_type != "Mul" or tensor not in node.input:
+        return None
+    other = _constant(graph, node.input[1 - list(node.input).index(tensor)])
+    return None if other is None or other.size != 1 else float(other.reshape(()))
+
+
+def _scaled_qkv(graph, producer, logits, attend):
+    """(q_t, k_t, v_t, s * s) of the attention whose logits MatMul is `logits` and whose
+    weights-times-values MatMul is `attend`: the three Transposes of the heads and the product of the
+    query's and the key's scales; None where the query or key side is not torch's pattern."""
+    # query side: Mul(Transpose(Gather(X, 0)), s)
+    q_mul = producer.get(logits.input[0])
+    q_t = producer.get(q_mul.input[0]) if q_mul is not None and q_mul.op_type == "Mul" else None
+    s_q = _scalar_factor(graph, q_mul, q_t.output[0]) if q_t is not None else None
+    # key side: Mul(Reshape(Transpose[0,2,1](Reshape(Transpose(Gather(X, 1))))), s)
+    k_mul = producer.get(logits.input[1])
+    chain, node = [], producer.get(k_mul.input[0]) if k_mul is not None and k_mul.op_type == "Mul" else None
+    s_k = _scalar_factor(graph, k_mul, node.output[0]) if node is not None else None
+    for op in ("Reshape", "Transpose", "Reshape"):
+        if node is None or node.op_type != op:
+            break
+        chain.append(node)
+        node = producer.get(node.input[0])
+    k_t = node
+    v_t = producer.get(attend.input[1])
+    if s_q is None or s_k is None or len(chain) != 3 or _attr(chain[1], "perm") != [0, 2, 1]:
+        return None
+    return q_t, k_t, v_t, s_q * s_k
+
+
+def _fused_qkv_projection(graph, producer, transposes):
+    """(matmul, kernel, bias, (tokens, heads, head_dim)) of the fused projection whose output the
+    Transposes (q_t, k_t, v_t) gather heads 0, 1, 2 from, X = Reshape(MatMul(h, W) + b, [-1, T, 3,
+    heads, head_dim]); None where the graph is not that pattern."""
+    gathers = []
+    for t in transposes:
+        g = producer.get(t.input[0]) if t is not None and t.op_type == "Transpose" \
+            and _attr(t, "perm") == [0, 2, 1, 3] else None
+        index = _constant(graph, g.input[1]) if g is not None and g.op_type == "Gather" else None
+        if index is None or index.size != 1 or _attr(g, "axis", 0) != 2:
+            break
+        gathers.append((g, int(index.reshape(()))))
+    if len(gathers) != 3 or [i for _, i in gathers] != [0, 1, 2] or len({g.input[0] for g, _ in gathers}) != 1:
+        return None
+    reshape = producer.get(gathers[0][0].input[0])
+    shape = _constant(graph, reshape.input[1]) if reshape is not None and reshape.op_type == "Reshape" else None
+    add = producer.get(reshape.input[0]) if shape is not None else None
+    if shape is None or shape.size != 5 or shape[2] != 3 or add is None or add.op_type != "Add":
+        return None
+    matmul = producer.get(add.input[0])
+    bias = _constant(graph, add.input[1])
+    kernel = _constant(graph, matmul.input[1]) if matmul is not None and matmul.op_type == "MatMul" else None
+    tokens, heads, head_dim = int(shape[1]), int(shape[3]), int(shape[4])
+    width = heads * head_dim
+    if kernel is None or bias is None or kernel.ndim != 2 or kernel.shape[1] != 3 * width \
+            or bias.shape != (3 * width,) or tokens <= 0:
+        return None
+    return matmul, kernel, bias, (tokens, heads, head_dim)
+
+
+def _separated_projections(matmul, kernel, bias, split, scale, targets, new_inits):
+    """The nodes of q, k^T and v computed apart from `matmul`'s input (MatMul + Add + Reshape +
+    Transpose each, q's kernel and bias times `scale`); their initializers appended to `new_inits`, and
+    each (reader, slot, perm) of `targets` set to read its own."""
+    from onnx import helper, numpy_helper
+
+    tokens, heads, head_dim = split
+    width = heads * head_dim
+    prefix = f"{matmul.name or matmul.output[0]}/separate_qkv"
+    kernels = [kernel[:, :width] * np.float32(scale), kernel[:, width:2 * width], kernel[:, 2 * width:]]
+    biases = [bias[:width] * np.float32(scale), bias[width:2 * width], bias[2 * width:]]
+    split_shape = f"{prefix}/shape"
+    new_inits.append(numpy_helper.from_array(np.array([-1, tokens, heads, head_dim], np.int64), split_shape))
+    nodes = []
+    for (name, w, b), (reader, slot, perm) in zip(zip("qkv", kernels, biases), targets):
+        p = f"{prefix}/{name}"
+        new_inits += [numpy_helper.from_array(w.astype(kernel.dtype), f"{p}/kernel"),
+                      numpy_helper.from_array(b.astype(bias.dtype), f"{p}/bias")]
+        nodes += [helper.make_node("MatMul", [matmul.input[0], f"{p}/kernel"], [f"{p}/matmul"], name=f"{p}/matmul"),
+                  helper.make_node("Add", [f"{p}/matmul", f"{p}/bias"], [f"{p}/add"], name=f"{p}/add"),
+                  helper.make_node("Reshape", [f"{p}/add", split_shape], [f"{p}/heads"], name=f"{p}/heads"),
+                  helper.make_node("Transpose", [f"{p}/heads"], [f"{p}/out"], name=f"{p}/out", perm=perm)]
+        reader.input[slot] = f"{p}/out"
+    return nodes
 
 
 def _einsum_to_matmul(graph):
