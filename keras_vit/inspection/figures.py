@@ -64,12 +64,30 @@ def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max
         ``"position_embedding"``, ``"embedding_filters"`` mapping to the written
         paths (``"embedding_filters"`` is None for hybrids).
     """
-    import warnings
-
-    import keras
-
-
     parts = find_vit(model)
+    images, scale, offset = _checked_images(image, input_mode)
+    if max_rollout_images < 1:
+        raise ValueError(f"max_rollout_images must be >= 1, got {max_rollout_images}")
+    model_hw = parts.image_size
+    model_images = _at_model_size(images, model_hw, offset, 255 * scale + offset)
+    if patch_size is None:
+        patch_size = (model_hw[0] / parts.grid_size[0], model_hw[1] / parts.grid_size[1])
+
+    attentions, _ = _run_vit(parts, model_images, list(range(parts.num_layers)))
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {key: os.path.join(out_dir, name) for key, name in FIGURE_NAMES.items()}
+    tag = f"{parts.container.name}"
+    _draw_rollout(parts, attentions, images[:max_rollout_images], scale, offset, paths["rollout"], tag)
+    _draw_attention_distance(parts, attentions, len(images), patch_size, paths["attention_distance"], tag)
+    paths["position_embedding"] = _draw_position_similarity(parts, paths["position_embedding"], tag)
+    paths["embedding_filters"] = _draw_embedding_filters(parts, num_components, paths["embedding_filters"], tag)
+    return paths
+
+
+def _checked_images(image, input_mode):
+    """(images (B, H, W, 3) float32, scale, offset of input_mode): `image` as a batch, checked to be
+    finite RGB in the range preprocess_input's `input_mode` gives 0..255 pixels."""
     images = np.asarray(_to_numpy(image), dtype=np.float32)
     if images.ndim == 3:
         images = images[None]
@@ -88,51 +106,61 @@ def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max
             f"(preprocess_input mode {input_mode!r}: [{bottom.min():g}, {top.max():g}]): apply "
             "keras_vit.preprocess_input to 0..255 pixels first"
         )
-    if max_rollout_images < 1:
-        raise ValueError(f"max_rollout_images must be >= 1, got {max_rollout_images}")
-    model_hw = parts.image_size
-    if tuple(images.shape[1:3]) != model_hw:
-        resized = keras.ops.image.resize(
-            keras.ops.convert_to_tensor(images), model_hw, interpolation="bilinear", antialias=True
-        )
-        model_images = np.clip(_to_numpy(resized), bottom, top).astype(np.float32)
-    else:
-        model_images = images
-    if patch_size is None:
-        patch_size = (model_hw[0] / parts.grid_size[0], model_hw[1] / parts.grid_size[1])
+    return images, scale, offset
 
-    attentions, _ = _run_vit(parts, model_images, list(range(parts.num_layers)))
+
+def _at_model_size(images, model_hw, bottom, top):
+    """`images` resized to the model's (bilinear, antialiased) and clipped to [bottom, top] per channel;
+    as they are when they have its size."""
+    import keras
+
+    if tuple(images.shape[1:3]) == model_hw:
+        return images
+    resized = keras.ops.image.resize(
+        keras.ops.convert_to_tensor(images), model_hw, interpolation="bilinear", antialias=True
+    )
+    return np.clip(_to_numpy(resized), bottom, top).astype(np.float32)
+
+
+def _draw_rollout(parts, attentions, shown, scale, offset, path, tag):
+    """Figure 6: the attention rollout of the images `shown` (the first of the batch), over them."""
     prefix, grid = parts.num_prefix_tokens, parts.grid_size
-
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {key: os.path.join(out_dir, name) for key, name in FIGURE_NAMES.items()}
-    tag = f"{parts.container.name}"
-
-    shown = images[:max_rollout_images]
     rollout = attention_rollout([a[: len(shown)] for a in attentions], prefix, grid)
     maps = upsample_map(rollout, shown.shape[1:3], normalize=True)
     source = "class token" if prefix else "mean of all tokens (classifier='gap')"
     plots.plot_rollout(
-        (shown - offset) / scale / 255.0, maps, paths["rollout"],
+        (shown - offset) / scale / 255.0, maps, path,
         title=f"{tag}: attention rollout from the {source} to the input",
     )
 
+
+def _draw_attention_distance(parts, attentions, num_images, patch_size, path, tag):
+    """Figure 7 right: each head's mean attention distance over the `num_images` images against depth."""
+    prefix, grid = parts.num_prefix_tokens, parts.grid_size
     distances = mean_attention_distance(attentions, grid, patch_size, prefix)
     tokens = parts.num_tokens
     uniform = mean_attention_distance([np.full((1, 1, tokens, tokens), 1.0 / tokens)], grid, patch_size, prefix)
     plots.plot_attention_distance(
-        distances, paths["attention_distance"], image_size=model_hw[1], uniform=float(uniform[0, 0]),
-        title=f"{tag}: mean attention distance ({len(images)} image{'s' * (len(images) > 1)})",
+        distances, path, image_size=parts.image_size[1], uniform=float(uniform[0, 0]),
+        title=f"{tag}: mean attention distance ({num_images} image{'s' * (num_images > 1)})",
     )
 
+
+def _draw_position_similarity(parts, path, tag):
+    """Figure 7 centre at `path`, returned; None (nothing drawn) for a model without position embeddings."""
     if parts.posembed.pos_embedding is None:  # position_embedding "none" or "relative"
-        paths["position_embedding"] = None
-    else:
-        similarity = position_embedding_similarity(_to_numpy(parts.posembed.pos_embedding), grid,
-                                                   parts.posembed.num_prefix_tokens)
-        plots.plot_position_similarity(
-            similarity, paths["position_embedding"], title=f"{tag}: position embedding similarity"
-        )
+        return None
+    similarity = position_embedding_similarity(_to_numpy(parts.posembed.pos_embedding), parts.grid_size,
+                                               parts.posembed.num_prefix_tokens)
+    plots.plot_position_similarity(
+        similarity, path, title=f"{tag}: position embedding similarity"
+    )
+    return path
+
+
+def _draw_embedding_filters(parts, num_components, path, tag):
+    """Figure 7 left at `path`, returned; None and a warning (to inspect_model's caller) for a hybrid."""
+    import warnings
 
     if parts.is_hybrid:
         warnings.warn(
@@ -140,16 +168,15 @@ def inspect_model(model, image, out_dir, patch_size=None, num_components=28, max
             f"{parts.embedding.patch_size}x{parts.embedding.patch_size} projection of the ResNet "
             "feature map, so there are no RGB embedding filters to draw; "
             "embedding_filters.png was not written",
-            stacklevel=2,
+            stacklevel=3,
         )
-        paths["embedding_filters"] = None
-    else:
-        kernel = _to_numpy(parts.embedding.kernel)
-        p, _, c, d = kernel.shape
-        k = min(int(num_components), d, p * p * c)
-        filters, variance = embedding_filters(kernel, k, return_variance=True)
-        plots.plot_embedding_filters(
-            filters, paths["embedding_filters"], variance=variance,
-            title=f"{tag}: RGB embedding filters (first {k} principal components)",
-        )
-    return paths
+        return None
+    kernel = _to_numpy(parts.embedding.kernel)
+    p, _, c, d = kernel.shape
+    k = min(int(num_components), d, p * p * c)
+    filters, variance = embedding_filters(kernel, k, return_variance=True)
+    plots.plot_embedding_filters(
+        filters, path, variance=variance,
+        title=f"{tag}: RGB embedding filters (first {k} principal components)",
+    )
+    return path
