@@ -264,9 +264,42 @@ def main(dataset, argv=None, callbacks=()):
     resuming = prepare_output_dir(out, flags, args.overwrite) if writer else False
     _wait_for_every_process("the output folder is ready")
 
+    info, step_batch, model = _build_and_compile(dataset, args)
+    # kept until metrics.json is written, so a run killed after training
+    # but before its files are saved resumes at the end instead of restarting
+    backup = _backup(os.path.join(out, BACKUP))
+    done = backup.restore(model)  # train steps already done (0 for a new run)
+    if resuming:
+        print(f"resuming {out}: {done // args.accumulation} of {args.steps} updates done")
+    train, test = _load_data(dataset, args, step_batch, done)
+
+    history_path = os.path.join(out, BACKUP, HISTORY)
+    history = _history_so_far(history_path, done, done // (args.eval_every * args.accumulation))
+    keep_history = _history_keeper(history, history_path, writer)
+    timer, seconds = _fit(model, args, train, test, done, backup, keep_history, writer, callbacks)
+
+    result = model.evaluate(test, verbose=args.verbose, return_dict=True)
+    if not writer:
+        return {"test_accuracy": float(result.get("accuracy", float("nan"))), "test_loss": float(result["loss"])}
+
+    with atomic_write(os.path.join(out, "model.keras")) as tmp, _saving_alone():
+        model.save(tmp)
+    plot_curves(os.path.join(out, "curves.png"), history, args.eval_every,
+                f"{args.model if not args.model.startswith('{') else 'ViT'} on {dataset}")
+    metrics = _metrics(dataset, args, flags, info, result, history, step_batch, done, timer.times, seconds)
+    write_json(os.path.join(out, "metrics.json"), metrics)
+    shutil.rmtree(os.path.join(out, BACKUP), ignore_errors=True)
+    print(f"test accuracy {metrics['test_accuracy']:.4f}, loss {metrics['test_loss']:.4f}; "
+          f"{metrics['images_per_second']} images/s; wrote {out}")
+    return metrics
+
+
+def _build_and_compile(dataset, args):
+    """(the dataset's info, images per train step, the model built and compiled for fine-tuning) under
+    --distribute, after seeding every generator with --seed."""
     import keras
 
-    from keras_vit import data, distribute, recipes
+    from keras_vit import data, recipes
 
     info = data.dataset_info(dataset, data_dir=args.data_dir)
     keras.utils.set_random_seed(args.seed)
@@ -277,24 +310,19 @@ def main(dataset, argv=None, callbacks=()):
             model, total_steps=args.steps, base_lr=args.lr, warmup_steps=args.warmup_steps,
             batch_size=args.batch_size, device_batch_size=step_batch, ema=args.ema, layer_decay=args.layer_decay,
             steps_per_execution=args.steps_per_execution)
+    return info, step_batch, model
 
-    # kept until metrics.json is written, so a run killed after training
-    # but before its files are saved resumes at the end instead of restarting
-    backup = _backup(os.path.join(out, BACKUP))
-    done = backup.restore(model)  # train steps already done (0 for a new run)
-    steps_per_epoch = args.eval_every * args.accumulation
-    total_micro = args.steps * args.accumulation
-    initial_epoch = done // steps_per_epoch
-    epochs = args.steps // args.eval_every
-    if resuming:
-        print(f"resuming {out}: {done // args.accumulation} of {args.steps} updates done")
 
+def _load_data(dataset, args, step_batch, done):
+    """(train, test) of the recipe's splits of `dataset`, this process's rows, the train stream
+    starting after the `done` train steps."""
+    from keras_vit import data, distribute
     from keras_vit.recipes import FINETUNE_SETUPS
 
     setup = FINETUNE_SETUPS[dataset]
     process_index, process_count = distribute.process_shard() if args.distribute != "none" else (0, 1)
     try:
-        train, test = data.load(
+        return data.load(
             dataset, args.image_size, step_batch, split=(setup.train_split, setup.test_split),
             data_dir=args.data_dir, seed=args.seed, shuffle_buffer=args.shuffle_buffer,
             skip_batches=done, process_index=process_index, process_count=process_count,
@@ -302,11 +330,19 @@ def main(dataset, argv=None, callbacks=()):
     except OSError as e:  # the data could not be downloaded: the message says what to do
         raise SystemExit(f"error: {e}") from None
 
-    history_path = os.path.join(out, BACKUP, HISTORY)
+
+def _history_so_far(history_path, done, initial_epoch):
+    """The per-epoch metrics of the epochs before `initial_epoch` a resumed run backed up; {} for a new run."""
     history = {}
     if done and os.path.exists(history_path):
         with open(history_path) as f:
             history = {k: v[:initial_epoch] for k, v in json.load(f).items()}
+    return history
+
+
+def _history_keeper(history, history_path, writer):
+    """A callback appending each epoch's logs to `history`, and (the writer) saving it to `history_path`."""
+    import keras
 
     class KeepHistory(keras.callbacks.Callback):
         # runs before the backup callback, so the saved history never lags the weights
@@ -317,8 +353,14 @@ def main(dataset, argv=None, callbacks=()):
                 os.makedirs(os.path.dirname(history_path), exist_ok=True)
                 write_json(history_path, history)
 
+    return KeepHistory()
+
+
+def _epoch_timer(validate):
+    """A callback whose `times` are the training seconds of each epoch (without the per-epoch validation)."""
+    import keras
+
     class EpochTimes(keras.callbacks.Callback):
-        # training time of each epoch (without the per-epoch validation)
         def __init__(self):
             super().__init__()
             self.times = []
@@ -330,36 +372,48 @@ def main(dataset, argv=None, callbacks=()):
             self.times.append(time.perf_counter() - self.start)
 
         def on_epoch_end(self, epoch, logs=None):
-            if not args.validate:
+            if not validate:
                 self.times.append(time.perf_counter() - self.start)
 
+    return EpochTimes()
+
+
+def _fit(model, args, train, test, done, backup, keep_history, writer, callbacks):
+    """Trains from the `done` train steps to --steps updates, one epoch per evaluation period (the writer
+    backing up at the end of each); returns the epoch timer and the seconds it took."""
+    from keras_vit import recipes
+
+    steps_per_epoch = args.eval_every * args.accumulation
+    initial_epoch = done // steps_per_epoch
+    epochs = args.steps // args.eval_every
     stop = recipes.NonFiniteLossStop(checkpoint_hint=backup.path)
-    timer = EpochTimes()
+    timer = _epoch_timer(args.validate)
     start = time.perf_counter()
     if initial_epoch < epochs:
         model.fit(train, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
                   validation_data=test if args.validate else None, verbose=args.verbose,
-                  shuffle=False, callbacks=[stop, timer, KeepHistory(), *([backup] if writer else []), *callbacks])
+                  shuffle=False, callbacks=[stop, timer, keep_history, *([backup] if writer else []), *callbacks])
     elif model.optimizer.use_ema:
         # killed after the last backup but before saving: fit would have
         # ended by loading the averaged weights
         model.optimizer.finalize_variable_values(model.trainable_variables)
-    seconds = time.perf_counter() - start
-    trained_images = (total_micro - done) * step_batch
+    return timer, time.perf_counter() - start
 
-    result = model.evaluate(test, verbose=args.verbose, return_dict=True)
-    if not writer:
-        return {"test_accuracy": float(result.get("accuracy", float("nan"))), "test_loss": float(result["loss"])}
 
-    with atomic_write(os.path.join(out, "model.keras")) as tmp, _saving_alone():
-        model.save(tmp)
-    plot_curves(os.path.join(out, "curves.png"), history, args.eval_every,
-                f"{args.model if not args.model.startswith('{') else 'ViT'} on {dataset}")
-    metrics = {
+def _metrics(dataset, args, flags, info, result, history, step_batch, done, times, seconds):
+    """metrics.json of a finished run: the test metrics, the speed (`times`: each epoch's training
+    seconds), the flags and the history."""
+    import keras
+
+    from keras_vit.recipes import FINETUNE_SETUPS
+
+    steps_per_epoch = args.eval_every * args.accumulation
+    trained_images = (args.steps * args.accumulation - done) * step_batch
+    return {
         "dataset": dataset,
         "test_accuracy": float(result.get("accuracy", float("nan"))),
         "test_loss": float(result["loss"]),
-        "test_examples": info.splits.get(setup.test_split),
+        "test_examples": info.splits.get(FINETUNE_SETUPS[dataset].test_split),
         "steps": args.steps,
         "batch_size": args.batch_size,
         "device_batch_size": step_batch // args.replicas,
@@ -368,18 +422,13 @@ def main(dataset, argv=None, callbacks=()):
         "images_per_second": round(trained_images / seconds, 3) if seconds > 0 else None,
         # the same after the first epoch of this process (no compilation, no warm-up)
         "steady_images_per_second": (
-            round(steps_per_epoch * step_batch * (len(timer.times) - 1)
-                  / sum(timer.times[1:]), 3) if len(timer.times) > 1 else None),
+            round(steps_per_epoch * step_batch * (len(times) - 1)
+                  / sum(times[1:]), 3) if len(times) > 1 else None),
         "resumed_from_step": done // args.accumulation,
         "backend": keras.backend.backend(),
         "flags": flags,
         "history": history,
     }
-    write_json(os.path.join(out, "metrics.json"), metrics)
-    shutil.rmtree(os.path.join(out, BACKUP), ignore_errors=True)
-    print(f"test accuracy {metrics['test_accuracy']:.4f}, loss {metrics['test_loss']:.4f}; "
-          f"{metrics['images_per_second']} images/s; wrote {out}")
-    return metrics
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -61,9 +61,32 @@ def parse_args(dataset, argv=None):
     from keras_vit.recipes import FINETUNE_SETUPS
 
     setup = FINETUNE_SETUPS[dataset]
+    parser = _parser(dataset, setup)
+    args = parser.parse_args(argv)
+    args.dataset = dataset
+    _check_distribution(parser, args)
+    _check_schedule(parser, args, setup)
+    if args.weights is None:  # a JSON --model names no variant: its registry tag is found from its architecture
+        args.weights = default_tag(args.model, PRETRAINED_TAGS) if args.model in VARIANTS else PRETRAINED_TAGS[0]
+    args.weights = none_or(args.weights)
+    return args
+
+
+def _parser(dataset, setup):
+    """The recipe's argument parser for `dataset`, whose Table 4 setup is `setup`."""
     parser = argparse.ArgumentParser(
         description=f"Fine-tune a ViT on {dataset} with the paper's recipe (Table 4: "
         f"{setup.total_steps} steps, batch {setup.batch_size}, lr grid {list(setup.base_lrs)}).")
+    _add_model_arguments(parser, setup)
+    _add_schedule_arguments(parser, setup)
+    _add_folder_arguments(parser, dataset)
+    _add_device_arguments(parser)
+    _add_training_arguments(parser)
+    return parser
+
+
+def _add_model_arguments(parser, setup):
+    """What is fine-tuned: --model, --weights, --image-size."""
     parser.add_argument("--model", default="ViT_B16",
                         help="factory name (ViT_B16, ViT_L16, R50_ViT_B16, ...) or a JSON object "
                         "of VisionTransformer arguments (default: ViT_B16)")
@@ -72,6 +95,10 @@ def parse_args(dataset, argv=None):
                         f"pre-trained release, {' else '.join(PRETRAINED_TAGS)})")
     parser.add_argument("--image-size", type=_positive_int, default=setup.image_size,
                         help=f"training and test resolution (default: {setup.image_size})")
+
+
+def _add_schedule_arguments(parser, setup):
+    """The batches, updates, learning rate and evaluations: --batch-size to --validate."""
     parser.add_argument("--batch-size", type=_positive_int, default=setup.batch_size,
                         help=f"images per update (default: {setup.batch_size})")
     parser.add_argument("--device-batch-size", type=_positive_int, default=None,
@@ -90,11 +117,19 @@ def parse_args(dataset, argv=None):
                         "(default: a tenth of --steps when it divides evenly)")
     parser.add_argument("--validate", action="store_true",
                         help="also evaluate on the test split after every epoch (curves)")
+
+
+def _add_folder_arguments(parser, dataset):
+    """Where the data is read and the run written: --data-dir, --output-dir, --overwrite."""
     parser.add_argument("--data-dir", default=None, help="TFDS data folder (already downloaded data)")
     parser.add_argument("--output-dir", default=os.path.join("runs", f"finetune_{dataset}"),
                         help=f"output folder (default: runs/finetune_{dataset})")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an output folder holding another run of these examples")
+
+
+def _add_device_arguments(parser):
+    """How the devices run it: --distribute, --mesh, --steps-per-execution, --input-dtype."""
     parser.add_argument("--distribute", nargs="?", const="data", default="none", choices=("none", "data", "model"),
                         help="none (default); data: data parallel over all devices (Keras DataParallel on JAX, "
                         "tf.distribute.tf_strategy() on TensorFlow: TPU, several GPUs, TF_CONFIG workers); "
@@ -109,6 +144,10 @@ def parse_args(dataset, argv=None):
                         help="what the pipeline sends to the device: uint8 images scaled to [-1, 1] by the "
                         "model (default: a quarter of the bytes, no scaling on the host), or float32 "
                         "images scaled on the host; the saved model.keras takes the same")
+
+
+def _add_training_arguments(parser):
+    """The rest of the training: --ema, --layer-decay, --remat, --seed, --shuffle-buffer, --verbose."""
     parser.add_argument("--ema", action="store_true", help="Polyak averaging of the weights (0.9999)")
     parser.add_argument("--layer-decay", type=_positive_float, default=None, metavar="DECAY",
                         help="layer-wise learning-rate decay in (0, 1], e.g. 0.75: block i of L learns at "
@@ -122,8 +161,11 @@ def parse_args(dataset, argv=None):
                         help="shuffle buffer of encoded images (default: 10000)")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                         help="Keras verbosity: 1 progress bars (default), 2 a line an epoch, 0 none")
-    args = parser.parse_args(argv)
-    args.dataset = dataset
+
+
+def _check_distribution(parser, args):
+    """Exits with a usage error where --distribute and --mesh do not fit the backend or the processes;
+    --mesh written as BxM."""
     import keras
 
     from keras_vit import distribute
@@ -153,6 +195,11 @@ def parse_args(dataset, argv=None):
             args.mesh = "x".join(map(str, distribute.parse_mesh(args.mesh)))
         except ValueError as e:
             parser.error(f"--mesh: {e}")
+
+
+def _check_schedule(parser, args, setup):
+    """Exits with a usage error where --layer-decay, --steps, --eval-every, --warmup-steps or the batch
+    sizes do not fit together; fills in --warmup-steps, --eval-every and args.accumulation."""
     if args.layer_decay is not None and args.layer_decay > 1:
         parser.error(f"--layer-decay must be in (0, 1] (1 is no decay), got {args.layer_decay}")
     if args.warmup_steps is None:
@@ -169,10 +216,6 @@ def parse_args(dataset, argv=None):
         args.accumulation = gradient_accumulation_steps(args.batch_size, args.device_batch_size)
     except ValueError as e:
         parser.error(str(e))
-    if args.weights is None:  # a JSON --model names no variant: its registry tag is found from its architecture
-        args.weights = default_tag(args.model, PRETRAINED_TAGS) if args.model in VARIANTS else PRETRAINED_TAGS[0]
-    args.weights = none_or(args.weights)
-    return args
 
 
 def run_flags(args):
