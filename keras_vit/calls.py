@@ -18,6 +18,7 @@ checked ahead: a bad batch fails inside the step, and the weights are still kept
 import inspect
 
 import keras
+import numpy as np
 
 from keras_vit.layers.patch_encoder import check_channels
 from keras_vit.structure import find_vit
@@ -40,10 +41,57 @@ def _first_shape(data):
         return None
 
 
+# a NaFlex model's input, timm's names: patches (B, N, P * P * C), their (row, col) (B, N, 2), validity (B, N)
+NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
+
+
+def _naflex_arrays(data):
+    """The NaFlex dict of numpy arrays in `data` (a dict, or a tuple starting with one), else None."""
+    while isinstance(data, (tuple, list)) and data:
+        data = data[0]
+    if not isinstance(data, dict) or not all(isinstance(v, np.ndarray) for v in data.values()):
+        return None
+    return data
+
+
+def check_naflex_batch(batch, patch_width, what="the model"):
+    """Raises a ValueError naming what came, when `batch` (a dict of numpy arrays) is no NaFlex batch of
+    patches `patch_width` wide (P * P * C): keys, shapes, dtypes, coordinates that are negative or do not
+    tile their image's grid, an image without a valid patch."""
+    if set(batch) != set(NAFLEX_KEYS):
+        raise ValueError(f"{what} takes a dict with keys {NAFLEX_KEYS}, got keys {tuple(sorted(batch))}")
+    patches, coord, valid = (batch[k] for k in NAFLEX_KEYS)
+    if patches.ndim != 3 or patches.shape[-1] != patch_width:
+        raise ValueError(f"{what} takes patches of shape (batch, tokens, {patch_width}), got {patches.shape}: "
+                         f"{patch_width} values are one patch of the model's patch size, flattened")
+    if coord.shape != (*patches.shape[:2], 2) or valid.shape != patches.shape[:2]:
+        raise ValueError(f"{what} takes patch_coord of shape {(*patches.shape[:2], 2)} and patch_valid of shape "
+                         f"{patches.shape[:2]} for patches of shape {patches.shape}, got {coord.shape} and {valid.shape}")
+    if not np.issubdtype(coord.dtype, np.integer) or valid.dtype != bool:
+        raise ValueError(f"{what} takes integer patch_coord and bool patch_valid, got {coord.dtype} and {valid.dtype}")
+    for i in range(len(coord)):
+        mine = coord[i][valid[i]]
+        if not len(mine):
+            raise ValueError(f"image {i} of the batch has no valid patch (patch_valid all False): every image needs one")
+        if mine.min() < 0:
+            raise ValueError(f"image {i} of the batch has a negative patch coordinate {tuple(mine[mine.min(1) < 0][0])}")
+        gh, gw = mine.max(0) + 1
+        if len(mine) != gh * gw or len(np.unique(mine[:, 0] * gw + mine[:, 1])) != len(mine):
+            raise ValueError(f"image {i} of the batch: its {len(mine)} valid patches do not tile the {gh}x{gw} grid their "
+                             f"coordinates reach (each (row, col) of the grid once): coordinates past the image")
+
+
 def check_images(model, data):
     """Raises a ValueError naming what `model` takes and what came, when the images in `data` cannot
-    go through it (rank, height, width or channels). Data of unknown shape passes."""
+    go through it (rank, height, width or channels); for a NaFlex model, when a batch of numpy arrays is
+    no NaFlex batch (`check_naflex_batch`). Data of unknown shape passes."""
     inputs = getattr(model, "inputs", None)
+    if inputs and {getattr(t, "name", None) for t in inputs} == set(NAFLEX_KEYS):
+        batch = _naflex_arrays(data)
+        if batch is not None:
+            width = next(t.shape[-1] for t in inputs if t.name == "patches")
+            check_naflex_batch(batch, width, f"model {model.name!r}")
+        return
     shape = _first_shape(data)
     if shape is None or not inputs or len(inputs) != 1 or len(inputs[0].shape) != 4:
         return
@@ -146,4 +194,4 @@ class KeepsStateOnError:
             raise
 
 
-__all__ = ["KeepsStateOnError", "check_images"]
+__all__ = ["KeepsStateOnError", "check_images", "check_naflex_batch"]

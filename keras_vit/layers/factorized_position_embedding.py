@@ -6,7 +6,8 @@ import numpy as np
 from keras import ops
 
 from keras_vit.interpolation import check_interpolation, resize_matrix
-from keras_vit.layers.position_embedding import naflex_grids, resize_sizes, resize_weights, runtime_grid
+from keras_vit.layers.position_embedding import (naflex_grids, resize_sizes, resize_weights, runtime_grid,
+                                                  valid_coordinates)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -53,7 +54,7 @@ class AddFactorizedPositionEmbs(keras.layers.Layer):
         tables = [ops.cast(t, "float32") for t in (self.pos_embed_y, self.pos_embed_x)]
         if patch_coord is not None:
             grids = resize_sizes(naflex_grids(patch_coord, patch_valid), self.aspect_preserving)
-            coord = ops.cast(patch_coord, "int32")
+            coord = valid_coordinates(patch_coord, patch_valid)
             rows, cols = self._weights((coord[..., 0], coord[..., 1]), (grids[:, None, 0], grids[:, None, 1]))
             return tokens + ops.cast(ops.matmul(rows, tables[0]) + ops.matmul(cols, tables[1]), tokens.dtype)
         if self.stride is None:  # the tables are laid out on the one grid

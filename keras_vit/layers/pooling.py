@@ -36,8 +36,9 @@ class SequencePooling(keras.layers.Layer):
         tokens = tokens[:, self.num_prefix_tokens:]
         if valid is None:
             return ops.mean(tokens, axis=1)
-        weights = ops.cast(valid[:, self.num_prefix_tokens:], tokens.dtype)[:, :, None]
-        return ops.sum(tokens * weights, axis=1) / ops.maximum(ops.sum(weights, axis=1), 1)
+        valid = valid[:, self.num_prefix_tokens:, None]
+        total = ops.sum(ops.where(valid, tokens, ops.zeros_like(tokens)), axis=1)
+        return total / ops.maximum(ops.sum(ops.cast(valid, tokens.dtype), axis=1), 1)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[2])

@@ -115,13 +115,19 @@ def _resize_matrix_ops(old, new, method):
     return resize_weights(old, ops.arange(new), new, method)
 
 
+def valid_coordinates(patch_coord, patch_valid=None):
+    """`patch_coord` (B, N, 2) as int32, (0, 0) where `patch_valid` (B, N) is False: the padding reads
+    the first position, whatever its coordinates held."""
+    coord = ops.cast(patch_coord, "int32")
+    if patch_valid is None:
+        return coord
+    return ops.where(ops.expand_dims(patch_valid, -1), coord, ops.zeros_like(coord))
+
+
 def naflex_grids(patch_coord, patch_valid=None):
     """(B, 2) int32: each NaFlex image's (rows, cols) of patches, one more than its largest valid
     (row, col) in `patch_coord` (B, N, 2); `patch_valid` (B, N) bool, None: all valid."""
-    coord = ops.cast(patch_coord, "int32")
-    if patch_valid is not None:
-        coord = ops.where(ops.expand_dims(patch_valid, -1), coord, ops.zeros_like(coord))
-    return ops.max(coord, axis=1) + 1
+    return ops.max(valid_coordinates(patch_coord, patch_valid), axis=1) + 1
 
 
 def resize_sizes(grid, aspect_preserving):
@@ -245,7 +251,7 @@ class AddPositionEmbs(keras.layers.Layer):
         if self.aspect_preserving:  # an image on the table's own grid takes it as it is (timm's rule)
             own = ops.all(grids == ops.convert_to_tensor(self.grid_size, "int32"), axis=-1, keepdims=True)
             grids = ops.where(own, grids, resize_sizes(grids, True))
-        coord = ops.cast(patch_coord, "int32")
+        coord = valid_coordinates(patch_coord, patch_valid)
         rows, cols = (resize_weights(old, coord[..., i], grids[..., i:i + 1], self.interpolation)
                       for i, old in enumerate(self.grid_size))
         both = ops.reshape(rows[..., :, None] * cols[..., None, :], (*ops.shape(rows)[:2], -1))

@@ -1,0 +1,112 @@
+"""NaFlex models (NaViT, "Patch n' Pack"; timm's `naflexvit_*`; SigLIP 2): each image at its own aspect
+ratio and resolution, given as a sequence of patches with their (row, col) coordinates, padded to the
+batch's length, the padding masked in every attention and pooling."""
+
+import keras
+import numpy as np
+
+from keras_vit import layers as L
+from keras_vit.calls import NAFLEX_KEYS
+from keras_vit.model import ViTModel
+from keras_vit.structure import find_vit
+
+# position embeddings a NaFlex batch can take: read at any (row, col) of any grid
+_PER_COORDINATE = (L.AddPositionEmbs, L.AddFactorizedPositionEmbs, L.NoPositionEmbs)
+
+
+def is_naflex(model):
+    """Whether `model` takes a NaFlex dict {"patches", "patch_coord", "patch_valid"}."""
+    names = {getattr(t, "name", None) for t in getattr(model, "inputs", None) or ()}
+    return set(NAFLEX_KEYS) <= names
+
+
+def naflex_inputs(patch_width, dtype="float32"):
+    """The three `keras.Input`s of a NaFlex model whose patches hold `patch_width` values (P * P * C)."""
+    return {"patches": keras.Input((None, patch_width), name="patches", dtype=dtype),
+            "patch_coord": keras.Input((None, 2), name="patch_coord", dtype="int32"),
+            "patch_valid": keras.Input((None,), name="patch_valid", dtype="bool")}
+
+
+def _check_convertible(model, parts):
+    """Raises when `model`'s ViT cannot read a NaFlex batch (what it has instead, by name)."""
+    names = {layer.name for layer in model.layers}
+    why = None
+    if parts.container is not model:
+        why = f"its ViT sits inside {parts.path!r}; pass that model"
+    elif parts.resnet is not None:
+        why = "a hybrid's ResNet stem needs whole images, not patches"
+    elif type(parts.posembed) not in _PER_COORDINATE:
+        why = (f"its position embedding {type(parts.posembed).__name__} is laid out for one grid (Table 8's 2-D "
+               "and relative variants)")
+    elif any(n.startswith("posembed_") and n != "posembed_input" for n in names) or \
+            any(b is parts.posembed for b in parts.block_posembeds[1:]):
+        why = "its position embeddings are added before every block (position_placement)"
+    elif any(isinstance(b, L.RelativeTransformerBlock) for b in parts.blocks):
+        why = "its blocks carry relative position attention (Table 8's relative variant)"
+    if why:
+        raise ValueError(f"naflex: model {model.name!r} cannot take a NaFlex batch: {why}; expected a keras-vit "
+                         "model with learned 1-D, factorized or no position embeddings added once")
+
+
+def naflex(model):
+    """A copy of `model` (a keras-vit model, any size, its weights and class names) that takes a NaFlex
+    batch: a dict of "patches" (B, N, P * P * C), each patch flattened row-major with the channels
+    fastest (`keras_vit.naflex_feed` cuts them), "patch_coord" (B, N, 2) int32, the (row, col) of each
+    patch in its image's grid, and "patch_valid" (B, N) bool, False on the padding after an image's
+    patches. Each patch takes the position embedding of its place in its own image's grid, by the
+    model's rule; the padding is masked in every block's attention and in the pooling. An image
+    given so gives what `model` built at that image's size gives.
+
+    Outputs: the model's (logits, probabilities, pooled features); a model without pooling
+    (`pooling=None`) outputs the patch tokens (B, N, D), padding included. A NaFlex model is returned
+    as it is.
+
+    Raises:
+        ValueError: a model whose position embeddings cannot be read per coordinate (Table 8's 2-D
+            and relative variants, per-block placements), a hybrid, or no keras-vit model.
+    """
+    if is_naflex(model):
+        return model
+    parts = find_vit(model)
+    _check_convertible(model, parts)
+    p, channels = parts.embedding.patch_size, model.input_shape[-1]
+    inputs = naflex_inputs(p * p * channels, model.inputs[0].dtype)
+    valid = L.TokenValidity(parts.num_prefix_tokens, name="token_validity")(inputs["patch_valid"])
+    posembed = parts.posembed.name
+
+    def clone(layer):
+        if layer.name == "feature_map":  # no grid to lay the tokens on: the patch tokens as they are
+            return keras.layers.Cropping1D((parts.num_prefix_tokens, 0), name="feature_map")
+        return layer.__class__.from_config(layer.get_config())
+
+    def call(layer, *args, **kwargs):
+        if layer.name == posembed:
+            return layer(args[0], patch_coord=inputs["patch_coord"], patch_valid=inputs["patch_valid"])
+        if isinstance(layer, (L.TransformerBlock, L.MAPHead)) or \
+                (isinstance(layer, L.SequencePooling) and layer.method == "gap"):
+            return layer(*args, valid=valid, **kwargs)
+        if layer.name == "feature_map":
+            return layer(args[0])
+        return layer(*args, **kwargs)
+
+    outputs = model._run_through_graph([inputs["patches"]], operation_fn=clone, call_fn=call)
+    copy = ViTModel(inputs, outputs, name=model.name)
+    for layer in copy.layers:
+        if layer.weights:
+            layer.set_weights(model.get_layer(layer.name).get_weights())
+    if getattr(model, "class_names", None) is not None:
+        copy.class_names = model.class_names
+    return copy
+
+
+def patchify_images(images, patch_size):
+    """(B, H, W, C) images -> the NaFlex dict of their whole grids, no padding (numpy; for tests and
+    for one size of images: `keras_vit.naflex_feed` resizes and pads)."""
+    images = np.asarray(images)
+    b, h, w, c = images.shape
+    gh, gw = h // patch_size, w // patch_size
+    patches = images[:, :gh * patch_size, :gw * patch_size].reshape(b, gh, patch_size, gw, patch_size, c)
+    patches = patches.transpose(0, 1, 3, 2, 4, 5).reshape(b, gh * gw, patch_size * patch_size * c)
+    coord = np.stack(np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij"), -1).reshape(1, -1, 2)
+    return {"patches": patches, "patch_coord": np.repeat(coord, b, 0).astype("int32"),
+            "patch_valid": np.ones((b, gh * gw), bool)}
