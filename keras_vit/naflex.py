@@ -77,7 +77,11 @@ def naflex(model):
     def clone(layer):
         if layer.name == "feature_map":  # no grid to lay the tokens on: the patch tokens as they are
             return keras.layers.Cropping1D((parts.num_prefix_tokens, 0), name="feature_map")
-        return layer.__class__.from_config(layer.get_config())
+        config = layer.get_config()
+        if layer.name == "rescale":  # a scale per channel: per value of a patch, the channels fastest
+            config.update({k: np.tile(np.ravel(config[k]), p * p).tolist() if np.size(config[k]) > 1 else config[k]
+                           for k in ("scale", "offset")})
+        return layer.__class__.from_config(config)
 
     def call(layer, *args, **kwargs):
         if layer.name == posembed:
