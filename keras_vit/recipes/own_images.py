@@ -292,36 +292,19 @@ def run(args, callbacks=()):
     import keras
 
     from keras_vit import data, recipes
-    from keras_vit.image_folder import scan
 
     _check_args(args)
     flags = {k: getattr(args, k) for k in FLAGS}
     resuming = _prepare_out(args, flags)
-    print(f"reading {args.directory} ...", flush=True)
-    folder = scan(args.directory, args.validation_split, args.seed, labels_csv=args.labels_csv, strict=args.strict,
-                  verbose=not args.quiet)
+    folder = _read_folder(args)
     counts = folder.counts()
-    print(f"{len(folder.class_names)} classes, {len(folder.train)} training and {len(folder.validation)} validation "
-          f"images" + (f"; {len(folder.skipped)} file(s) skipped (listed in {SPLIT})" if folder.skipped else ""))
     batch, per_epoch, epochs, warmup = schedule(len(folder.train), args.batch_size, args.epochs, args.steps)
     device_batch = args.device_batch_size or min(batch, 32)
     accumulation = recipes.gradient_accumulation_steps(batch, device_batch)
-
-    keras.utils.set_random_seed(args.seed)
-    model = build_model(args, folder.class_names)  # before anything is written: bad weights leave no trace
-    if args.lora:
-        from keras_vit.lora import enable_lora
-
-        enable_lora(model, args.lora)
-    recipes.compile_for_finetuning(model, total_steps=per_epoch * epochs, base_lr=args.lr, warmup_steps=warmup,
-                                   batch_size=batch, device_batch_size=device_batch, layer_decay=args.layer_decay)
+    # built before anything is written: bad weights leave no trace
+    model = _build_and_compile(args, folder.class_names, batch, device_batch, per_epoch * epochs, warmup)
     out = args.out
-    if args.overwrite and os.path.isdir(out):
-        shutil.rmtree(out)
-    os.makedirs(out, exist_ok=True)
-    if not resuming:
-        write_json(os.path.join(out, MARKER), flags)
-    folder.save(os.path.join(out, SPLIT))
+    _start_out(args, flags, resuming, folder)
     print(f"batch {batch} ({accumulation} x {device_batch} on the device), {epochs} epochs of {per_epoch} updates, "
           f"{warmup} warm-up, base learning rate {args.lr}" + (f", LoRA rank {args.lora}" if args.lora else ""))
 
@@ -329,51 +312,12 @@ def run(args, callbacks=()):
     done = backup.restore(model)  # train steps done before an interruption (0 for a new run)
     steps_per_epoch = per_epoch * accumulation
     initial_epoch = done // steps_per_epoch
-    history = {}
-    history_path = os.path.join(out, BACKUP, "history.json")
-    if done and os.path.exists(history_path):
-        with open(history_path) as f:
-            history = {k: v[:initial_epoch] for k, v in json.load(f).items()}
-        print(f"resuming {out}: {initial_epoch} of {epochs} epochs done")
+    history = _history_so_far(out, done, initial_epoch, epochs)
     train, validation = data.from_directory(folder, args.image_size, device_batch, skip_batches=done,
                                             image_dtype="uint8", pipeline=args.pipeline)
-    keep_history, keep_best, time_left, best_path = _callbacks(out, history, epochs, initial_epoch)
-    start = time.perf_counter()
-    if initial_epoch < epochs:
-        try:
-            model.fit(train, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
-                      validation_data=validation, verbose=0 if args.quiet else 1, shuffle=False,
-                      callbacks=[recipes.NonFiniteLossStop(checkpoint_hint=backup.path), keep_history, keep_best,
-                                 time_left, backup, *callbacks])
-        except KeyboardInterrupt:
-            print(f"\ninterrupted: the same command with --resume continues from the last epoch's backup in {out}",
-                  flush=True)
-            raise
-        except recipes.NonFiniteLossError as err:  # the CLI's one-line error; the last good backup is kept
-            raise ValueError(f"{err} (--lr {args.lr}: a lower --lr, then --resume or --overwrite)") from None
-    seconds = time.perf_counter() - start
-    model.load_weights(best_path)
-    if args.lora:
-        from keras_vit.lora import merge_lora
-
-        model = merge_lora(model)  # the best weights were written merged: the adapters now hold zeros
-    from keras_vit.recipes import report
-
-    result = report.evaluate(model, validation, folder)
-    model = _served(model, folder.class_names)
-    from keras_vit.convert import save_keras
-
-    save_keras(model, os.path.join(out, "model.keras"))
-    report.write_figures(out, history, result, folder)
-    report.write_per_class(os.path.join(out, "per_class.csv"), result, counts)
-    exported = None
-    if args.export:
-        from keras_vit.export import export
-
-        shutil.rmtree(os.path.join(out, "export"), ignore_errors=True)  # a resumed run's half-written one
-        exported = export(model, os.path.join(out, "export"), args.export)
-        with atomic_write(os.path.join(out, "export", "class_names.txt")) as tmp, open(tmp, "w", encoding="utf-8") as f:
-            f.write("\n".join(folder.class_names) + "\n")
+    seconds, best_path = _fit(model, args, train, validation, backup, history, initial_epoch, epochs,
+                              steps_per_epoch, callbacks)
+    result, exported = _evaluate_and_save(model, args, best_path, validation, folder, history, counts)
     scores = history.get("val_accuracy", [])
     summary = {
         "directory": os.path.abspath(args.directory), "class_names": list(folder.class_names),
@@ -391,6 +335,113 @@ def run(args, callbacks=()):
     shutil.rmtree(os.path.join(out, BACKUP), ignore_errors=True)
     print(f"validation accuracy {result['accuracy']:.4f} (best epoch {summary['best_epoch']} of {epochs}); wrote {out}")
     return summary
+
+
+def _read_folder(args):
+    """The scanned --directory (its split by --validation-split and --seed), its counts said."""
+    from keras_vit.image_folder import scan
+
+    print(f"reading {args.directory} ...", flush=True)
+    folder = scan(args.directory, args.validation_split, args.seed, labels_csv=args.labels_csv, strict=args.strict,
+                  verbose=not args.quiet)
+    print(f"{len(folder.class_names)} classes, {len(folder.train)} training and {len(folder.validation)} validation "
+          f"images" + (f"; {len(folder.skipped)} file(s) skipped (listed in {SPLIT})" if folder.skipped else ""))
+    return folder
+
+
+def _build_and_compile(args, class_names, batch, device_batch, total_steps, warmup):
+    """The model to fine-tune (build_model, with --lora its adapters), seeded by --seed and compiled with
+    the paper's recipe for this schedule."""
+    import keras
+
+    from keras_vit import recipes
+
+    keras.utils.set_random_seed(args.seed)
+    model = build_model(args, class_names)
+    if args.lora:
+        from keras_vit.lora import enable_lora
+
+        enable_lora(model, args.lora)
+    recipes.compile_for_finetuning(model, total_steps=total_steps, base_lr=args.lr, warmup_steps=warmup,
+                                   batch_size=batch, device_batch_size=device_batch, layer_decay=args.layer_decay)
+    return model
+
+
+def _start_out(args, flags, resuming, folder):
+    """--out made (emptied first with --overwrite), the run's flags written to a new run's marker, and
+    the folder's split to split.json."""
+    out = args.out
+    if args.overwrite and os.path.isdir(out):
+        shutil.rmtree(out)
+    os.makedirs(out, exist_ok=True)
+    if not resuming:
+        write_json(os.path.join(out, MARKER), flags)
+    folder.save(os.path.join(out, SPLIT))
+
+
+def _history_so_far(out, done, initial_epoch, epochs):
+    """The per-epoch metrics of the epochs before `initial_epoch` a resumed run backed up (said); {} for a
+    new run."""
+    history = {}
+    history_path = os.path.join(out, BACKUP, "history.json")
+    if done and os.path.exists(history_path):
+        with open(history_path) as f:
+            history = {k: v[:initial_epoch] for k, v in json.load(f).items()}
+        print(f"resuming {out}: {initial_epoch} of {epochs} epochs done")
+    return history
+
+
+def _fit(model, args, train, validation, backup, history, initial_epoch, epochs, steps_per_epoch, callbacks):
+    """Trains the epochs from `initial_epoch` on, backing up at each end and keeping the best one's weights;
+    returns the seconds it took and the best weights' file."""
+    from keras_vit import recipes
+
+    out = args.out
+    keep_history, keep_best, time_left, best_path = _callbacks(out, history, epochs, initial_epoch)
+    start = time.perf_counter()
+    if initial_epoch < epochs:
+        try:
+            model.fit(train, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
+                      validation_data=validation, verbose=0 if args.quiet else 1, shuffle=False,
+                      callbacks=[recipes.NonFiniteLossStop(checkpoint_hint=backup.path), keep_history, keep_best,
+                                 time_left, backup, *callbacks])
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: the same command with --resume continues from the last epoch's backup in {out}",
+                  flush=True)
+            raise
+        except recipes.NonFiniteLossError as err:  # the CLI's one-line error; the last good backup is kept
+            raise ValueError(f"{err} (--lr {args.lr}: a lower --lr, then --resume or --overwrite)") from None
+    return time.perf_counter() - start, best_path
+
+
+def _evaluate_and_save(model, args, best_path, validation, folder, history, counts):
+    """The best epoch's model (its LoRA adapters merged) evaluated on the validation split and written to
+    --out: model.keras, the figures, per_class.csv, with --export the served artefact. Returns (the
+    evaluation, the artefact's path or None)."""
+    model.load_weights(best_path)
+    if args.lora:
+        from keras_vit.lora import merge_lora
+
+        model = merge_lora(model)  # the best weights were written merged: the adapters now hold zeros
+    from keras_vit.recipes import report
+
+    out = args.out
+    result = report.evaluate(model, validation, folder)
+    model = _served(model, folder.class_names)
+    from keras_vit.convert import save_keras
+
+    save_keras(model, os.path.join(out, "model.keras"))
+    report.write_figures(out, history, result, folder)
+    report.write_per_class(os.path.join(out, "per_class.csv"), result, counts)
+    exported = None
+    if args.export:
+        from keras_vit.export import export
+
+        shutil.rmtree(os.path.join(out, "export"), ignore_errors=True)  # a resumed run's half-written one
+        exported = export(model, os.path.join(out, "export"), args.export)
+        with atomic_write(os.path.join(out, "export", "class_names.txt")) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            f.write("\n".join(folder.class_names) + "\n")
+    return result, exported
 
 
 __all__ = ["add_parser", "build_model", "run", "schedule"]
