@@ -499,44 +499,57 @@ def tf_datasets(folder, image_size, stream, eval_batch_size, image_dtype="float3
     for what TensorFlow does not decode as Pillow does); validation is None without validation images."""
     import tensorflow as tf
 
+    size = pair(image_size, "image_size")
+    train = _tf_train(tf, folder, size, stream, image_dtype)
+    if not folder.validation:
+        return train, None
+    return train, _tf_validation(tf, folder, size, stream, eval_batch_size, image_dtype)
+
+
+def _tf_tables(tf, root, records):
+    """(paths, labels, decoders, shapes) of the images `records` under `root`, as constant tensors."""
+    return (tf.constant([os.path.join(root, r[0]) for r in records]),
+            tf.constant([r[1] for r in records], tf.int32), tf.constant([r[4] for r in records], tf.int32),
+            tf.constant([r[2:4] for r in records], tf.int64))
+
+
+def _tf_decode(tf, path, decoder):
+    """The whole image at `path` (uint8 HWC) through its `decoder`: Pillow, TensorFlow's JPEG or PNG one."""
+    def pillow():
+        image = tf.numpy_function(lambda p: read_image(p.decode()), [path], tf.uint8, stateful=False)
+        return tf.ensure_shape(image, [None, None, 3])
+
+    return tf.switch_case(decoder, [
+        pillow,
+        lambda: tf.io.decode_jpeg(tf.io.read_file(path), channels=3, dct_method="INTEGER_ACCURATE"),
+        lambda: tf.io.decode_png(tf.io.read_file(path), channels=3)])
+
+
+def _tf_decode_box(tf, path, decoder, box, shape):
+    """The `box` (top, left, height, width) of the image, as a full decode would give it. A JPEG decodes
+    only a window a margin wider than the box: libjpeg's cropped decode differs from the full one
+    near the window's edges (chroma upsampling), never farther in than one iMCU (<= 32 px)."""
+    def jpeg():
+        start = tf.maximum(box[:2] - JPEG_CROP_MARGIN, 0)
+        end = tf.minimum(box[:2] + box[2:] + JPEG_CROP_MARGIN, shape)
+        window = tf.image.decode_and_crop_jpeg(tf.io.read_file(path), tf.cast(tf.concat([start, end - start], 0),
+                                               tf.int32), channels=3, dct_method="INTEGER_ACCURATE")
+        return tf.slice(window, tf.concat([box[:2] - start, [0]], 0), tf.concat([box[2:], [3]], 0))
+
+    def whole():
+        return tf.slice(_tf_decode(tf, path, decoder), tf.concat([box[:2], [0]], 0), tf.concat([box[2:], [3]], 0))
+
+    return tf.cond(tf.equal(decoder, TF_JPEG), jpeg, whole)
+
+
+def _tf_train(tf, folder, size, stream, image_dtype):
+    """The training batches: passes over the folder's training images in plan_pass's order, crops and
+    flips, from image `stream.start` on, this process's rows of each batch."""
     from keras_vit.data import _finish, _this_process
 
-    size = pair(image_size, "image_size")
     autotune = tf.data.AUTOTUNE
-
-    def tables(records):
-        return (tf.constant([os.path.join(folder.root, r[0]) for r in records]),
-                tf.constant([r[1] for r in records], tf.int32), tf.constant([r[4] for r in records], tf.int32),
-                tf.constant([r[2:4] for r in records], tf.int64))
-
-    def decode(path, decoder):
-        def pillow():
-            image = tf.numpy_function(lambda p: read_image(p.decode()), [path], tf.uint8, stateful=False)
-            return tf.ensure_shape(image, [None, None, 3])
-
-        return tf.switch_case(decoder, [
-            pillow,
-            lambda: tf.io.decode_jpeg(tf.io.read_file(path), channels=3, dct_method="INTEGER_ACCURATE"),
-            lambda: tf.io.decode_png(tf.io.read_file(path), channels=3)])
-
-    def decode_box(path, decoder, box, shape):
-        """The `box` (top, left, height, width) of the image, as a full decode would give it. A JPEG decodes
-        only a window a margin wider than the box: libjpeg's cropped decode differs from the full one
-        near the window's edges (chroma upsampling), never farther in than one iMCU (<= 32 px)."""
-        def jpeg():
-            start = tf.maximum(box[:2] - JPEG_CROP_MARGIN, 0)
-            end = tf.minimum(box[:2] + box[2:] + JPEG_CROP_MARGIN, shape)
-            window = tf.image.decode_and_crop_jpeg(tf.io.read_file(path), tf.cast(tf.concat([start, end - start], 0),
-                                                   tf.int32), channels=3, dct_method="INTEGER_ACCURATE")
-            return tf.slice(window, tf.concat([box[:2] - start, [0]], 0), tf.concat([box[2:], [3]], 0))
-
-        def whole():
-            return tf.slice(decode(path, decoder), tf.concat([box[:2], [0]], 0), tf.concat([box[2:], [3]], 0))
-
-        return tf.cond(tf.equal(decoder, TF_JPEG), jpeg, whole)
-
     n = len(folder.train)
-    paths, labels, decoders, shapes = tables(folder.train)
+    paths, labels, decoders, shapes = _tf_tables(tf, folder.root, folder.train)
     first_pass, offset = divmod(stream.start, n)
 
     def one_pass(pass_index):
@@ -547,7 +560,8 @@ def tf_datasets(folder, image_size, stream, eval_batch_size, image_dtype="float3
         return ds.skip(tf.where(pass_index == first_pass, tf.constant(offset, tf.int64), 0))
 
     def train_map(index, box, flip):
-        image = tf.image.resize(decode_box(paths[index], decoders[index], box, shapes[index]), size, "bilinear")
+        image = tf.image.resize(_tf_decode_box(tf, paths[index], decoders[index], box, shapes[index]), size,
+                                "bilinear")
         image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
         image.set_shape([*size, 3])
         return _finish(tf, image, image_dtype), labels[index]
@@ -558,21 +572,26 @@ def tf_datasets(folder, image_size, stream, eval_batch_size, image_dtype="float3
     train = train.map(train_map, num_parallel_calls=autotune, deterministic=True)
     train = train.batch(stream.rows, drop_remainder=stream.drop_remainder)
     count = stream.num_batches(n)
-    train = train.apply(tf.data.experimental.assert_cardinality(
+    return train.apply(tf.data.experimental.assert_cardinality(
         tf.data.INFINITE_CARDINALITY if count is None else count)).prefetch(autotune)
-    if not folder.validation:
-        return train, None
-    paths_v, labels_v, decoders_v, _ = tables(folder.validation)
+
+
+def _tf_validation(tf, folder, size, stream, eval_batch_size, image_dtype):
+    """The validation batches: the folder's validation images resized whole, this process's rows of each."""
+    from keras_vit.data import _finish, _this_process
+
+    autotune = tf.data.AUTOTUNE
+    paths_v, labels_v, decoders_v, _ = _tf_tables(tf, folder.root, folder.validation)
 
     def eval_map(index):
-        image = tf.image.resize(decode(paths_v[index], decoders_v[index]), size, "bilinear")
+        image = tf.image.resize(_tf_decode(tf, paths_v[index], decoders_v[index]), size, "bilinear")
         image.set_shape([*size, 3])
         return _finish(tf, image, image_dtype), labels_v[index]
 
     validation = _this_process(tf.data.Dataset.range(len(folder.validation)), eval_batch_size,
                                stream.process_index, stream.process_count)
     validation = validation.map(eval_map, num_parallel_calls=autotune, deterministic=True)
-    return train, validation.batch(eval_batch_size // stream.process_count).prefetch(autotune)
+    return validation.batch(eval_batch_size // stream.process_count).prefetch(autotune)
 
 
 def tensorflow_available():
