@@ -134,7 +134,42 @@ def plan_npz(model, arrays, source="checkpoint"):
     resizers = _resizers(model)
     assignments, notes = {}, []
     missing, mismatched, not_float = [], [], []
+    replace_head = _replaces_head(targets, arrays, notes)
+    for key, var in targets.items():
+        shape = _shape(var)
+        if key.startswith(HEADS) and replace_head:
+            assignments[key] = (var, np.zeros(shape, np.float32))
+            continue
+        if key not in arrays:
+            missing.append(key)
+            continue
+        value, error = _resized(key, arrays[key], shape, posembed, resizers, notes)
+        if error is None and value.shape != shape:
+            why = (" (1-D relative offsets in raster order mean other positions on another grid: train at "
+                   "this resolution)") if key.endswith("/rel_embedding") else ""
+            error = f"{key}: file {tuple(value.shape)}, model {shape}{why}"
+        if error is not None:
+            mismatched.append(error)
+            continue
+        if not np.issubdtype(value.dtype, np.floating):
+            not_float.append(f"{key}: dtype {value.dtype}, expected floating point")
+            continue
+        assignments[key] = (var, value)
 
+    tolerated = ("pre_logits/", *HEADS, "MAPHead_0/", "fc_norm/")  # what a model without the head or pooling leaves
+    unused = sorted(k for k in arrays if k not in targets)
+    unexpected = [k for k in unused if not k.startswith(tolerated)]
+    if missing or mismatched or not_float or unexpected:
+        _refuse(model, source, missing, mismatched, not_float, unexpected)
+    dropped = sorted({k.split("/")[0] for k in unused})
+    if dropped:
+        notes.append(f"not used: {', '.join(dropped)} ({sum(1 for _ in unused)} arrays)")
+    return assignments, notes
+
+
+def _replaces_head(targets, arrays, notes):
+    """Whether the model's head (of `targets`, its variables) is replaced by a zero-initialised one: the
+    file has none, one of other classes, or one on pre-logits the model lacks (the why appended to `notes`)."""
     model_head = targets.get("head/kernel")
     replace_head = False
     if model_head is not None:
@@ -148,70 +183,54 @@ def plan_npz(model, arrays, source="checkpoint"):
             replace_head, why = True, "the file's head sits on pre-logits that the model does not have"
         if replace_head:
             notes.append(f"new zero-initialised head ({why}; paper 3.2)")
+    return replace_head
 
-    for key, var in targets.items():
-        shape = _shape(var)
-        if key.startswith(HEADS) and replace_head:
-            assignments[key] = (var, np.zeros(shape, np.float32))
-            continue
-        if key not in arrays:
-            missing.append(key)
-            continue
-        value = arrays[key]
-        if key == POSEMB_KEY and value.shape != shape and value.ndim == 3 and value.shape[-1] == shape[-1]:
-            layer = posembed
-            try:
-                value = layer.resize_official(key, value)  # by the layer's rule (the paper's, timm's, ...)
-            except ValueError as err:
-                mismatched.append(f"{key}: cannot resize {value.shape} to {shape}: {err}")
-                continue
-            old = math.isqrt(arrays[key].shape[1] - layer.num_prefix_tokens)
-            notes.append(f"position embeddings resized from a {old}x{old} to a {layer.grid_size[0]}x{layer.grid_size[1]} grid")
-        elif key == PATCH_KEY and value.ndim == 4 and len(shape) == 4 and value.shape[0] == value.shape[1] \
-                and shape[0] == shape[1] and value.shape[2:] == shape[2:] and value.shape[0] != shape[0]:
-            value = resize_patch_embedding(value, shape[0])  # FlexiViT's pseudo-inverse resize
-            notes.append(f"patch embedding resized from {arrays[key].shape[0]}x{arrays[key].shape[0]} to "
-                         f"{shape[0]}x{shape[1]} patches (FlexiViT pseudo-inverse)")
-        elif value.shape != shape and key in resizers:
-            layer, name = resizers[key]
-            try:
-                value = layer.resize_official(name, value)
-            except ValueError as err:
-                mismatched.append(f"{key}: cannot resize {value.shape} to {shape}: {err}")
-                continue
-            notes.append(f"{key} resized from {tuple(arrays[key].shape)} to {shape}")
-        elif value.shape != shape and value.size == math.prod(shape) and value.squeeze().shape == tuple(
-            d for d in shape if d != 1
-        ):
-            value = value.reshape(shape)  # e.g. GroupNorm scale stored as (1, 1, 1, C)
-        if value.shape != shape:
-            why = (" (1-D relative offsets in raster order mean other positions on another grid: train at "
-                   "this resolution)") if key.endswith("/rel_embedding") else ""
-            mismatched.append(f"{key}: file {tuple(value.shape)}, model {shape}{why}")
-            continue
-        if not np.issubdtype(value.dtype, np.floating):
-            not_float.append(f"{key}: dtype {value.dtype}, expected floating point")
-            continue
-        assignments[key] = (var, value)
 
-    tolerated = ("pre_logits/", *HEADS, "MAPHead_0/", "fc_norm/")  # what a model without the head or pooling leaves
-    unused = sorted(k for k in arrays if k not in targets)
-    unexpected = [k for k in unused if not k.startswith(tolerated)]
-    if missing or mismatched or not_float or unexpected:
-        lines = []
-        for title, items in (("missing from the file", missing), ("shape mismatch", mismatched),
-                             ("not floating point", not_float), ("in the file but not in the model", unexpected)):
-            if items:
-                shown = "\n    ".join(items[:12]) + (f"\n    ... and {len(items) - 12} more" if len(items) > 12 else "")
-                lines.append(f"  {len(items)} {title}:\n    {shown}")
-        raise ValueError(
-            f"{source} does not fit model {model.name!r} (another variant, resolution or classifier?); "
-            "the model's weights were left unchanged.\n" + "\n".join(lines)
-        )
-    dropped = sorted({k.split("/")[0] for k in unused})
-    if dropped:
-        notes.append(f"not used: {', '.join(dropped)} ({sum(1 for _ in unused)} arrays)")
-    return assignments, notes
+def _resized(key, value, shape, posembed, resizers, notes):
+    """(value, None): the file's array `value` of `key` brought to the model's `shape` where a rule does it
+    (the position embeddings by their layer's rule, the patch embedding by FlexiViT's pseudo-inverse, an
+    array its layer resizes, a reshape of unit axes; each resize's note appended to `notes`), else as it
+    is; (None, why) where the resize fails."""
+    original = value
+    if key == POSEMB_KEY and value.shape != shape and value.ndim == 3 and value.shape[-1] == shape[-1]:
+        layer = posembed
+        try:
+            value = layer.resize_official(key, value)  # by the layer's rule (the paper's, timm's, ...)
+        except ValueError as err:
+            return None, f"{key}: cannot resize {value.shape} to {shape}: {err}"
+        old = math.isqrt(original.shape[1] - layer.num_prefix_tokens)
+        notes.append(f"position embeddings resized from a {old}x{old} to a {layer.grid_size[0]}x{layer.grid_size[1]} grid")
+    elif key == PATCH_KEY and value.ndim == 4 and len(shape) == 4 and value.shape[0] == value.shape[1] \
+            and shape[0] == shape[1] and value.shape[2:] == shape[2:] and value.shape[0] != shape[0]:
+        value = resize_patch_embedding(value, shape[0])  # FlexiViT's pseudo-inverse resize
+        notes.append(f"patch embedding resized from {original.shape[0]}x{original.shape[0]} to "
+                     f"{shape[0]}x{shape[1]} patches (FlexiViT pseudo-inverse)")
+    elif value.shape != shape and key in resizers:
+        layer, name = resizers[key]
+        try:
+            value = layer.resize_official(name, value)
+        except ValueError as err:
+            return None, f"{key}: cannot resize {value.shape} to {shape}: {err}"
+        notes.append(f"{key} resized from {tuple(original.shape)} to {shape}")
+    elif value.shape != shape and value.size == math.prod(shape) and value.squeeze().shape == tuple(
+        d for d in shape if d != 1
+    ):
+        value = value.reshape(shape)  # e.g. GroupNorm scale stored as (1, 1, 1, C)
+    return value, None
+
+
+def _refuse(model, source, missing, mismatched, not_float, unexpected):
+    """The ValueError of a file that does not fit the model, listing (12 at most each) what does not fit."""
+    lines = []
+    for title, items in (("missing from the file", missing), ("shape mismatch", mismatched),
+                         ("not floating point", not_float), ("in the file but not in the model", unexpected)):
+        if items:
+            shown = "\n    ".join(items[:12]) + (f"\n    ... and {len(items) - 12} more" if len(items) > 12 else "")
+            lines.append(f"  {len(items)} {title}:\n    {shown}")
+    raise ValueError(
+        f"{source} does not fit model {model.name!r} (another variant, resolution or classifier?); "
+        "the model's weights were left unchanged.\n" + "\n".join(lines)
+    )
 
 
 def load_npz(model, path):
