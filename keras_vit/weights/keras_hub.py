@@ -288,11 +288,21 @@ def architecture(backbone, task, tensors):
         prefix_position_embedding=True, layer_scale=None, fc_norm=False, input_mode=BACKBONES[kind][1],
         position_interpolation="bilinear",  # keras-hub does not resize them: the paper's rule
     )
+    arch.update(_family_arguments(kind, cfg))
+    arch["source_head"] = BACKBONE  # a backbone returns its tokens: keras-vit's model, the pooled representation
+    if task is not None:
+        arch.update(_task_arguments(task, arch["classifier"], tensors))
+    return arch
+
+
+def _family_arguments(kind, cfg):
+    """The builder arguments that the backbone class `kind` (of config `cfg`) sets its own way: the MLP, the
+    LayerNorms, the pooling, DINOv2's layer scale, registers and position interpolation."""
     if kind == "ViTBackbone":
-        arch.update(mlp_dim=int(cfg["mlp_dim"]), approximate_gelu=False,
+        return dict(mlp_dim=int(cfg["mlp_dim"]), approximate_gelu=False,
                     layer_norm_epsilon=float(cfg.get("layer_norm_epsilon", 1e-6)), pre_norm=False,
                     mlp_activation="gelu", classifier="token" if cfg.get("use_class_token", True) else "gap")
-    elif kind == "SigLIPVisionEncoder":
+    if kind == "SigLIPVisionEncoder":
         act = cfg.get("intermediate_activation", "gelu_approximate")
         epsilon = float(cfg.get("layer_norm_epsilon", 1e-6))
         if act not in SIGLIP_GELUS:
@@ -301,48 +311,49 @@ def architecture(backbone, task, tensors):
         if epsilon != 1e-6:  # its final LayerNorm keeps 1e-6 whatever the config says; keras-vit's share one
             raise ValueError(f"a SigLIPVisionEncoder of layer_norm_epsilon {epsilon:g}: its final LayerNorm's is "
                              "1e-6 and keras-vit's LayerNorms share one epsilon; keras_vit reads 1e-6")
-        arch.update(mlp_dim=int(cfg["intermediate_dim"]), approximate_gelu=SIGLIP_GELUS[act],
+        return dict(mlp_dim=int(cfg["intermediate_dim"]), approximate_gelu=SIGLIP_GELUS[act],
                     layer_norm_epsilon=epsilon, pre_norm=False, mlp_activation="gelu", classifier="map")
-    elif kind == "DINOV2Backbone":
+    if kind == "DINOV2Backbone":
         swiglu = bool(cfg.get("use_swiglu_ffn", False))
         width = int(cfg["intermediate_dim"])
-        arch.update(mlp_dim=(int(width * 2 / 3) + 7) // 8 * 8 if swiglu else width, approximate_gelu=False,
+        return dict(mlp_dim=(int(width * 2 / 3) + 7) // 8 * 8 if swiglu else width, approximate_gelu=False,
                     layer_norm_epsilon=1e-6, pre_norm=False, mlp_activation="swiglu" if swiglu else "gelu",
                     layer_scale=float(cfg.get("layer_scale_init_value", 1.0)),
                     num_register_tokens=int(cfg.get("num_register_tokens", 0)),
                     position_interpolation="bicubic")  # keras-vit's (torch's); keras-hub resizes with Keras' bicubic
-    else:  # CLIPVisionEncoder
-        act = cfg.get("intermediate_activation", "quick_gelu")
-        if act not in ("quick_gelu", "gelu"):
-            raise ValueError(f"a CLIPVisionEncoder with intermediate_activation {act!r}; keras_vit builds "
-                             "'quick_gelu' and 'gelu'")
-        if cfg.get("intermediate_output_index") is not None:
-            raise ValueError("a CLIPVisionEncoder with intermediate_output_index (two outputs); save one without it")
-        arch.update(mlp_dim=int(cfg["intermediate_dim"]), approximate_gelu=False, layer_norm_epsilon=1e-5,
-                    pre_norm=True, mlp_activation=act)
-    arch["source_head"] = BACKBONE  # a backbone returns its tokens: keras-vit's model, the pooled representation
-    if task is not None:
-        tcfg = task["config"]
-        if "num_classes" not in tcfg:
-            raise ValueError(f"task.json of a {task['class_name']} without num_classes")
-        pooling = tcfg.get("pooling", "token")
-        if pooling != arch["classifier"]:
-            has = "a class token" if arch["classifier"] == "token" else "no class token"
-            raise ValueError(f"a {task['class_name']} of pooling {pooling!r} over a backbone with {has}; keras_vit "
-                             "pools the class token ('token') of a backbone with one and the mean of the tokens "
-                             "('gap') of one without")
-        activation = tcfg.get("activation")
-        if activation is not None and not isinstance(activation, str):
-            raise ValueError(f"a {task['class_name']} whose activation is {activation!r}; expected None or a name")
-        denses = _task_denses(tensors)
-        pre = tcfg.get("intermediate_dim")
-        if len(denses) != 1 + (pre is not None):
-            raise ValueError(f"{TASK_WEIGHTS} holds {len(denses)} Dense layers ({', '.join(d[0] for d in denses)}); "
-                             f"a {task['class_name']} with intermediate_dim={pre} has {1 + (pre is not None)}")
-        arch.update(classes=int(tcfg["num_classes"]), pre_logits=pre is not None, classifier_activation=activation,
-                    representation_size=None if pre is None else int(pre),
-                    source_head=CLASSIFIER)
-    return arch
+    # CLIPVisionEncoder
+    act = cfg.get("intermediate_activation", "quick_gelu")
+    if act not in ("quick_gelu", "gelu"):
+        raise ValueError(f"a CLIPVisionEncoder with intermediate_activation {act!r}; keras_vit builds "
+                         "'quick_gelu' and 'gelu'")
+    if cfg.get("intermediate_output_index") is not None:
+        raise ValueError("a CLIPVisionEncoder with intermediate_output_index (two outputs); save one without it")
+    return dict(mlp_dim=int(cfg["intermediate_dim"]), approximate_gelu=False, layer_norm_epsilon=1e-5,
+                pre_norm=True, mlp_activation=act)
+
+
+def _task_arguments(task, classifier, tensors):
+    """The builder arguments of an image classifier task (task.json's `task`, its Dense layers in `tensors`)
+    over a backbone pooling by `classifier`: its classes, pre-logits and activation."""
+    tcfg = task["config"]
+    if "num_classes" not in tcfg:
+        raise ValueError(f"task.json of a {task['class_name']} without num_classes")
+    pooling = tcfg.get("pooling", "token")
+    if pooling != classifier:
+        has = "a class token" if classifier == "token" else "no class token"
+        raise ValueError(f"a {task['class_name']} of pooling {pooling!r} over a backbone with {has}; keras_vit "
+                         "pools the class token ('token') of a backbone with one and the mean of the tokens "
+                         "('gap') of one without")
+    activation = tcfg.get("activation")
+    if activation is not None and not isinstance(activation, str):
+        raise ValueError(f"a {task['class_name']} whose activation is {activation!r}; expected None or a name")
+    denses = _task_denses(tensors)
+    pre = tcfg.get("intermediate_dim")
+    if len(denses) != 1 + (pre is not None):
+        raise ValueError(f"{TASK_WEIGHTS} holds {len(denses)} Dense layers ({', '.join(d[0] for d in denses)}); "
+                         f"a {task['class_name']} with intermediate_dim={pre} has {1 + (pre is not None)}")
+    return dict(classes=int(tcfg["num_classes"]), pre_logits=pre is not None, classifier_activation=activation,
+                representation_size=None if pre is None else int(pre), source_head=CLASSIFIER)
 
 
 def _zero_bias(key, kernel):
