@@ -1,26 +1,16 @@
-"""The Vision Transformer builder (paper section 3.1, Figure 1)."""
+"""The Vision Transformer builder (paper section 3.1, Figure 1): `build_vit` checks its options as a
+`keras_vit.vit_config.ViTConfig`, then builds the model in stages: inputs, embedding, encoder,
+pooling, top."""
 
 import keras
 
 from keras_vit import layers as L
 from keras_vit.calls import KeepsStateOnError
 from keras_vit.configs import pair, resnet_stride
-from keras_vit.interpolation import check_interpolation
-from keras_vit.layers.attention import check_attention_implementation
-from keras_vit.layers.mlp import check_mlp_activation
-from keras_vit.preprocessing import NORMALIZATIONS, check_class_names, input_scaling
+from keras_vit.preprocessing import check_class_names, input_scaling
 from keras_vit.structure import output_kind
-
-CLASSIFIERS = ("token", "gap", "map")
-POOLINGS = ("representation", None, "token", "avg")
-# paper appendix D.4 / Table 8: what encodes position, and where it is added
-POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "relative", "none")
-POSITION_PLACEMENTS = ("once", "every_layer", "every_layer_shared")
-# what the model's input holds: images already in [-1, 1], or uint8 [0, 255] scaled on the device
-INPUT_DTYPES = ("float32", "uint8")
-# what the top is: a classifier (logits, or probabilities through classifier_activation) or a projection
-# into an embedding space (CLIP's), whose output is named "embeddings" and takes no activation
-HEADS = ("classifier", "projection")
+from keras_vit.vit_config import (  # noqa: F401 (the option names, importable from here as before)
+    CLASSIFIERS, HEADS, INPUT_DTYPES, POOLINGS, POSITION_EMBEDDINGS, POSITION_PLACEMENTS, ViTConfig)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -242,175 +232,130 @@ def build_vit(
             "bicubic_antialias" (timm), "bicubic" (most Hugging Face models), "bilinear_half_pixel"
             (see `keras_vit.interpolation.POSITION_INTERPOLATIONS`).
     """
-    if position_embedding not in POSITION_EMBEDDINGS:
-        raise ValueError(f"unknown position_embedding {position_embedding!r}; expected one of {POSITION_EMBEDDINGS}")
-    if position_placement not in POSITION_PLACEMENTS:
-        raise ValueError(f"unknown position_placement {position_placement!r}; expected one of {POSITION_PLACEMENTS}")
-    if position_placement != "once" and not position_embedding.startswith("learned"):
-        raise ValueError(
-            f"position_placement={position_placement!r} needs a learned position embedding, got "
-            f"position_embedding={position_embedding!r} (Table 8 has no such variant)"
-        )
-    if input_dtype not in INPUT_DTYPES:
-        raise ValueError(f"unknown input_dtype {input_dtype!r}; expected one of {INPUT_DTYPES}")
-    if input_mode not in NORMALIZATIONS or (input_mode != "vit" and input_dtype != "uint8"):
-        raise ValueError(f"input_mode {input_mode!r} must be one of {tuple(NORMALIZATIONS)}, and other than 'vit' "
-                         f"only with input_dtype='uint8' (got input_dtype={input_dtype!r})")
-    check_attention_implementation(attention_implementation)
-    if head not in HEADS:
-        raise ValueError(f"unknown head {head!r}; expected one of {HEADS}")
-    if head == "projection" and include_top and (classifier_activation is not None or distillation_token):
-        raise ValueError(f"head='projection' outputs an embedding: it takes classifier_activation=None and no "
-                         f"distillation token, got classifier_activation={classifier_activation!r}, "
-                         f"distillation_token={distillation_token!r}")
-    if classifier not in CLASSIFIERS:
-        raise ValueError(f"unknown classifier {classifier!r}; expected one of {CLASSIFIERS}")
-    if classifier_activation is not None:  # checked with or without a top, as every other argument
-        try:
-            keras.activations.get(classifier_activation)
-        except (ValueError, TypeError):
-            raise ValueError(f"unknown classifier_activation {classifier_activation!r}; expected None, the name of "
-                             "a Keras activation (e.g. 'softmax') or a callable") from None
-    for key, value in (("patch_size", patch_size), ("hidden_size", hidden_size), ("mlp_dim", mlp_dim),
-                       ("num_heads", num_heads), ("num_layers", num_layers), ("classes", classes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{key} must be a positive int, got {value!r}")
-    if hidden_size % num_heads:
-        raise ValueError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
-    if resnet is not None:
-        unknown = set(resnet) - {"num_layers", "width_factor"}
-        if unknown or "num_layers" not in resnet:
-            raise ValueError(f"resnet must be None or {{'num_layers': (...), 'width_factor': int}}, got {resnet!r}")
-    if pooling not in POOLINGS:
-        raise ValueError(f"unknown pooling {pooling!r}; expected one of {POOLINGS}")
-    if include_top and pooling != "representation":
-        raise ValueError(f"pooling={pooling!r} is for include_top=False (the head reads the representation)")
-    if pooling == "token" and classifier != "token":
-        raise ValueError(f'pooling="token" needs a class token; this model has classifier={classifier!r} (use "avg")')
-    if pooling != "representation" and representation_size is not None:
-        raise ValueError(f"representation_size (pre-logits) goes with pooling='representation', got pooling={pooling!r}")
-    check_mlp_activation(mlp_activation)
-    check_interpolation(position_interpolation, "position_interpolation")
-    if isinstance(num_register_tokens, bool) or not isinstance(num_register_tokens, int) or num_register_tokens < 0:
-        raise ValueError(f"num_register_tokens must be a non-negative int, got {num_register_tokens!r}")
-    layout = [f"num_register_tokens={num_register_tokens}"] if num_register_tokens else []
-    layout += [] if prefix_position_embedding else ["prefix_position_embedding=False"]
-    if position_placement != "once" and layout:
-        raise ValueError(f"position_placement={position_placement!r} adds position embeddings to every block's "
-                         f"tokens, which {', '.join(layout)} does not lay out; use position_placement='once'")
-    if not prefix_position_embedding and not position_embedding.startswith("learned"):
-        raise ValueError(f"prefix_position_embedding=False is about learned position embeddings, got "
-                         f"position_embedding={position_embedding!r}")
-    if distillation_token and classifier != "token":
-        raise ValueError(f"distillation_token=True sits beside a class token (classifier='token'), got "
-                         f"classifier={classifier!r}")
-    if distillation_token and (representation_size is not None or fc_norm):
-        raise ValueError("distillation_token=True takes no representation_size (pre-logits) and no fc_norm "
-                         "(DeiT has neither)")
-    cls_tokens = int(classifier == "token") + int(bool(distillation_token))
-    prefix = cls_tokens + num_register_tokens  # tokens before the patch grid
+    # every argument but the input and the name: the config's fields (tests/test_vit_config.py)
+    config = ViTConfig(**{k: v for k, v in locals().items() if k not in ("input_tensor", "name")})
     if input_tensor is not None and not keras.utils.is_keras_tensor(input_tensor):
         input_tensor = keras.Input(tensor=input_tensor)
-    stride = patch_size * resnet_stride(resnet and resnet["num_layers"])
-    image_size, hw, channels = _input_size(image_size, input_shape, input_tensor, stride)
-    grid = grid_size(image_size, patch_size, resnet)
-    runtime = None in hw
-    if runtime and (position_embedding != "learned_1d" or position_placement != "once"):
-        raise ValueError(
-            "a model of runtime resolution (image_size=None or a None height/width) takes "
-            "position_embedding='learned_1d' added once; got "
-            f"position_embedding={position_embedding!r}, position_placement={position_placement!r}")
+    image_size, hw, channels = _input_size(config.image_size, config.input_shape, input_tensor, config.stride)
+    grid = grid_size(image_size, config.patch_size, config.resnet)
+    runtime = None in hw  # takes any size: the layers that need the grid read it off the images
+    if runtime:
+        config.check_any_size()
+    inputs, images = _inputs(config, input_tensor, (*hw, channels))
+    x, posembed = _embed(config, images, grid, runtime)
+    x = _encoder(config, x, posembed, grid)
+    x = _pool(config, x, images, grid, runtime)
+    return ViTModel(inputs, _top(config, x), name=name)
 
+
+def _inputs(config, input_tensor, shape):
+    """(the model's inputs, the images the stem reads: [-1, 1] float32, uint8 scaled on the device)."""
     if input_tensor is None:
-        inputs = keras.Input((*hw, channels), name="images", dtype=input_dtype)
-        x = inputs
+        inputs = images = keras.Input(shape, name="images", dtype=config.input_dtype)
     else:
-        inputs, x = input_tensor, input_tensor
-    if input_dtype == "uint8" and input_mode == "vit":
-        x = keras.layers.Rescaling(1 / 127.5, offset=-1.0, name="rescale", dtype="float32")(x)
-    elif input_dtype == "uint8":
-        scale, offset = input_scaling(input_mode)
-        x = keras.layers.Rescaling(scale, offset=offset, name="rescale", dtype="float32")(x)
-    images = x
+        inputs, images = keras.utils.get_source_inputs(input_tensor), input_tensor
+    if config.input_dtype == "uint8":
+        scale, offset = (1 / 127.5, -1.0) if config.input_mode == "vit" else input_scaling(config.input_mode)
+        images = keras.layers.Rescaling(scale, offset=offset, name="rescale", dtype="float32")(images)
+    return inputs, images
 
-    if resnet is not None:
-        x = L.ResNetStem(tuple(resnet["num_layers"]), resnet.get("width_factor", 1), name="resnet")(x)
-    x = L.PatchEncoder(patch_size, hidden_size, name="embedding")(x)
-    posemb = {"learned_1d": L.AddPositionEmbs, "learned_2d": L.AddPositionEmbs2D}.get(position_embedding, L.NoPositionEmbs)
-    posemb_args = dict(grid_size=grid, num_prefix_tokens=cls_tokens if prefix_position_embedding else 0)
-    if runtime and position_embedding == "learned_1d":
-        posembed = L.AddPositionEmbs(**posemb_args, stride=stride, interpolation=position_interpolation,
-                                     name="posembed_input")
-        add_positions = lambda x: posembed(x, images)  # noqa: E731
-    else:
-        if posemb is L.AddPositionEmbs:
-            posemb_args["interpolation"] = position_interpolation
-        posembed = posemb(**posemb_args, name="posembed_input")
-        add_positions = posembed
-    if not prefix_position_embedding:
+
+def _position_embedding(config, grid, name, stride=None):
+    """A position layer of the configured kind laid out on `grid` (with `stride`: resized at call time
+    to the grid of the images it is given)."""
+    args = dict(grid_size=grid, num_prefix_tokens=config.position_prefix_tokens, name=name)
+    if config.position_embedding == "learned_1d":
+        return L.AddPositionEmbs(**args, stride=stride, interpolation=config.position_interpolation)
+    return (L.AddPositionEmbs2D if config.position_embedding == "learned_2d" else L.NoPositionEmbs)(**args)
+
+
+def _embed(config, images, grid, runtime):
+    """(the tokens the first block reads, the input's position layer): the (hybrid's ResNet stem and)
+    patch embedding, the position embeddings and the prefix tokens in their order, dropout, pre_norm."""
+    x = images
+    if config.resnet is not None:
+        x = L.ResNetStem(tuple(config.resnet["num_layers"]), config.resnet.get("width_factor", 1), name="resnet")(x)
+    x = L.PatchEncoder(config.patch_size, config.hidden_size, name="embedding")(x)
+    posembed = _position_embedding(config, grid, "posembed_input", config.stride if runtime else None)
+    add_positions = (lambda x: posembed(x, images)) if runtime else posembed
+    if not config.prefix_position_embedding:  # to the patch tokens only, before the class token comes
         x = add_positions(x)
-    if classifier == "token":
+    if config.classifier == "token":
         x = L.ClassToken(name="cls")(x)
-    if distillation_token:
+    if config.distillation_token:
         x = L.PrefixTokens(1, index=1, name="dist")(x)
-    if prefix_position_embedding:
+    if config.prefix_position_embedding:
         x = add_positions(x)
-    if num_register_tokens:
-        x = L.PrefixTokens(num_register_tokens, index=cls_tokens, name="registers")(x)
-    x = keras.layers.Dropout(dropout_rate, name="dropout")(x)
-    if pre_norm:
-        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="pre_norm")(x)
-    block = L.RelativeTransformerBlock if position_embedding == "relative" else L.TransformerBlock
-    for i in range(num_layers):
-        if i and position_placement == "every_layer_shared":
+    if config.num_register_tokens:  # after the position embeddings: registers get none
+        x = L.PrefixTokens(config.num_register_tokens, index=config.cls_tokens, name="registers")(x)
+    x = keras.layers.Dropout(config.dropout_rate, name="dropout")(x)
+    if config.pre_norm:
+        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="pre_norm")(x)
+    return x, posembed
+
+
+def _encoder(config, x, posembed, grid):
+    """The blocks (position embeddings again before each but the first, for the every_layer placements)
+    and the final LayerNorm, unless fc_norm moves it after pooling."""
+    block = L.RelativeTransformerBlock if config.position_embedding == "relative" else L.TransformerBlock
+    for i in range(config.num_layers):
+        if i and config.position_placement == "every_layer_shared":
             x = posembed(x)
-        elif i and position_placement == "every_layer":
-            x = posemb(**posemb_args, name=f"posembed_{i}")(x)
-        x = block(num_heads, mlp_dim, dropout_rate, attention_dropout_rate, remat=remat, approximate_gelu=approximate_gelu,
-                  layer_norm_epsilon=layer_norm_epsilon, attention_implementation=attention_implementation,
-                  mlp_activation=mlp_activation, layer_scale=layer_scale, name=f"encoderblock_{i}")(x)
-    if not fc_norm:
-        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="encoder_norm")(x)
-    if pooling is None:
+        elif i and config.position_placement == "every_layer":
+            x = _position_embedding(config, grid, f"posembed_{i}")(x)
+        x = block(config.num_heads, config.mlp_dim, config.dropout_rate, config.attention_dropout_rate,
+                  remat=config.remat, approximate_gelu=config.approximate_gelu,
+                  layer_norm_epsilon=config.layer_norm_epsilon,
+                  attention_implementation=config.attention_implementation,
+                  mlp_activation=config.mlp_activation, layer_scale=config.layer_scale, name=f"encoderblock_{i}")(x)
+    if not config.fc_norm:
+        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="encoder_norm")(x)
+    return x
+
+
+def _pool(config, x, images, grid, runtime):
+    """What `pooling` says the encoder's tokens become (the representation: through fc_norm and
+    pre-logits when set); with DeiT's two heads, their two tokens."""
+    prefix = config.num_prefix_tokens
+    if config.pooling is None:
         if runtime:
-            x = L.TokensToMap(num_prefix_tokens=prefix, stride=stride, name="feature_map")(x, images)
-        else:
-            x = L.TokensToMap(grid, num_prefix_tokens=prefix, name="feature_map")(x)
-    elif pooling == "representation" and distillation_token:
-        x, dist = (L.SequencePooling("token", token_index=i, name=n)(x) for i, n in ((0, "pool"), (1, "pool_dist")))
-        if include_top:  # DeiT's inference: the mean of the two heads' logits
-            heads = (keras.layers.Dense(classes, kernel_initializer="zeros", name=n, dtype="float32")
-                     for n in ("head", "head_dist"))
-            x = keras.layers.Average(name="head_average", dtype="float32")([h(t) for h, t in zip(heads, (x, dist))])
-        else:
-            x = keras.layers.Average(name="pool_average")([x, dist])
-    elif pooling == "representation" and classifier == "map":
-        x = L.MAPHead(num_heads, mlp_dim, num_prefix_tokens=prefix, layer_norm_epsilon=layer_norm_epsilon,
-                      approximate_gelu=approximate_gelu, mlp_activation=mlp_activation, name="map_head")(x)
-    elif pooling == "representation":
-        x = L.SequencePooling(classifier, num_prefix_tokens=prefix, name="pool")(x)
+            return L.TokensToMap(num_prefix_tokens=prefix, stride=config.stride, name="feature_map")(x, images)
+        return L.TokensToMap(grid, num_prefix_tokens=prefix, name="feature_map")(x)
+    if config.pooling == "representation" and config.distillation_token:  # no fc_norm, no pre-logits
+        tokens = [L.SequencePooling("token", token_index=i, name=n)(x) for i, n in ((0, "pool"), (1, "pool_dist"))]
+        return tokens if config.include_top else keras.layers.Average(name="pool_average")(tokens)
+    if config.pooling == "representation" and config.classifier == "map":
+        x = L.MAPHead(config.num_heads, config.mlp_dim, num_prefix_tokens=prefix,
+                      layer_norm_epsilon=config.layer_norm_epsilon, approximate_gelu=config.approximate_gelu,
+                      mlp_activation=config.mlp_activation, name="map_head")(x)
+    elif config.pooling == "representation":
+        x = L.SequencePooling(config.classifier, num_prefix_tokens=prefix, name="pool")(x)
     else:
-        x = L.SequencePooling("token" if pooling == "token" else "gap", num_prefix_tokens=prefix, name="pool")(x)
-    if fc_norm and pooling is not None:
-        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="fc_norm")(x)
-    if representation_size is not None:
-        x = keras.layers.Dense(representation_size, activation="tanh", name="pre_logits")(x)
-    if include_top and distillation_token:
-        if classifier_activation is not None:
-            x = keras.layers.Activation(classifier_activation, name="predictions", dtype="float32")(x)
-    elif include_top:
-        x = keras.layers.Dense(classes, kernel_initializer="zeros", name="head", dtype="float32")(x)
-        if head == "projection":
-            x = keras.layers.Activation("linear", name="embeddings", dtype="float32")(x)
-        elif classifier_activation is not None:
-            x = keras.layers.Activation(classifier_activation, name="predictions", dtype="float32")(x)
+        x = L.SequencePooling("token" if config.pooling == "token" else "gap", num_prefix_tokens=prefix,
+                              name="pool")(x)
+    if config.fc_norm:
+        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="fc_norm")(x)
+    if config.representation_size is not None:
+        x = keras.layers.Dense(config.representation_size, activation="tanh", name="pre_logits")(x)
+    return x
+
+
+def _top(config, x):
+    """The head on the representation `x` (DeiT: the two heads' logits averaged, its inference), or
+    the output named "features" without one."""
+    if not config.include_top:
+        return keras.layers.Activation("linear", name="features", dtype="float32")(x)
+    if config.distillation_token:
+        heads = (keras.layers.Dense(config.classes, kernel_initializer="zeros", name=n, dtype="float32")
+                 for n in ("head", "head_dist"))
+        x = keras.layers.Average(name="head_average", dtype="float32")([h(t) for h, t in zip(heads, x)])
     else:
-        x = keras.layers.Activation("linear", name="features", dtype="float32")(x)
-
-    if input_tensor is not None:
-        inputs = keras.utils.get_source_inputs(input_tensor)
-    return ViTModel(inputs, x, name=name)
-
+        x = keras.layers.Dense(config.classes, kernel_initializer="zeros", name="head", dtype="float32")(x)
+        if config.head == "projection":
+            return keras.layers.Activation("linear", name="embeddings", dtype="float32")(x)
+    if config.classifier_activation is not None:
+        x = keras.layers.Activation(config.classifier_activation, name="predictions", dtype="float32")(x)
+    return x
 
 def any_size(model):
     """A copy of `model`, a keras-vit model built for one image size, that takes images of any height and

@@ -1,0 +1,192 @@
+"""The builder's architecture options as one validated object (`keras_vit.model.build_vit` makes it)."""
+
+import dataclasses
+
+import keras
+
+from keras_vit.configs import resnet_stride
+from keras_vit.interpolation import check_interpolation
+from keras_vit.layers.attention import check_attention_implementation
+from keras_vit.layers.mlp import check_mlp_activation
+from keras_vit.preprocessing import NORMALIZATIONS
+
+CLASSIFIERS = ("token", "gap", "map")
+POOLINGS = ("representation", None, "token", "avg")
+# paper appendix D.4 / Table 8: what encodes position, and where it is added
+POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "relative", "none")
+POSITION_PLACEMENTS = ("once", "every_layer", "every_layer_shared")
+# what the model's input holds: images already in [-1, 1], or uint8 [0, 255] scaled on the device
+INPUT_DTYPES = ("float32", "uint8")
+# what the top is: a classifier (logits, or probabilities through classifier_activation) or a projection
+# into an embedding space (CLIP's), whose output is named "embeddings" and takes no activation
+HEADS = ("classifier", "projection")
+
+
+@dataclasses.dataclass(frozen=True)
+class ViTConfig:
+    """The architecture of a Vision Transformer: `build_vit`'s arguments but `input_tensor` and `name`,
+    with its defaults (what each means: `build_vit`'s docstring), checked when the object is made, and
+    the facts the builder's stages derive from them. `image_size` and `input_shape` are kept as given:
+    the builder resolves them against its input tensor.
+
+    Raises:
+        ValueError: an option out of its range or two options that do not go together, in the
+            builder's words (TypeError where a value is not even of the expected kind).
+    """
+
+    image_size: int | tuple | None = 224
+    patch_size: int = 16
+    hidden_size: int = 768
+    mlp_dim: int = 3072
+    num_heads: int = 12
+    num_layers: int = 12
+    classes: int = 1000
+    classifier: str = "token"
+    representation_size: int | None = None
+    resnet: dict | None = None
+    dropout_rate: float = 0.0
+    attention_dropout_rate: float = 0.0
+    include_top: bool = True
+    classifier_activation: object = "softmax"  # a name, a callable or None
+    remat: bool = False
+    input_shape: tuple | None = None
+    pooling: str | None = "representation"
+    position_embedding: str = "learned_1d"
+    position_placement: str = "once"
+    approximate_gelu: bool = True
+    layer_norm_epsilon: float = 1e-6
+    input_dtype: str = "float32"
+    input_mode: str = "vit"
+    attention_implementation: str = "auto"
+    distillation_token: bool = False
+    num_register_tokens: int = 0
+    prefix_position_embedding: bool = True
+    layer_scale: float | None = None
+    pre_norm: bool = False
+    fc_norm: bool = False
+    mlp_activation: str = "gelu"
+    position_interpolation: str = "bilinear"
+    head: str = "classifier"
+
+    def __post_init__(self):
+        # In this order, the builder's: of several bad options, the same one is named.
+        _check_positions(self)
+        _check_input(self)
+        check_attention_implementation(self.attention_implementation)
+        _check_head(self)
+        _check_numbers(self)
+        _check_pooling(self)
+        check_mlp_activation(self.mlp_activation)
+        check_interpolation(self.position_interpolation, "position_interpolation")
+        _check_token_layout(self)
+
+    @property
+    def cls_tokens(self):
+        """The class and distillation tokens: what the position embeddings cover beside the patches."""
+        return int(self.classifier == "token") + int(bool(self.distillation_token))
+
+    @property
+    def num_prefix_tokens(self):
+        """The tokens before the patch grid (class, distillation, registers): what pooling drops."""
+        return self.cls_tokens + self.num_register_tokens
+
+    @property
+    def position_prefix_tokens(self):
+        """The prefix tokens that get a position embedding (none when added to the patches only)."""
+        return self.cls_tokens if self.prefix_position_embedding else 0
+
+    @property
+    def stride(self):
+        """Pixels per token along each axis: the patch size times a hybrid's ResNet stride."""
+        return self.patch_size * resnet_stride(self.resnet and self.resnet["num_layers"])
+
+    def check_any_size(self):
+        """Raises unless the position embeddings can be resized at call time: a model that takes
+        any size has one learned 1-D table, added once."""
+        if self.position_embedding != "learned_1d" or self.position_placement != "once":
+            raise ValueError(
+                "a model of runtime resolution (image_size=None or a None height/width) takes "
+                "position_embedding='learned_1d' added once; got "
+                f"position_embedding={self.position_embedding!r}, position_placement={self.position_placement!r}")
+
+
+def _check_positions(c):
+    if c.position_embedding not in POSITION_EMBEDDINGS:
+        raise ValueError(f"unknown position_embedding {c.position_embedding!r}; expected one of {POSITION_EMBEDDINGS}")
+    if c.position_placement not in POSITION_PLACEMENTS:
+        raise ValueError(f"unknown position_placement {c.position_placement!r}; expected one of {POSITION_PLACEMENTS}")
+    if c.position_placement != "once" and not c.position_embedding.startswith("learned"):
+        raise ValueError(
+            f"position_placement={c.position_placement!r} needs a learned position embedding, got "
+            f"position_embedding={c.position_embedding!r} (Table 8 has no such variant)"
+        )
+
+
+def _check_input(c):
+    if c.input_dtype not in INPUT_DTYPES:
+        raise ValueError(f"unknown input_dtype {c.input_dtype!r}; expected one of {INPUT_DTYPES}")
+    if c.input_mode not in NORMALIZATIONS or (c.input_mode != "vit" and c.input_dtype != "uint8"):
+        raise ValueError(f"input_mode {c.input_mode!r} must be one of {tuple(NORMALIZATIONS)}, and other than 'vit' "
+                         f"only with input_dtype='uint8' (got input_dtype={c.input_dtype!r})")
+
+
+def _check_head(c):
+    if c.head not in HEADS:
+        raise ValueError(f"unknown head {c.head!r}; expected one of {HEADS}")
+    if c.head == "projection" and c.include_top and (c.classifier_activation is not None or c.distillation_token):
+        raise ValueError(f"head='projection' outputs an embedding: it takes classifier_activation=None and no "
+                         f"distillation token, got classifier_activation={c.classifier_activation!r}, "
+                         f"distillation_token={c.distillation_token!r}")
+    if c.classifier not in CLASSIFIERS:
+        raise ValueError(f"unknown classifier {c.classifier!r}; expected one of {CLASSIFIERS}")
+    if c.classifier_activation is not None:  # checked with or without a top, as every other argument
+        try:
+            keras.activations.get(c.classifier_activation)
+        except (ValueError, TypeError):
+            raise ValueError(f"unknown classifier_activation {c.classifier_activation!r}; expected None, the name of "
+                             "a Keras activation (e.g. 'softmax') or a callable") from None
+
+
+def _check_numbers(c):
+    for key in ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers", "classes"):
+        value = getattr(c, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} must be a positive int, got {value!r}")
+    if c.hidden_size % c.num_heads:
+        raise ValueError(f"hidden_size {c.hidden_size} is not divisible by num_heads {c.num_heads}")
+    if c.resnet is not None:
+        unknown = set(c.resnet) - {"num_layers", "width_factor"}
+        if unknown or "num_layers" not in c.resnet:
+            raise ValueError(f"resnet must be None or {{'num_layers': (...), 'width_factor': int}}, got {c.resnet!r}")
+
+
+def _check_pooling(c):
+    if c.pooling not in POOLINGS:
+        raise ValueError(f"unknown pooling {c.pooling!r}; expected one of {POOLINGS}")
+    if c.include_top and c.pooling != "representation":
+        raise ValueError(f"pooling={c.pooling!r} is for include_top=False (the head reads the representation)")
+    if c.pooling == "token" and c.classifier != "token":
+        raise ValueError(f'pooling="token" needs a class token; this model has classifier={c.classifier!r} (use "avg")')
+    if c.pooling != "representation" and c.representation_size is not None:
+        raise ValueError(f"representation_size (pre-logits) goes with pooling='representation', got pooling={c.pooling!r}")
+
+
+def _check_token_layout(c):
+    """The tokens before the patches (class, distillation, registers) and which get position embeddings."""
+    n = c.num_register_tokens
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"num_register_tokens must be a non-negative int, got {n!r}")
+    layout = [f"num_register_tokens={n}"] if n else []
+    layout += [] if c.prefix_position_embedding else ["prefix_position_embedding=False"]
+    if c.position_placement != "once" and layout:
+        raise ValueError(f"position_placement={c.position_placement!r} adds position embeddings to every block's "
+                         f"tokens, which {', '.join(layout)} does not lay out; use position_placement='once'")
+    if not c.prefix_position_embedding and not c.position_embedding.startswith("learned"):
+        raise ValueError(f"prefix_position_embedding=False is about learned position embeddings, got "
+                         f"position_embedding={c.position_embedding!r}")
+    if c.distillation_token and c.classifier != "token":
+        raise ValueError(f"distillation_token=True sits beside a class token (classifier='token'), got "
+                         f"classifier={c.classifier!r}")
+    if c.distillation_token and (c.representation_size is not None or c.fc_norm):
+        raise ValueError("distillation_token=True takes no representation_size (pre-logits) and no fc_norm "
+                         "(DeiT has neither)")
