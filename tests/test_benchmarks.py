@@ -171,3 +171,20 @@ def test_any_size_serving_benchmark_times_every_file():
         assert row["any_over_fixed"] == row["any-size_ms_per_image"] / row["fixed_ms_per_image"]
     assert report["timm_export"] == "exported" or report["timm_export"].startswith("failed: ")
     assert report["clock"] == "process CPU time"
+
+
+@pytest.mark.one_backend
+def test_naflex_benchmark_quick_run_trains_both_ways_on_one_token_budget(tmp_path):
+    """benchmarks/naflex.py --quick: square and NaFlex fine-tuned on the same batches, each measured."""
+    pytest.importorskip("skimage")
+    pytest.importorskip("sklearn")
+    report = _run(["benchmarks/naflex.py", "--quick", "--quiet"], tmp_path)
+    assert report["backend"] == keras.backend.backend() and report["cpu"]
+    assert 0.5 < report["naflex_valid_token_fraction"] <= 1  # each image fills most of the 16 tokens, none more
+    for way in ("square", "NaFlex"):
+        result = report["ways"][way]
+        assert [c["epoch"] for c in result["curve"]] == [0] and set(result["phases"]) == {"finetune"}
+        phase = result["phases"]["finetune"]
+        assert 0 <= phase["accuracy"] <= 1 and phase["loss"] > 0 and phase["train_images_per_s"] > 0
+        assert result["inference_images_per_s"] > 0 and result["host_ms_per_image"] > 0
+        assert len(report["feature_probe"][way]["scores"]) == 2
