@@ -12,6 +12,9 @@ from keras_vit.structure import output_kind
 from keras_vit.vit_config import (  # noqa: F401 (the option names, importable from here as before)
     CLASSIFIERS, HEADS, INPUT_DTYPES, POOLINGS, POSITION_EMBEDDINGS, POSITION_PLACEMENTS, ViTConfig)
 
+# the position layers that read any grid: a model with one takes any size, and a NaFlex batch
+ANY_SIZE_LAYERS = (L.AddPositionEmbs, L.AddFactorizedPositionEmbs, L.NoPositionEmbs)
+
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class ViTModel(KeepsStateOnError, keras.Model):
@@ -149,6 +152,8 @@ def build_vit(
     mlp_activation="gelu",
     position_interpolation="bilinear",
     head="classifier",
+    position_aspect_preserving=False,
+    naflex=False,
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -231,6 +236,14 @@ def build_vit(
             paper's rule, corners aligned), or the rule of another source of weights:
             "bicubic_antialias" (timm), "bicubic" (most Hugging Face models), "bilinear_half_pixel"
             (see `keras_vit.interpolation.POSITION_INTERPOLATIONS`).
+        position_aspect_preserving: resize the learned (or factorized) position embeddings to a square
+            of the grid's longer side and take its top-left (timm's `pos_embed_ar_preserving`, its NaFlex
+            "par" models) instead of each axis by its own factor.
+        naflex: the model takes a NaFlex batch instead of images (see `keras_vit.naflex.naflex`): a
+            dict of "patches" (B, N, P * P * C), "patch_coord" (B, N, 2) and "patch_valid" (B, N),
+            each image at its own size and aspect ratio, the padding masked; `image_size` is the grid
+            the position embeddings are laid out on. `position_embedding="factorized"` (NaViT's per-axis
+            tables, timm's "parfac" models) goes with it, and with any model that takes any size.
     """
     # every argument but the input and the name: the config's fields (tests/test_vit_config.py)
     config = ViTConfig(**{k: v for k, v in locals().items() if k not in ("input_tensor", "name")})
@@ -245,7 +258,12 @@ def build_vit(
     x, posembed = _embed(config, images, grid, runtime)
     x = _encoder(config, x, posembed, grid)
     x = _pool(config, x, images, grid, runtime)
-    return ViTModel(inputs, _top(config, x), name=name)
+    model = ViTModel(inputs, _top(config, x), name=name)
+    if config.naflex:  # the same layers read a padded patch sequence
+        from keras_vit.naflex import naflex
+
+        return naflex(model)
+    return model
 
 
 def _inputs(config, input_tensor, shape):
@@ -263,10 +281,16 @@ def _inputs(config, input_tensor, shape):
 def _position_embedding(config, grid, name, stride=None):
     """A position layer of the configured kind laid out on `grid` (with `stride`: resized at call time
     to the grid of the images it is given)."""
+    resize = dict(stride=stride, interpolation=config.position_interpolation,
+                  aspect_preserving=config.position_aspect_preserving)
+    if config.position_embedding == "factorized":
+        return L.AddFactorizedPositionEmbs(grid, **resize, name=name)
     args = dict(grid_size=grid, num_prefix_tokens=config.position_prefix_tokens, name=name)
     if config.position_embedding == "learned_1d":
-        return L.AddPositionEmbs(**args, stride=stride, interpolation=config.position_interpolation)
-    return (L.AddPositionEmbs2D if config.position_embedding == "learned_2d" else L.NoPositionEmbs)(**args)
+        return L.AddPositionEmbs(**args, **resize)
+    if config.position_embedding == "learned_2d":
+        return L.AddPositionEmbs2D(**args)
+    return L.NoPositionEmbs(**args, stride=stride)  # "none"; "relative" biases the attention instead
 
 
 def _embed(config, images, grid, runtime):
@@ -370,14 +394,17 @@ def any_size(model):
     """
     from keras_vit.structure import find_vit
 
+    if not isinstance(model.input_shape, tuple) or len(model.inputs) != 1:
+        raise ValueError(f"any_size: model {model.name!r} takes {len(model.inputs)} inputs, not images: a NaFlex "
+                         "model takes any size already")
     if None in tuple(model.input_shape[1:3]):
         return model
     parts = find_vit(model)
     names = {layer.name for layer in model.layers}
-    if parts.container is not model or type(parts.posembed) is not L.AddPositionEmbs \
+    if parts.container is not model or type(parts.posembed) not in ANY_SIZE_LAYERS \
             or any(n.startswith("posembed_") and n != "posembed_input" for n in names):
         raise ValueError(f"any_size: model {model.name!r} cannot take any image size: expected a model of the "
-                         "builder with learned 1-D position embeddings added once (Table 8's 2-D, relative and "
+                         "builder with learned 1-D or factorized position embeddings (or none) added once (Table 8's 2-D, relative and "
                          f"per-block variants have a table for one grid only); got position layer "
                          f"{type(parts.posembed).__name__} in {parts.path or model.name!r}")
     stride = parts.stride

@@ -7,11 +7,9 @@ import numpy as np
 
 from keras_vit import layers as L
 from keras_vit.calls import NAFLEX_KEYS
-from keras_vit.model import ViTModel
+from keras_vit.model import ANY_SIZE_LAYERS, ViTModel
 from keras_vit.structure import find_vit
 
-# position embeddings a NaFlex batch can take: read at any (row, col) of any grid
-_PER_COORDINATE = (L.AddPositionEmbs, L.AddFactorizedPositionEmbs, L.NoPositionEmbs)
 
 
 def is_naflex(model):
@@ -35,7 +33,7 @@ def _check_convertible(model, parts):
         why = f"its ViT sits inside {parts.path!r}; pass that model"
     elif parts.resnet is not None:
         why = "a hybrid's ResNet stem needs whole images, not patches"
-    elif type(parts.posembed) not in _PER_COORDINATE:
+    elif type(parts.posembed) not in ANY_SIZE_LAYERS:
         why = (f"its position embedding {type(parts.posembed).__name__} is laid out for one grid (Table 8's 2-D "
                "and relative variants)")
     elif any(n.startswith("posembed_") and n != "posembed_input" for n in names) or \

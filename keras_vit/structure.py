@@ -136,7 +136,7 @@ def _parts_of(container, path):
         return None
     embedding, posembed = by_name["embedding"], by_name["posembed_input"]
     for layer, attrs in ((embedding, ("kernel", "patch_size")),
-                         (posembed, ("pos_embedding", "grid_size", "num_prefix_tokens"))):
+                         (posembed, ("grid_size", "num_prefix_tokens"))):
         missing = [a for a in attrs if not hasattr(layer, a)]
         if missing:
             raise ValueError(

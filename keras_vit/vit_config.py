@@ -12,8 +12,11 @@ from keras_vit.preprocessing import NORMALIZATIONS
 
 CLASSIFIERS = ("token", "gap", "map")
 POOLINGS = ("representation", None, "token", "avg")
-# paper appendix D.4 / Table 8: what encodes position, and where it is added
-POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "relative", "none")
+# paper appendix D.4 / Table 8: what encodes position, and where it is added; "factorized": NaViT's
+# per-axis tables (timm's NaFlex "parfac" models)
+POSITION_EMBEDDINGS = ("learned_1d", "learned_2d", "relative", "none", "factorized")
+# the position embeddings a model that takes any size (and a NaFlex batch) can have: read at any grid
+ANY_SIZE_POSITIONS = ("learned_1d", "factorized", "none")
 POSITION_PLACEMENTS = ("once", "every_layer", "every_layer_shared")
 # what the model's input holds: images already in [-1, 1], or uint8 [0, 255] scaled on the device
 INPUT_DTYPES = ("float32", "uint8")
@@ -67,6 +70,8 @@ class ViTConfig:
     mlp_activation: str = "gelu"
     position_interpolation: str = "bilinear"
     head: str = "classifier"
+    position_aspect_preserving: bool = False
+    naflex: bool = False
 
     def __post_init__(self):
         # In this order, the builder's: of several bad options, the same one is named.
@@ -100,13 +105,12 @@ class ViTConfig:
         """Pixels per token along each axis: the patch size times a hybrid's ResNet stride."""
         return self.patch_size * resnet_stride(self.resnet and self.resnet["num_layers"])
 
-    def check_any_size(self):
+    def check_any_size(self, what="a model of runtime resolution (image_size=None or a None height/width)"):
         """Raises unless the position embeddings can be resized at call time: a model that takes
-        any size has one learned 1-D table, added once."""
-        if self.position_embedding != "learned_1d" or self.position_placement != "once":
+        any size (or a NaFlex batch) has one learned 1-D or factorized table, or none, added once."""
+        if self.position_embedding not in ANY_SIZE_POSITIONS or self.position_placement != "once":
             raise ValueError(
-                "a model of runtime resolution (image_size=None or a None height/width) takes "
-                "position_embedding='learned_1d' added once; got "
+                f"{what} takes position_embedding 'learned_1d', 'factorized' or 'none' added once; got "
                 f"position_embedding={self.position_embedding!r}, position_placement={self.position_placement!r}")
 
 
@@ -115,11 +119,19 @@ def _check_positions(c):
         raise ValueError(f"unknown position_embedding {c.position_embedding!r}; expected one of {POSITION_EMBEDDINGS}")
     if c.position_placement not in POSITION_PLACEMENTS:
         raise ValueError(f"unknown position_placement {c.position_placement!r}; expected one of {POSITION_PLACEMENTS}")
-    if c.position_placement != "once" and not c.position_embedding.startswith("learned"):
+    if c.position_placement != "once" and c.position_embedding not in ("learned_1d", "learned_2d"):
         raise ValueError(
             f"position_placement={c.position_placement!r} needs a learned position embedding, got "
             f"position_embedding={c.position_embedding!r} (Table 8 has no such variant)"
         )
+    if c.position_aspect_preserving and c.position_embedding not in ("learned_1d", "factorized"):
+        raise ValueError(f"position_aspect_preserving=True resizes learned 1-D or factorized position embeddings, "
+                         f"got position_embedding={c.position_embedding!r}")
+    if c.naflex:
+        c.check_any_size("a NaFlex model (naflex=True)")
+        if c.resnet is not None:
+            raise ValueError("naflex=True takes patches of pixels; a hybrid's ResNet stem needs whole images "
+                             "(resnet=None)")
 
 
 def _check_input(c):
@@ -181,9 +193,12 @@ def _check_token_layout(c):
     if c.position_placement != "once" and layout:
         raise ValueError(f"position_placement={c.position_placement!r} adds position embeddings to every block's "
                          f"tokens, which {', '.join(layout)} does not lay out; use position_placement='once'")
-    if not c.prefix_position_embedding and not c.position_embedding.startswith("learned"):
+    if not c.prefix_position_embedding and c.position_embedding not in ("learned_1d", "learned_2d", "factorized"):
         raise ValueError(f"prefix_position_embedding=False is about learned position embeddings, got "
                          f"position_embedding={c.position_embedding!r}")
+    if c.position_embedding == "factorized" and c.position_prefix_tokens:
+        raise ValueError("position_embedding='factorized' adds to the patch tokens only: with a class or distillation "
+                         "token it takes prefix_position_embedding=False (as timm's NaFlex models)")
     if c.distillation_token and c.classifier != "token":
         raise ValueError(f"distillation_token=True sits beside a class token (classifier='token'), got "
                          f"classifier={c.classifier!r}")

@@ -240,5 +240,5 @@ def test_any_size_copy_refuses_a_table_of_one_grid():
     for variant in ("learned_2d", "relative"):
         model = keras_vit.VisionTransformer(**ARCH, image_size=32, position_embedding=variant)
         with pytest.raises(ValueError, match="cannot take any image size: expected a model of the builder with "
-                                             "learned 1-D position embeddings added once"):
+                                             "learned 1-D or factorized position embeddings \\(or none\\) added once"):
             keras_vit.any_size(model)

@@ -21,6 +21,11 @@ CONFIGS = {
     "deit": dict(distillation_token=True, prefix_position_embedding=False, classifier_activation=None),
     "features": dict(classifier="gap", include_top=False, pooling=None),
     "uint8": dict(classifier="gap", input_dtype="uint8", input_mode="imagenet"),
+    "aspect_preserving": dict(classifier="gap", num_register_tokens=4, position_aspect_preserving=True,
+                              position_interpolation="bicubic_antialias"),
+    "factorized": dict(classifier="token", position_embedding="factorized", prefix_position_embedding=False,
+                       position_aspect_preserving=True, position_interpolation="bilinear_half_pixel"),
+    "no_positions": dict(classifier="gap", position_embedding="none"),
 }
 
 
@@ -160,3 +165,23 @@ def test_the_cudnn_path_masks_by_sequence_lengths_as_the_standard_path_masks():
     want = keras.ops.convert_to_numpy(_matmul_attention(q, k, v, 0.35, valid))
     for i, n in enumerate((20, 13, 1)):
         np.testing.assert_allclose(got[i, :n], want[i, :n], atol=1e-5, rtol=0)
+
+
+def test_the_builder_makes_a_naflex_model_as_a_stage():
+    model = build_vit(**TINY, classifier="map", position_embedding="factorized", naflex=True)
+    assert {t.name for t in model.inputs} == {"patches", "patch_coord", "patch_valid"}
+    rng = np.random.default_rng(5)
+    out = model.predict(_batch(_images(rng, "float32"), 8, SEQ), verbose=0)
+    assert out.shape == (4, 5) and np.allclose(out.sum(-1), 1, atol=1e-5)
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(naflex=True, position_embedding="learned_2d"), "a NaFlex model \\(naflex=True\\) takes position_embedding "
+                                                          "'learned_1d', 'factorized' or 'none' added once"),
+    (dict(naflex=True, resnet={"num_layers": (1,), "width_factor": 1}, patch_size=1), "ResNet stem needs whole"),
+    (dict(position_embedding="factorized"), "factorized' adds to the patch tokens only"),
+    (dict(position_embedding="learned_2d", position_aspect_preserving=True), "position_aspect_preserving=True resizes"),
+])
+def test_naflex_options_that_do_not_go_together_are_refused(options, match):
+    with pytest.raises(ValueError, match=match):
+        build_vit(**{**TINY, **options})

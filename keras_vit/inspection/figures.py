@@ -148,7 +148,7 @@ def _draw_attention_distance(parts, attentions, num_images, patch_size, path, ta
 
 def _draw_position_similarity(parts, path, tag):
     """Figure 7 centre at `path`, returned; None (nothing drawn) for a model without position embeddings."""
-    if parts.posembed.pos_embedding is None:  # position_embedding "none" or "relative"
+    if getattr(parts.posembed, "pos_embedding", None) is None:  # "none", "relative", "factorized"
         return None
     similarity = position_embedding_similarity(_to_numpy(parts.posembed.pos_embedding), parts.grid_size,
                                                parts.posembed.num_prefix_tokens)

@@ -32,6 +32,8 @@ class AddFactorizedPositionEmbs(keras.layers.Layer):
             patch takes its embedding in its own image's grid (see `naflex_grids`).
     """
 
+    num_prefix_tokens = 0  # the prefix tokens come after it
+
     def __init__(self, grid_size, stride=None, interpolation="bilinear_half_pixel", aspect_preserving=False, **kwargs):
         super().__init__(**kwargs)
         self.grid_size = tuple(int(v) for v in grid_size)

@@ -20,7 +20,7 @@ class NoPositionEmbs(AddPositionEmbs):
         self._check(input_shape)
 
     def call(self, tokens, images=None, patch_coord=None, patch_valid=None):  # the parent's signature
-        if patch_coord is None:  # a NaFlex batch has any number of tokens
+        if patch_coord is None and self.stride is None:  # any size, or a NaFlex batch: any number of tokens
             self._check(tokens.shape)
         return tokens
 

@@ -77,7 +77,8 @@ def _refuse(path, tensors):
 
 
 # what a timm file / Hugging Face folder dictates beyond the dimensions: numerics, family options, resize rule
-FILE_OPTIONS = ("approximate_gelu", "layer_norm_epsilon", "position_interpolation", *FAMILY_DEFAULTS)
+FILE_OPTIONS = ("approximate_gelu", "layer_norm_epsilon", "position_interpolation", *FAMILY_DEFAULTS,
+                "position_embedding", "position_aspect_preserving")  # the last two: timm's NaFlex models
 
 
 def file_options(arch):

@@ -70,6 +70,13 @@ _RULES = (
     *module_rules("fc_norm", "fc_norm", "norm"),
     *module_rules("head", "head", "linear"),
     *module_rules("head_dist", "head_dist", "linear"),
+    # timm's NaFlex ViTs (naflexvit_*): a Linear patch embedding on (P, P, C)-flattened patches, the
+    # position embeddings as a (1, H, W, D) grid or per-axis tables
+    *module_rules(r"embeds\.proj", "embedding", "patch_linear"),
+    (r"embeds\.cls_token", "cls", "same"),
+    (r"embeds\.reg_token", "registers", "same"),
+    (r"embeds\.pos_embed", "Transformer/posembed_input/pos_embedding", "grid_flat"),
+    (r"embeds\.pos_embed_(y|x)", "Transformer/posembed_input/pos_embed_{0}", "unbatch"),
 )
 _COMPILED = tuple((re.compile(pattern + "$"), template, how) for pattern, template, how in _RULES)
 
@@ -93,6 +100,13 @@ def transform(how, value, num_heads):
         return value.T
     if how == "conv":  # (out, in, kh, kw) -> (kh, kw, in, out)
         return value.transpose(2, 3, 1, 0)
+    if how == "patch_linear":  # (out, P * P * 3), channels fastest -> (P, P, 3, out)
+        side = math.isqrt(value.shape[1] // 3)
+        return value.T.reshape(side, side, 3, value.shape[0])
+    if how == "grid_flat":  # (1, H, W, D) -> (1, H * W, D)
+        return value.reshape(1, -1, value.shape[-1])
+    if how == "unbatch":  # (1, n, D) -> (n, D)
+        return value[0]
     if how in ("qkv_kernel", "kv_kernel"):
         names = ("query", "key", "value")[3 - len(how.split("_")[0]):]
         return dict(zip(names, (_per_head(w, num_heads) for w in np.split(value, len(names), axis=0))))
@@ -119,7 +133,12 @@ def unsupported(keys):
 
 
 def is_timm(tensors):
-    return "patch_embed.proj.weight" in tensors
+    return "patch_embed.proj.weight" in tensors or is_naflex(tensors)
+
+
+def is_naflex(tensors):
+    """A timm NaFlex ViT (`naflexvit_*`)."""
+    return "embeds.proj.weight" in tensors
 
 
 def to_official(tensors, num_heads):
@@ -164,8 +183,13 @@ def covers_prefix(tokens, prefix, registers=0, grid=None):
 
 def name_options(name):
     """What a timm model or file name tells that its state dict does not: OpenAI CLIP's QuickGELU
-    (timm's `*_quickgelu_*` models; its `*_clip_*` models without it compute the exact GELU)."""
-    return {"mlp_activation": "quick_gelu"} if "quickgelu" in os.path.basename(str(name)) else {}
+    (timm's `*_quickgelu_*` models; its `*_clip_*` models without it compute the exact GELU), and the
+    aspect-preserving position embeddings of its NaFlex "par" models (`*_par_*`, `*_parfac_*`)."""
+    base = os.path.basename(str(name))
+    options = {"mlp_activation": "quick_gelu"} if "quickgelu" in base else {}
+    if re.search(r"_parf?a?c?_", base) and "naflex" in base:
+        options["position_aspect_preserving"] = True
+    return options
 
 
 def architecture(tensors, name=""):
@@ -173,6 +197,8 @@ def architecture(tensors, name=""):
 
     `name` (a timm model name or file name) tells what a state dict does not: OpenAI CLIP's
     QuickGELU (timm's `*_quickgelu_*` models)."""
+    if is_naflex(tensors):
+        return _naflex_architecture(tensors, name)
     kernel = tensors["patch_embed.proj.weight"]
     depth = sum(1 for k in tensors if re.fullmatch(r"blocks\.\d+\.norm1\.weight", k))
     head = tensors.get("head.weight")
@@ -204,3 +230,28 @@ def architecture(tensors, name=""):
         # DINOv2, [-1, 1] for the paper's and AugReg's ViTs (and SigLIP)
         input_mode="clip" if clip else "imagenet" if has_dist or "blocks.0.ls1.gamma" in tensors else "vit",
     )
+
+
+def _naflex_architecture(tensors, name):
+    """`architecture` of a timm NaFlex ViT: the classic ViT's, with its patch size read off the Linear
+    patch embedding, its grid off the position embeddings (added to the patches only: the prefix tokens
+    come after), and their rule: bicubic antialiased for the learned grid, linear for the factorized tables."""
+    proj = tensors["embeds.proj.weight"]
+    side = math.isqrt(proj.shape[1] // 3)
+    renamed = {"patch_embed.proj.weight": np.zeros((proj.shape[0], 3, side, side), "float32"),
+               **{k.replace("embeds.", "", 1): v for k, v in tensors.items()
+                  if k.startswith("embeds.") and not k.startswith(("embeds.proj", "embeds.pos_embed"))},
+               **{k: v for k, v in tensors.items() if not k.startswith("embeds.")}}
+    arch = architecture(renamed, name)
+    factorized = "embeds.pos_embed_y" in tensors
+    grid = (tensors["embeds.pos_embed_y"].shape[1], tensors["embeds.pos_embed_x"].shape[1]) if factorized \
+        else tuple(tensors["embeds.pos_embed"].shape[1:3]) if "embeds.pos_embed" in tensors else None
+    options = name_options(name)
+    arch.update(
+        tokens=None if factorized or grid is None else grid[0] * grid[1],
+        image_size=None if grid is None else (grid[0] * side, grid[1] * side),
+        position_embedding="factorized" if factorized else "learned_1d" if grid else "none",
+        position_interpolation="bilinear_half_pixel" if factorized else "bicubic_antialias",
+        position_aspect_preserving=options.get("position_aspect_preserving", False),
+        prefix_position_embedding="embeds.cls_token" not in tensors, input_mode="vit")
+    return arch
