@@ -160,3 +160,38 @@ def test_export_tracing_chooses_on_the_host():
         np.testing.assert_array_equal(jax.jit(step())(x), 2 * x)
     assert "platform_index" not in jaxpr and "mul" in jaxpr, jaxpr
     np.testing.assert_array_equal(jax.jit(step())(x), 2 * x)  # chosen per platform again: the CPU's
+
+
+@pytest.mark.parametrize("step", ["train", "predict"])
+def test_a_naflex_step_lowers_for_accelerators_masking_the_padding(step):
+    """A NaFlex model's fine-tuning and predict steps (ViT-B/16 widths, two blocks, 256-token sequences):
+    lowered for TPU and CUDA with no CPU-only branch and no host callback; the padding's mask is in the
+    lowering (`mask_keys`' fill of the masked logits). cuDNN's own path (sequence lengths) needs cuDNN to lower:
+    tests/test_naflex.py runs it through JAX's XLA implementation."""
+    import jax
+
+    batch = {"patches": jax.ShapeDtypeStruct((BATCH, 256, 768), "float32"),
+             "patch_coord": jax.ShapeDtypeStruct((BATCH, 256, 2), "int32"),
+             "patch_valid": jax.ShapeDtypeStruct((BATCH, 256), "bool")}
+    labels = jax.ShapeDtypeStruct((BATCH,), "int32")
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        with _declared_only():
+            model = keras_vit.VisionTransformer(num_layers=2, classes=10, classifier="map", naflex=True)
+        recipes.compile_for_finetuning(model, total_steps=10_000, batch_size=BATCH, device_batch_size=BATCH)
+        with _declared_only():
+            model._symbolic_build(data_batch=({k: keras.KerasTensor(v.shape, v.dtype) for k, v in batch.items()},
+                                              keras.KerasTensor(labels.shape, "int32")))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    weights = (_abstract(model.trainable_variables), _abstract(model.non_trainable_variables))
+    if step == "train":
+        state = (*weights, _abstract(model.optimizer.variables), _abstract(model.metrics_variables))
+        traced = jax.jit(lambda *a: model.train_step(*a)).trace(state, (batch, labels))
+    else:
+        traced = jax.jit(lambda *a: model.predict_step(*a)).trace(weights, (batch,))
+    for platform in ACCELERATORS:
+        text = traced.lower(lowering_platforms=(platform,)).as_text(debug_info=True)
+        assert CPU_ONLY_SCOPE not in text, platform
+        assert not HOST_CALLBACK.search(text), platform
+        assert "-1.000000e+30" in text and "bf16" in text, platform  # mask_keys' fill: the padding masked
