@@ -16,6 +16,14 @@
    probabilities), `curves.png`, `confusion_matrix.png`, `mistakes.png`, `per_class.csv`, `split.json`,
    `run.json` (the flags), with `--export FORMAT` a served artefact in `export/` and `class_names.txt`
    beside it, and `report.json` last (its presence marks a finished run).
+
+With `--naflex TOKENS` the model is trained and saved as a NaFlex model (`keras_vit.naflex.naflex` of
+the model of step 2): each image keeps its aspect ratio and is resized to fit TOKENS patches
+(`keras_vit.naflex_feed.folder_batches`, a PyDataset on every backend, flips in training), and
+model.keras takes {"patches", "patch_coord", "patch_valid"} batches of uint8 patches. The figures and the
+report are the square run's (mistakes.png draws the photographs as they are); `--export`, `--lora` and
+`--resume` are refused with it, `--pipeline` is not used and `--image-size` is only the resolution the
+start model is built at (its position-embedding grid), not the images'.
 """
 
 import argparse
@@ -34,7 +42,7 @@ PAPER_BATCH = 512
 DEFAULT_EPOCHS = 10
 WARMUP_FRACTION = 0.05  # the paper's 500 warm-up updates of 10,000 (CIFAR)
 FLAGS = ("directory", "model", "weights", "image_size", "epochs", "steps", "batch_size", "device_batch_size", "lr",
-         "lora", "layer_decay", "validation_split", "labels_csv", "seed", "strict", "pipeline")
+         "lora", "layer_decay", "validation_split", "labels_csv", "seed", "strict", "pipeline", "naflex")
 
 
 def schedule(num_train, batch_size=None, epochs=None, steps=None):
@@ -87,7 +95,8 @@ def add_parser(sub):
     p.add_argument("--weights", default=None, help="registry tag, 'none', a .npz / .weights.h5 file, a timm file, a "
                    "Hugging Face folder, a keras-hub preset folder or a .keras model; default: the variant's "
                    "ImageNet-21k release (what the paper fine-tunes)")
-    p.add_argument("--image-size", type=_positive(int), default=224, help="training resolution (default 224)")
+    p.add_argument("--image-size", type=_positive(int), default=224, help="training resolution (default 224); with "
+                   "--naflex only the resolution the start model is built at (its position-embedding grid)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--epochs", type=_positive(int), default=None,
                         help=f"passes over the training images (default {DEFAULT_EPOCHS})")
@@ -112,6 +121,11 @@ def add_parser(sub):
     p.add_argument("--strict", action="store_true", help="refuse a folder with unusable files (default: skip them)")
     p.add_argument("--pipeline", default="auto", choices=("auto", "tf.data", "pydataset"),
                    help="the input pipeline (default: tf.data where TensorFlow is installed)")
+    p.add_argument("--naflex", type=_positive(int), default=None, metavar="TOKENS",
+                   help="train and save a NaFlex model: each image at its own aspect ratio, resized to fit TOKENS "
+                   "patches (e.g. 256), fed as patches with their coordinates; model.keras then takes "
+                   "{'patches', 'patch_coord', 'patch_valid'} (keras_vit.naflex_feed cuts them). Not with "
+                   "--export, --lora or --resume; --pipeline is not used (default: square images)")
     p.add_argument("--out", default=None, help="output folder (default: runs/finetune-<DIR's name>)")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--overwrite", action="store_true", help="replace the run in --out")
@@ -128,6 +142,12 @@ def _check_args(args):
                          f"images; got {args.validation_split}")
     if args.layer_decay is not None and args.layer_decay > 1:
         raise ValueError(f"--layer-decay must be in (0, 1] (1 is no decay), got {args.layer_decay}")
+    naflex = getattr(args, "naflex", None)
+    for flag, value in (("--export", getattr(args, "export", None)), ("--lora", args.lora),
+                        ("--resume", getattr(args, "resume", False))):
+        if naflex and value:
+            raise ValueError(f"--naflex {naflex} cannot be combined with {flag}: a NaFlex run is not exported, "
+                             "trained with LoRA or resumed by finetune (leave one of them out)")
     args.directory = os.path.abspath(args.directory)  # the run's folder, however a resume spells it
     if args.out is None:
         args.out = os.path.join("runs", f"finetune-{os.path.basename(os.path.normpath(args.directory)) or 'images'}")
@@ -296,12 +316,16 @@ def run(args, callbacks=()):
     _check_args(args)
     flags = {k: getattr(args, k) for k in FLAGS}
     resuming = _prepare_out(args, flags)
+    if resuming and getattr(args, "naflex", None):  # --naflex taken from the interrupted run's flags
+        raise ValueError(f"--resume: the run in {args.out!r} is a NaFlex run (--naflex {args.naflex}), which finetune "
+                         "does not resume; --overwrite starts it again")
     folder = _read_folder(args)
     counts = folder.counts()
     batch, per_epoch, epochs, warmup = schedule(len(folder.train), args.batch_size, args.epochs, args.steps)
     device_batch = args.device_batch_size or min(batch, 32)
     accumulation = recipes.gradient_accumulation_steps(batch, device_batch)
     # built before anything is written: bad weights leave no trace
+    naflex = getattr(args, "naflex", None)
     model = _build_and_compile(args, folder.class_names, batch, device_batch, per_epoch * epochs, warmup)
     out = args.out
     _start_out(args, flags, resuming, folder)
@@ -313,8 +337,12 @@ def run(args, callbacks=()):
     steps_per_epoch = per_epoch * accumulation
     initial_epoch = done // steps_per_epoch
     history = _history_so_far(out, done, initial_epoch, epochs)
-    train, validation = data.from_directory(folder, args.image_size, device_batch, skip_batches=done,
-                                            image_dtype="uint8", pipeline=args.pipeline)
+    if naflex:
+        train, validation = _naflex_batches(model, folder, naflex, device_batch, args.seed)
+        steps_per_epoch = min(steps_per_epoch, len(train))
+    else:
+        train, validation = data.from_directory(folder, args.image_size, device_batch, skip_batches=done,
+                                                image_dtype="uint8", pipeline=args.pipeline)
     seconds, best_path = _fit(model, args, train, validation, backup, history, initial_epoch, epochs,
                               steps_per_epoch, callbacks)
     result, exported = _evaluate_and_save(model, args, best_path, validation, folder, history, counts)
@@ -331,10 +359,24 @@ def run(args, callbacks=()):
         "train_seconds": round(seconds, 3), "resumed_from_epoch": initial_epoch,
         "backend": keras.backend.backend(), "export": exported, "flags": flags,
     }
+    if naflex:
+        summary["naflex"] = {"tokens": naflex, "patch_size": train.plan.patch_size,
+                             "inputs": ["patches", "patch_coord", "patch_valid"], "steps_per_epoch": steps_per_epoch}
     write_json(os.path.join(out, REPORT), summary)
     shutil.rmtree(os.path.join(out, BACKUP), ignore_errors=True)
     print(f"validation accuracy {result['accuracy']:.4f} (best epoch {summary['best_epoch']} of {epochs}); wrote {out}")
     return summary
+
+
+def _naflex_batches(model, folder, tokens, device_batch, seed):
+    """(train, validation) NaFlex batches of the scanned `folder` for the NaFlex `model`: `device_batch`
+    images of `tokens` patches each (uint8: the model scales them itself)."""
+    from keras_vit import naflex_feed
+    from keras_vit.structure import find_vit
+
+    plan = naflex_feed.NaFlexPlan(patch_size=find_vit(model).embedding.patch_size, seq_lens=(tokens,),
+                                  max_tokens_per_batch=tokens * device_batch, eval_seq_len=tokens, seed=seed)
+    return naflex_feed.folder_batches(folder, plan, image_dtype="uint8")
 
 
 def _read_folder(args):
@@ -358,6 +400,10 @@ def _build_and_compile(args, class_names, batch, device_batch, total_steps, warm
 
     keras.utils.set_random_seed(args.seed)
     model = build_model(args, class_names)
+    if getattr(args, "naflex", None):
+        from keras_vit.naflex import naflex
+
+        model = naflex(model)  # its weights and head; takes NaFlex batches
     if args.lora:
         from keras_vit.lora import enable_lora
 
