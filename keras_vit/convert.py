@@ -73,6 +73,10 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
     if variant is not None:
         _check_variant(path, arch, variant)
     heads = _head_count(path, arch, variant, num_heads)
+    naflex = bool(arch.get("naflex")) and overrides.get("naflex", True)  # SigLIP 2: each image at its own grid
+    if naflex and image_size is not None:
+        raise ValueError(f"{path} holds a NaFlex model (each image at its own grid, its position embeddings "
+                         f"resized to each): image_size={image_size!r} has no meaning there; leave it out")
     stride = arch["patch_size"] * resnet_stride(arch["resnet"] and arch["resnet"]["num_layers"])
     size = image_size or file_image_size(arch, stride)
     if size is None:
@@ -84,7 +88,7 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
         representation_size=(arch.get("representation_size") or arch["hidden_size"]) if arch["pre_logits"] else None,
         include_top=arch["classes"] is not None or "classes" in overrides, classifier_activation=classifier_activation,
         name=variant or find_variant({**{k: arch[k] for k in _ARCH}, "num_heads": heads}) or "vit",
-        **{k: arch[k] for k in _ARCH}, **file_options(arch),
+        **{k: arch[k] for k in _ARCH}, **file_options(arch), **({"naflex": True} if naflex else {}),
     )
     args.update(overrides)
     if args.get("input_dtype") == "uint8":  # a uint8 input is scaled inside by the file's own normalisation
@@ -123,11 +127,14 @@ def from_timm(name_or_file, num_heads=None, image_size=None, classifier_activati
 
 
 def from_huggingface(folder, image_size=None, classifier_activation="auto", **overrides):
-    """A Hugging Face ViT, DeiT, DINOv2 (with registers), CLIP or SigLIP vision model as a keras_vit model.
+    """A Hugging Face ViT, DeiT, DINOv2 (with registers), CLIP, SigLIP or SigLIP 2 vision model as a keras_vit
+    model.
 
     Args:
         folder: a folder written by `save_pretrained` (config.json + model.safetensors or
-            pytorch_model.bin); of a whole CLIP / SigLIP model the vision tower is taken.
+            pytorch_model.bin); of a whole CLIP / SigLIP / SigLIP 2 model the vision tower is taken.
+            SigLIP 2 (`Siglip2VisionModel`) is a NaFlex model (`naflex=True`: it takes the dict of
+            `keras_vit.naflex.naflex`, each image at its own grid), so `image_size` is refused for it.
         image_size, classifier_activation, overrides: as `build_from`.
     """
     if not os.path.isdir(folder):

@@ -12,7 +12,14 @@ config.json `model_type` -> what the folder holds and how the builder makes it:
     clip_vision_model      CLIPVisionModel(WithProjection): a LayerNorm before block 0 (pre_layrnorm),
                            QuickGELU; the projection (no bias) is the head, with a zero bias
     siglip_vision_model    SiglipVisionModel: no class token, an attention-pooling (MAP) head
-    clip, siglip           a whole CLIPModel / SiglipModel: its vision tower; the text tower is dropped
+    siglip2_vision_model   Siglip2VisionModel: SigLIP 2's NaFlex tower, built with naflex=True (a dict of
+                           patches, their coordinates and validity, each image at its own grid): a
+                           Linear patch embedding on (P, P, C)-flattened patches (channels fastest,
+                           as Siglip2ImageProcessor cuts them: the kernel is reshaped, not permuted), a
+                           learned num_patches table laid out as a sqrt x sqrt grid, resized to each
+                           image's grid by torch's antialiased bilinear rule, the MAP head masked
+    clip, siglip, siglip2  a whole CLIPModel / SiglipModel / Siglip2Model: its vision tower; the text
+                           tower is dropped
 
 The folders are read as transformers' save_pretrained writes them (`encoder.layer.0.attention.
 attention.query`, `mlp.weights_in`, ...); the renamed modules of transformers 5 (`q_proj`,
@@ -21,6 +28,7 @@ attention.query`, `mlp.weights_in`, ...); the renamed modules of transformers 5 
 
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -73,15 +81,21 @@ FAMILIES = {
     "siglip_vision_model": Family("a SigLIP vision tower", {**_TOWER, "patch_size": 16, "layer_norm_eps": 1e-6,
                                                             "hidden_act": "gelu_pytorch_tanh", "vision_use_head": True},
                                   "bicubic"),
+    # SigLIP 2: no image_size, a num_patches table; its resize_positional_embeddings computes
+    # F.interpolate(mode="bilinear", align_corners=False, antialias=True) per image
+    "siglip2_vision_model": Family("a SigLIP 2 vision tower (NaFlex)",
+                                   {**{k: v for k, v in _TOWER.items() if k != "image_size"}, "patch_size": 16,
+                                    "layer_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh",
+                                    "vision_use_head": True, "num_patches": 256}, "bilinear_antialias"),
     "clip": Family("a CLIP model", {}, "bicubic", vision_type="clip_vision_model"),
     "siglip": Family("a SigLIP model", {}, "bicubic", vision_type="siglip_vision_model"),
+    "siglip2": Family("a SigLIP 2 model", {}, "bilinear_antialias", vision_type="siglip2_vision_model"),
 }
 # model types of the same neighbourhood that the builder does not make -> why
 OTHERS = {
     "clip_text_model": "a CLIP text tower (no vision tower)",
     "siglip_text_model": "a SigLIP text tower (no vision tower)",
-    "siglip2": "a SigLIP 2 model (NaFlex: linear patch embedding over variable-resolution patches)",
-    "siglip2_vision_model": "a SigLIP 2 vision tower (NaFlex: linear patch embedding over variable-resolution patches)",
+    "siglip2_text_model": "a SigLIP 2 text tower (no vision tower)",
     "dinov3_vit": "a DINOv3 ViT (rotary position embeddings)",
     "vit_mae": "a ViT-MAE (masked autoencoder with a decoder)",
     "vit_msn": "a ViT-MSN", "beit": "a BEiT (relative position bias)",
@@ -107,9 +121,10 @@ _A = _B + "MultiHeadDotProductAttention_1/"
 _MAP = "MAPHead_0/"
 _QKV = {"q": "query", "k": "key", "v": "value"}
 _RULES = (
-    # the stem: ViT/DeiT/DINOv2 call the conv patch_embeddings.projection, CLIP/SigLIP patch_embedding
+    # the stem: ViT/DeiT/DINOv2 call the conv patch_embeddings.projection, CLIP/SigLIP patch_embedding;
+    # SigLIP 2's patch_embedding is a Linear on flattened patches ("patch": a conv's or a Linear's kernel)
     *module_rules(r"embeddings\.patch_embeddings\.projection", "embedding", "conv"),
-    *module_rules(r"embeddings\.patch_embedding", "embedding", "conv"),
+    *module_rules(r"embeddings\.patch_embedding", "embedding", "patch"),
     (r"embeddings\.cls_token", "cls", "same"),
     (r"embeddings\.class_embedding", "cls", "token"),  # CLIP: (D,)
     (r"embeddings\.distillation_token", "dist", "same"),
@@ -230,6 +245,38 @@ def _local(tensors):
     return {_PREFIX.sub("", k): v for k, v in tensors.items() if not _TEXT.match(k)}
 
 
+def _patch_kernel(weight):
+    """The (P, P, C, D) kernel of a patch embedding: a Conv2d's (D, C, P, P), or SigLIP 2's Linear
+    (D, P * P * C) whose input is the patch flattened row-major with the channels fastest (its image
+    processor's `convert_image_to_patches`: (C, H, W) -> (gh, gw, P, P, C)), keras-vit's NaFlex layout:
+    a reshape, no permutation."""
+    if weight.ndim == 4:
+        return weight.transpose(2, 3, 1, 0)
+    side = math.isqrt(weight.shape[1] // 3)
+    return weight.T.reshape(side, side, 3, weight.shape[0])
+
+
+def _siglip2(cfg, local, name):
+    """The builder arguments of a SigLIP 2 tower beyond the SigLIP ones: a NaFlex model whose learned
+    table of `num_patches` positions is a square grid, `image_size` that grid in pixels."""
+    if "classifier.weight" in local:
+        raise ValueError(f"{name}: Siglip2ForImageClassification's classifier reads the mean of the valid tokens; "
+                         "keras_vit loads its tower: save its vision_model (Siglip2VisionModel), or the Siglip2Model")
+    patch = int(_pair(cfg["patch_size"])[0])
+    table = local.get("embeddings.position_embedding.weight")
+    positions = int(cfg["num_patches"] if table is None else table.shape[0])
+    side = math.isqrt(positions)
+    if side * side != positions:
+        raise ValueError(f"{name}: {positions} position embeddings (num_patches) are no square grid; SigLIP 2 lays "
+                         "its table out as sqrt(num_patches) x sqrt(num_patches)")
+    kernel = local["embeddings.patch_embedding.weight"]
+    if kernel.ndim != 2 or kernel.shape[1] != patch * patch * 3:
+        raise ValueError(f"{name}: a patch embedding of shape {list(kernel.shape)}; SigLIP 2's is a Linear "
+                         f"(hidden_size, {patch} * {patch} * 3) for patch_size {patch}")
+    return dict(classifier="map" if "head.probe" in local else "gap", image_size=(side * patch, side * patch),
+                naflex=True)
+
+
 def _swiglu_width(hidden_size, mlp_ratio):
     """DINOv2's SwiGLU width: two thirds of the MLP's, rounded up to a multiple of 8."""
     return (int(int(hidden_size * mlp_ratio) * 2 / 3) + 7) // 8 * 8
@@ -242,7 +289,8 @@ def architecture(config, tensors):
     `position_interpolation` (how transformers' `interpolate_pos_encoding` resizes this model's
     position embeddings: "bicubic" is torch's bicubic with align_corners=False), `source_head` (what the
     class returns by default: `keras_vit.weights.heads`), `input_mode` (its image processor's
-    scaling, a `keras_vit.preprocess_input` mode).
+    scaling, a `keras_vit.preprocess_input` mode), and for SigLIP 2 `naflex` (True: the model takes a NaFlex
+    batch; `image_size` is then its position table's grid in pixels).
     """
     kind, cfg = vision_config(config)
     local = _local(tensors)
@@ -260,7 +308,7 @@ def architecture(config, tensors):
     arch = dict(
         patch_size=int(_pair(cfg["patch_size"])[0]), hidden_size=hidden, mlp_dim=mlp_dim,
         num_heads=int(cfg["num_attention_heads"]), num_layers=int(cfg["num_hidden_layers"]), resnet=None,
-        classifier="token", classes=None, image_size=_pair(cfg["image_size"]), pre_logits=False,
+        classifier="token", classes=None, image_size=_pair(cfg.get("image_size")), pre_logits=False,
         approximate_gelu=GELUS.get(act, False), layer_norm_epsilon=float(cfg["layer_norm_eps"]),
         distillation_token=False, num_register_tokens=0, prefix_position_embedding=True, layer_scale=None,
         pre_norm=False, fc_norm=False,
@@ -291,6 +339,8 @@ def architecture(config, tensors):
                              "(CLIPVisionModel) to load the tower")
         projection = local.get("visual_projection.weight")
         arch.update(pre_norm=True, classes=None if projection is None else int(projection.shape[0]))
+    elif kind == "siglip2_vision_model":
+        arch.update(_siglip2(cfg, local, name))
     else:  # siglip_vision_model
         pooled = "map" if "head.probe" in local else "gap"
         arch.update(classifier="gap" if head is not None else pooled,
@@ -336,6 +386,8 @@ def to_official(tensors, num_heads):
                     arrays[official] = value.reshape(1, 1, -1)
                 elif how == "table":
                     arrays[official] = value[None]
+                elif how == "patch":
+                    arrays[official] = _patch_kernel(value)
                 else:
                     out = transform(how, value, num_heads)
                     if isinstance(out, dict):
