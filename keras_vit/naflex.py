@@ -19,7 +19,8 @@ def is_naflex(model):
 
 
 def naflex_inputs(patch_width, dtype="float32"):
-    """The three `keras.Input`s of a NaFlex model whose patches hold `patch_width` values (P * P * C)."""
+    """The three `keras.Input`s of a NaFlex model whose patches hold `patch_width` values (P * P * C) of
+    `dtype` (the model's input dtype: "float32", or "uint8" scaled on the device)."""
     return {"patches": keras.Input((None, patch_width), name="patches", dtype=dtype),
             "patch_coord": keras.Input((None, 2), name="patch_coord", dtype="int32"),
             "patch_valid": keras.Input((None,), name="patch_valid", dtype="bool")}
@@ -102,8 +103,8 @@ def naflex(model):
 
 
 def patchify_images(images, patch_size):
-    """(B, H, W, C) images -> the NaFlex dict of their whole grids, no padding (numpy; for tests and
-    for one size of images: `keras_vit.naflex_feed` resizes and pads)."""
+    """(B, H, W, C) `images` -> the NaFlex dict of their whole grids of `patch_size` patches, no padding,
+    no resize (numpy; images of one size: `keras_vit.naflex_feed.patchify` resizes to a budget and pads)."""
     images = np.asarray(images)
     b, h, w, c = images.shape
     gh, gw = h // patch_size, w // patch_size
@@ -112,3 +113,6 @@ def patchify_images(images, patch_size):
     coord = np.stack(np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij"), -1).reshape(1, -1, 2)
     return {"patches": patches, "patch_coord": np.repeat(coord, b, 0).astype("int32"),
             "patch_valid": np.ones((b, gh * gw), bool)}
+
+
+__all__ = ["is_naflex", "naflex", "naflex_inputs", "patchify_images"]

@@ -500,8 +500,9 @@ RUN_MASKED_PATCH = ("docs/experiments.md", "MaskedPatchPredictor(")
 RUN_WAYS = ("docs/ways-to-finetune.md", "keras_vit.enable_lora(model, rank=8)")
 RUN_OWN_IMAGES = ("docs/own-images.md", 'keras_vit.from_huggingface("dinov2-vits14"')
 RUN_ANY_SIZE = ("docs/serving.md", 'export(backbone, "dinov2_any_size", "onnx"')
+RUN_NAFLEX = ("docs/naflex.md", "flex = naflex(model)")
 RUN = (RUN_TWENTY_LINES, RUN_QUICK_START, RUN_CONFIGURATION, RUN_RESOLUTION, RUN_TIMM_HF, RUN_FAMILIES, RUN_FINETUNE,
-       RUN_ABLATIONS, RUN_MASKED_PATCH, RUN_WAYS, RUN_OWN_IMAGES, RUN_ANY_SIZE)
+       RUN_ABLATIONS, RUN_MASKED_PATCH, RUN_WAYS, RUN_OWN_IMAGES, RUN_ANY_SIZE, RUN_NAFLEX)
 NOT_RUN = {
     ("docs/scaling.md", "model_parallel((2, 4))"):
         "2 replicas x 4-way tensor parallel needs 8 devices; the same calls run on 8 virtual CPU devices in "
@@ -511,6 +512,9 @@ NOT_RUN = {
         "processes started by tests/test_multiprocess.py",
 }
 CHECKED = {
+    ("docs/naflex.md", 'folder_batches("photos", plan)'):
+        "the feed's folder_batches and a NaFlex model's fit run in tests/test_naflex_feed.py and "
+        "tests/test_naflex_recipes.py",
     ("docs/keras-hub.md", "model = keras_vit.from_keras_hub(preset_dir)"):
         "run with a keras-hub preset written by save_to_preset in tests/test_keras_hub.py::test_the_docs_example_runs",
     ("docs/index.md", 'ViT_B16(weights="imagenet21k+imagenet2012", image_size=224)'):
@@ -574,3 +578,15 @@ def test_any_size_serving_in_python(user):
     ns = run(code)
     assert ns.features.shape == (1, 518 // 14, 518 // 14, 8)
     assert os.listdir("dinov2_any_size") == ["model.onnx"]
+
+
+def test_naflex_in_python(user):
+    """docs/naflex.md's first block: three photographs of three shapes through one NaFlex copy of a model."""
+    pytest.importorskip("skimage")
+    ns = run(block(RUN_NAFLEX))
+    assert ns.probabilities.shape == (3, 10)
+    np.testing.assert_allclose(ns.probabilities.sum(-1), 1, atol=1e-5)
+    grids = {tuple(c[v].max(0) + 1) for c, v in zip(ns.batch["patch_coord"], ns.batch["patch_valid"])}
+    assert len(grids) == 3 and all(h * w <= 196 for h, w in grids)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(ns.flex.get_layer("embedding").kernel),
+                                  keras.ops.convert_to_numpy(ns.model.get_layer("embedding").kernel))
