@@ -9,6 +9,10 @@ TensorFlow backend in a fresh process, from the model saved as `.keras`: the wei
 computation are the same in every backend. Every ONNX file is then rewritten to run faster
 (`_optimize_onnx`), and can be quantized to int8 by onnxruntime's tools (see `export`).
 
+A NaFlex model (`keras_vit.naflex`) is exported behind its own input instead of images: the dict of
+patches, their coordinates and their validity, of any batch and sequence length, to ONNX or a
+SavedModel (`export`; LiteRT is refused, NAFLEX_REFUSED); `run` and `compare` take that dict.
+
 One file a concern: `formats` (which backend writes what), `serving` (the signature), `writers` (in
 process), `through_tensorflow` (the fresh process), `onnx_rewrites`, `int8`, `runtimes` (run, compare).
 """
@@ -22,6 +26,8 @@ from keras_vit.export.formats import (
     QUANTIZATIONS,
     THROUGH_TENSORFLOW,
     THROUGH_TENSORFLOW_ANY_SIZE,
+    THROUGH_TENSORFLOW_NAFLEX,
+    NAFLEX_REFUSED,
     artefact,
     check_format,
     takes_any_size,
@@ -30,10 +36,11 @@ from keras_vit.export.formats import (
 from keras_vit.export.int8 import CALIBRATION_LIMIT, _quantize_int8, calibration_images, check_calibration
 from keras_vit.export.onnx_rewrites import FOLD_LIMIT
 from keras_vit.export.runtimes import compare, run
-from keras_vit.export.serving import CLASS_OUTPUTS, check_resize_to, output_name, serving_model
+from keras_vit.export.serving import CLASS_OUTPUTS, check_naflex_serving, check_resize_to, output_name, serving_model
 from keras_vit.export.through_tensorflow import _through_tensorflow
 from keras_vit.export.writers import _write
 from keras_vit.fileio import atomic_folder
+from keras_vit.naflex import is_naflex
 
 __all__ = [
     "export",
@@ -52,6 +59,8 @@ __all__ = [
     "FILES",
     "THROUGH_TENSORFLOW",
     "THROUGH_TENSORFLOW_ANY_SIZE",
+    "THROUGH_TENSORFLOW_NAFLEX",
+    "NAFLEX_REFUSED",
     "takes_any_size",
     "LITERT_TORCH_INSTALL",
     "CALIBRATION_LIMIT",
@@ -73,13 +82,23 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     the model's own rule. The pairs of THROUGH_TENSORFLOW (and, for a model of any size, of
     THROUGH_TENSORFLOW_ANY_SIZE) are written from the TensorFlow backend in a fresh process (`writer`).
 
+    A NaFlex model (`keras_vit.naflex(model)`) is exported to "onnx" or "tf_saved_model" behind its own
+    input, no images (`serving_model`): the dict of "patches" (B, N, P * P * C) float32 (uint8 for a
+    model built with `input_dtype="uint8"`), "patch_coord" (B, N, 2) int32 and "patch_valid" (B, N)
+    bool, the inputs of the artefact named so, B and N any (B fixed by `batch_size`); it outputs what
+    the Keras model outputs, and the top k with `top_k`. `input_mode`, `resize_to` and
+    `calibration` act on images and are refused for it, and so is "litert" (NAFLEX_REFUSED says
+    why); the pairs of THROUGH_TENSORFLOW_NAFLEX are written from the TensorFlow backend in a fresh
+    process.
+
     `quantize="int8"` (ONNX only) quantizes the exported file with onnxruntime: the matrix products'
     weights and activations in int8, dynamically (activation ranges measured per call), or
     statically with `calibration`, uint8 images (N, h, w, 3) whose activation ranges are fixed
     into the file (see `calibration_images`).
 
     Args:
-        model: the Keras model to export (a classifier, a projection or a backbone).
+        model: the Keras model to export (a classifier, a projection or a backbone), or a NaFlex
+            copy of one (`keras_vit.naflex`).
         out: the output folder (str or path-like), which must not exist yet.
         format: one of FORMATS: "tf_saved_model" (the default), "onnx" or "litert".
         top_k: None, or the number of best classes to output beside the probabilities
@@ -96,18 +115,26 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
         The artefact's path inside `out` (see `artefact`).
 
     Raises:
-        ValueError: a format or quantization that cannot be exported (`check_format`), or
-            `calibration` without `quantize`.
+        ValueError: a format or quantization that cannot be exported (`check_format`; LiteRT of a
+            NaFlex model), `calibration` without `quantize`, or `input_mode`, `resize_to` or
+            `calibration` for a NaFlex model; before anything is written.
         FileExistsError: `out` exists.
         RuntimeError: the fresh TensorFlow process failed, with its last error line.
     """
     import keras
 
     backend = keras.backend.backend()
-    any_size = takes_any_size(model) or resize_to is not None
-    check_format(backend, format, quantize, batch_size, any_size)
+    flex = is_naflex(model)
+    any_size = not flex and (takes_any_size(model) or resize_to is not None)
+    check_format(backend, format, quantize, batch_size, any_size, flex)
     if calibration is not None and quantize is None:
         raise ValueError("calibration images are for quantize='int8'")
+    if flex:
+        check_naflex_serving(model, input_mode, resize_to)
+        if calibration is not None:
+            raise ValueError(f"calibration: model {model.name!r} is a NaFlex model, whose artefact takes patches, and "
+                             "static int8 is calibrated on images; quantize='int8' without calibration quantizes "
+                             "it dynamically")
     if resize_to is not None:
         check_resize_to(model, resize_to)
     if calibration is not None:
@@ -119,7 +146,7 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     # if this process is killed, by the next export to `out`)
     with atomic_folder(out) as tmp:
         path = artefact(tmp, format)
-        if writer(backend, format, batch_size, any_size) == backend:
+        if writer(backend, format, batch_size, any_size, flex) == backend:
             _write(model, path, format, top_k, batch_size, input_mode, resize_to)
         else:
             _through_tensorflow(model, path, format, top_k, batch_size, input_mode, resize_to)

@@ -25,6 +25,20 @@ THROUGH_TENSORFLOW_ANY_SIZE = {
                        "embeddings' resize takes",
     ("torch", "litert"): "litert-torch 0.10 lowers fixed shapes only",
 }
+# (backend, format) pairs whose exporter cannot write a NaFlex model (`keras_vit.naflex`: a dict of patches,
+# their coordinates and validity, of any batch and sequence length), and why: written from the TensorFlow
+# backend in a fresh process instead (the pairs of THROUGH_TENSORFLOW too)
+THROUGH_TENSORFLOW_NAFLEX = {
+    ("jax", "onnx"): "jax2onnx 0.17 gives a concatenation along the symbolic sequence length (the prefix tokens, "
+                     "then the n patches) the shape of its first part, and bakes that length into the reshapes "
+                     "after",
+}
+# formats no backend writes for a NaFlex model, and why (refused by check_format before anything is written)
+NAFLEX_REFUSED = {
+    "litert": "TensorFlow's LiteRT converter leaves the slices that add an axis to the NaFlex arrays, whose batch and "
+              "sequence length are known only when run, as TensorFlow ops (FlexStridedSlice), which the LiteRT "
+              "interpreter does not run",
+}
 # the packages LiteRT from torch at a fixed batch imports (litert-torch's own full requirements also pin
 # typing-extensions<4.13 through xdsl, and bring transformers, kagglehub, sentencepiece, ...; none of that
 # is needed to convert)
@@ -32,16 +46,18 @@ LITERT_TORCH_INSTALL = ("pip install --no-deps litert-torch==0.10.0 litert-conve
                         "ai-edge-quantizer==0.10.0 multipledispatch")
 
 
-def writer(backend, format, batch_size=None, any_size=False):
+def writer(backend, format, batch_size=None, any_size=False, naflex=False):
     """The backend that writes `format` for a model of `backend` (at `batch_size`, None: any): `backend`
     itself, or "tensorflow" for the pairs of THROUGH_TENSORFLOW (LiteRT from torch at a fixed batch is
-    litert-torch's where it is installed), and with `any_size` those of THROUGH_TENSORFLOW_ANY_SIZE.
+    litert-torch's where it is installed), with `any_size` those of THROUGH_TENSORFLOW_ANY_SIZE, and with
+    `naflex` those of THROUGH_TENSORFLOW_NAFLEX.
 
     Args:
         backend: the Keras backend the model runs on: "jax", "tensorflow" or "torch".
         format: one of FORMATS: "tf_saved_model", "onnx" or "litert".
         batch_size: the fixed batch dimension of the artefact, or None for any batch size.
         any_size: whether the model takes images of any height and width (`takes_any_size`).
+        naflex: whether the model takes a NaFlex dict (`keras_vit.naflex.is_naflex`).
 
     Returns:
         `backend`, or "tensorflow" when the artefact is written from the TensorFlow backend in a
@@ -49,6 +65,8 @@ def writer(backend, format, batch_size=None, any_size=False):
     """
     import importlib.util
 
+    if naflex and (backend, format) in THROUGH_TENSORFLOW_NAFLEX:
+        return "tensorflow"
     if any_size and (backend, format) in THROUGH_TENSORFLOW_ANY_SIZE:
         return "tensorflow"
     if (backend, format) == ("torch", "litert") and batch_size is not None \
@@ -57,9 +75,10 @@ def writer(backend, format, batch_size=None, any_size=False):
     return "tensorflow" if (backend, format) in THROUGH_TENSORFLOW else backend
 
 
-def check_format(backend, format, quantize=None, batch_size=None, any_size=False):
+def check_format(backend, format, quantize=None, batch_size=None, any_size=False, naflex=False):
     """Raises ValueError (one line) when `format` (with `quantize`) cannot be exported from `backend`:
-    an unknown format or quantization, or the TensorFlow package missing where it writes the file.
+    an unknown format or quantization, a format of NAFLEX_REFUSED for a NaFlex model, or the
+    TensorFlow package missing where it writes the file.
 
     Args:
         backend: the Keras backend the model runs on: "jax", "tensorflow" or "torch".
@@ -68,6 +87,7 @@ def check_format(backend, format, quantize=None, batch_size=None, any_size=False
         batch_size: the fixed batch dimension of the artefact, or None for any batch size (it
             decides which backend writes LiteRT from torch, see `writer`).
         any_size: whether the model takes images of any height and width (see `writer`).
+        naflex: whether the model takes a NaFlex dict (see `writer`; LiteRT is refused).
 
     Raises:
         ValueError: with the reason, and the command that installs what is missing.
@@ -76,9 +96,16 @@ def check_format(backend, format, quantize=None, batch_size=None, any_size=False
 
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
-    if writer(backend, format, batch_size, any_size) != backend and importlib.util.find_spec("tensorflow") is None:
-        why = THROUGH_TENSORFLOW.get((backend, format)) or THROUGH_TENSORFLOW_ANY_SIZE[backend, format]
-        raise ValueError(f"{format} from the {backend} backend{' at any image size' * any_size} is written from the "
+    if naflex and format in NAFLEX_REFUSED:
+        takes = [f for f in FORMATS if f not in NAFLEX_REFUSED]
+        raise ValueError(f"a NaFlex model (patches, patch_coord, patch_valid in) cannot be exported to {format}: "
+                         f"{NAFLEX_REFUSED[format]}; expected one of {', '.join(takes)}")
+    through = writer(backend, format, batch_size, any_size, naflex) != backend
+    if through and importlib.util.find_spec("tensorflow") is None:
+        why = THROUGH_TENSORFLOW.get((backend, format)) or (naflex and THROUGH_TENSORFLOW_NAFLEX.get((backend, format))) \
+            or THROUGH_TENSORFLOW_ANY_SIZE[backend, format]
+        what = " at any image size" * any_size + " of a NaFlex model" * naflex
+        raise ValueError(f"{format} from the {backend} backend{what} is written from the "
                          f"TensorFlow backend in a separate process ({why}), and tensorflow is not installed: "
                          "pip install 'keras-vit[tensorflow]'")
     if quantize is not None:
@@ -90,8 +117,11 @@ def check_format(backend, format, quantize=None, batch_size=None, any_size=False
 
 
 def takes_any_size(model):
-    """Whether `model` takes images of any height or width (built with `input_shape=(None, None, 3)`)."""
-    return None in tuple(model.input_shape[1:3])
+    """Whether `model` takes images of any height or width (built with `input_shape=(None, None, 3)`);
+    False for a NaFlex model, which takes patches (`keras_vit.naflex`)."""
+    from keras_vit.naflex import is_naflex
+
+    return not is_naflex(model) and None in tuple(model.input_shape[1:3])
 
 
 def artefact(out, format):

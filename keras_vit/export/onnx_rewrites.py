@@ -3,13 +3,16 @@
 import numpy as np
 
 
-def _fix_onnx(path, names):
+def _fix_onnx(path, names, dimensions=None):
     """Names the graph outputs `names` (torch's and jax2onnx's exporters number them), and rewrites
     each Erfc node as 1 - Erf: ONNX has no Erfc op, and tf2onnx copies the one of TensorFlow's exact
-    GELU, 0.5 x erfc(-x / sqrt 2), so onnxruntime would refuse the file."""
+    GELU, 0.5 x erfc(-x / sqrt 2), so onnxruntime would refuse the file. `dimensions`: None, or
+    {input name: a name or None for each of its dimensions}, the names given to those inputs'
+    dimensions of unknown size (tf2onnx numbers them, "unk__527")."""
     import onnx
 
     model = onnx.load(path)
+    named = _name_dimensions(model.graph, dimensions or {})
     renames = {} if {o.name for o in model.graph.output} == set(names) else \
         {o.name: name for o, name in zip(model.graph.output, names)}
     nodes = []
@@ -23,13 +26,25 @@ def _fix_onnx(path, names):
         model.graph.initializer.append(onnx.numpy_helper.from_array(np.ones((), np.float32), one))
         nodes.append(onnx.helper.make_node("Erf", list(node.input), [erf], name=erf))
         nodes.append(onnx.helper.make_node("Sub", [one, erf], list(node.output), name=node.name))
-    if not renames and len(nodes) == len(model.graph.node):
+    if not renames and not named and len(nodes) == len(model.graph.node):
         return
     for output in model.graph.output:
         output.name = renames.get(output.name, output.name)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     onnx.save(model, path)
+
+
+def _name_dimensions(graph, dimensions):
+    """In place: each dimension of unknown size of the graph inputs in `dimensions` ({input name: [name
+    or None per dimension]}) takes its name; returns how many were renamed."""
+    done = 0
+    for value in graph.input:
+        for dim, name in zip(value.type.tensor_type.shape.dim, dimensions.get(value.name, ())):
+            if name is not None and not dim.HasField("dim_value") and dim.dim_param != name:
+                dim.dim_param = name
+                done += 1
+    return done
 
 
 # weights folded into initializers up to this many elements (onnxscript's default, 8192, leaves the
@@ -52,8 +67,9 @@ def _optimize_onnx(path):
        ("btd,dnh->btnh"), become MatMul between Reshapes (onnxruntime quantizes MatMul, not
        Einsum, and runs MatMul without Einsum's own transposes).
 
-    The rewritten file is checked against the exporter's in onnxruntime on random images; where
-    they differ (beyond 1e-5) the exporter's file is kept and a warning logged.
+    The rewritten file is checked against the exporter's in onnxruntime on random images (a NaFlex
+    model's: random patches); where they differ (beyond 1e-5) the exporter's file is kept and a
+    warning logged.
     """
     import onnx
     import onnxscript.optimizer
@@ -289,18 +305,34 @@ def _remove_unused(graph):
     graph.value_info.extend(infos)
 
 
+def _random_inputs(session, batch=2, tokens=6):
+    """Random inputs of the onnxruntime `session`: `batch` uint8 or float images in [0, 255], or a NaFlex
+    model's `batch` sequences of `tokens` random patches on a 2 x `tokens // 2` grid, all valid."""
+    rng = np.random.default_rng(0)
+    specs = session.get_inputs()
+    if len(specs) == 1:
+        spec = specs[0]
+        shape = [d if isinstance(d, int) else batch for d in spec.shape]
+        dtype = {"tensor(uint8)": np.uint8, "tensor(float)": np.float32}[spec.type]
+        return {spec.name: rng.integers(0, 256, shape).astype(dtype)}
+    patches = next(s for s in specs if s.name == "patches")
+    n = patches.shape[0] if isinstance(patches.shape[0], int) else batch
+    dtype = {"tensor(uint8)": np.uint8, "tensor(float)": np.float32}[patches.type]
+    coord = np.stack(np.divmod(np.arange(2 * (tokens // 2)), tokens // 2), -1).astype(np.int32)
+    return {"patches": rng.integers(0, 256, (n, len(coord), patches.shape[-1])).astype(dtype),
+            "patch_coord": np.repeat(coord[None], n, 0), "patch_valid": np.ones((n, len(coord)), bool)}
+
+
 def _max_difference(a, b, batch=2):
     """Max |difference| of every float output of the ONNX models `a` and `b` (ModelProto) under
-    onnxruntime on `batch` random images (integer outputs must be equal); None when either fails."""
+    onnxruntime on `batch` random images (of a NaFlex model: sequences of patches, `_random_inputs`)
+    (integer outputs must be equal); None when either fails."""
     import onnxruntime as ort
 
     try:
         sessions = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]) for m in (a, b)]
-        spec = sessions[0].get_inputs()[0]
-        shape = [d if isinstance(d, int) else batch for d in spec.shape]
-        dtype = {"tensor(uint8)": np.uint8, "tensor(float)": np.float32}[spec.type]
-        images = np.random.default_rng(0).integers(0, 256, shape).astype(dtype)
-        outputs = [s.run(None, {spec.name: images}) for s in sessions]
+        inputs = _random_inputs(sessions[0], batch)
+        outputs = [s.run(None, inputs) for s in sessions]
     except Exception:  # noqa: BLE001 - any failure keeps the exporter's file
         return None
     error = 0.0

@@ -27,6 +27,12 @@ def serving_model(model, top_k=None, input_mode="vit", resize_to=None):
     "embeddings" of a projection, "features" of a backbone, ...), and with `top_k` (classifiers only)
     "top_k_scores" and "top_k_classes" (int32) beside it.
 
+    A NaFlex model (`keras_vit.naflex`) is served on its own input instead, no images: the dict of
+    "patches" (B, N, P * P * C), float32 as the model takes them (already scaled), or uint8 for a
+    model built with `input_dtype="uint8"`, which scales them itself, "patch_coord" (B, N, 2) int32
+    and "patch_valid" (B, N) bool, B and N any; `input_mode` and `resize_to` do not apply to it
+    (a ValueError unless "vit" and None). Its outputs are those above.
+
     Args:
         model: the Keras model to serve (a classifier, a projection or a backbone).
         top_k: None, or the number of best classes to output beside the model's output
@@ -37,16 +43,21 @@ def serving_model(model, top_k=None, input_mode="vit", resize_to=None):
             takes (ValueError otherwise).
 
     Returns:
-        A functional `keras.Model` named `<model.name>_serving`, its input named "images".
+        A functional `keras.Model` named `<model.name>_serving`, its input named "images" (a
+        NaFlex model's: its three inputs, named as their keys).
     """
     import keras
 
-    from keras_vit.layers import ResizeImages, TopK
-    from keras_vit.preprocessing import input_scaling
+    from keras_vit.layers import ResizeImages
+    from keras_vit.naflex import is_naflex, naflex_inputs
 
     name = output_name(model)
     if top_k and name not in CLASS_OUTPUTS:
         raise ValueError(f"top_k is for a classifier; model {model.name!r} outputs {name}")
+    if is_naflex(model):
+        check_naflex_serving(model, input_mode, resize_to)
+        inputs = naflex_inputs(model.input["patches"].shape[-1], model.input["patches"].dtype)
+        return _with_outputs(model, inputs, model(inputs), top_k)
     if resize_to is None:
         inputs = x = keras.Input(model.input_shape[1:], dtype="uint8", name="images")
     else:
@@ -56,13 +67,36 @@ def serving_model(model, top_k=None, input_mode="vit", resize_to=None):
         if model.inputs[0].dtype == "uint8":  # rounded back, as an image file read at that size would be
             x = keras.ops.cast(keras.ops.round(keras.ops.clip(x, 0, 255)), "uint8")
     if model.inputs[0].dtype != "uint8":  # a model built with input_dtype="uint8" scales its input itself
+        from keras_vit.preprocessing import input_scaling
+
         scale, offset = input_scaling(input_mode)
         x = keras.layers.Rescaling(scale, offset=offset, name="rescale")(x)
-    y = model(x)
-    outputs = {name: y}
+    return _with_outputs(model, inputs, model(x), top_k)
+
+
+def _with_outputs(model, inputs, y, top_k):
+    """The serving model of `inputs`: {output_name(model): y}, and the `top_k` best classes beside it."""
+    import keras
+
+    from keras_vit.layers import TopK
+
+    outputs = {output_name(model): y}
     if top_k:
         outputs["top_k_scores"], outputs["top_k_classes"] = TopK(top_k, name="top_k")(y)
     return keras.Model(inputs, outputs, name=f"{model.name}_serving")
+
+
+def check_naflex_serving(model, input_mode="vit", resize_to=None):
+    """Raises ValueError when `input_mode` or `resize_to`, which act on images, are asked of the NaFlex
+    model `model`, whose artefact takes its patches as they are."""
+    if resize_to is not None:
+        raise ValueError(f"resize_to={resize_to!r}: model {model.name!r} is a NaFlex model, whose artefact takes "
+                         "patches of any number (patches, patch_coord, patch_valid), not images; resize each image "
+                         "before cutting it into patches (keras_vit.naflex_feed)")
+    if input_mode != "vit":
+        raise ValueError(f"input_mode={input_mode!r}: model {model.name!r} is a NaFlex model, whose artefact takes the "
+                         "patches as the model does (scaled as they are fed to it, or uint8 for a model built with "
+                         "input_dtype='uint8'); no scaling is added inside")
 
 
 def check_resize_to(model, resize_to):

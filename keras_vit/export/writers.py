@@ -1,9 +1,14 @@
 """Writing an artefact from the running backend: Keras' `model.export`, torch's ONNX exporter, litert-torch."""
 
+from keras_vit.calls import NAFLEX_KEYS
 from keras_vit.export.formats import takes_any_size
 from keras_vit.export.onnx_rewrites import _fix_onnx, _optimize_onnx
 from keras_vit.export.serving import serving_model
+from keras_vit.naflex import is_naflex
 from keras_vit.runtime import platform_chosen_on_host
+
+# the ONNX opset tf2onnx writes a NaFlex model in (see `_write`)
+NAFLEX_TF2ONNX_OPSET = 18
 
 
 def _write(model, path, format, top_k, batch_size, input_mode="vit", resize_to=None):
@@ -13,22 +18,33 @@ def _write(model, path, format, top_k, batch_size, input_mode="vit", resize_to=N
 
     backend = keras.backend.backend()
     serving = serving_model(model, top_k, input_mode, resize_to)
+    flex = is_naflex(serving)
     if backend == "torch" and format == "onnx":
         _torch_onnx(serving, path, batch_size)
     elif backend == "torch" and format == "litert":
         _torch_litert(serving, path, batch_size)
     else:
-        spec = keras.InputSpec(shape=(batch_size, *serving.input_shape[1:]), dtype="uint8", name="images")
         kwargs = {}
-        if backend == "jax" and format == "tf_saved_model" and takes_any_size(serving):
-            kwargs["jax2tf_kwargs"] = {"polymorphic_shapes": [_symbolic_shape(model, batch_size, resize_to)]}
+        if flex:
+            spec = {k: keras.InputSpec(shape=(batch_size, *t.shape[1:]), dtype=t.dtype, name=k)
+                    for k, t in serving.input.items()}
+        else:
+            spec = keras.InputSpec(shape=(batch_size, *serving.input_shape[1:]), dtype="uint8", name="images")
+        if flex and backend == "tensorflow" and format == "onnx":
+            # tf2onnx's default opset, 15, has no Split(num_outputs), into which onnxscript's optimizer
+            # (`_optimize_onnx`) rewrites the slices of the NaFlex grid sizes regardless: a file onnxruntime refuses
+            kwargs["opset_version"] = NAFLEX_TF2ONNX_OPSET
+        if backend == "jax" and format == "tf_saved_model" and (flex or takes_any_size(serving)):
+            shape = _naflex_symbolic_shapes(serving, batch_size) if flex else \
+                _symbolic_shape(model, batch_size, resize_to)
+            kwargs["jax2tf_kwargs"] = {"polymorphic_shapes": [shape]}
         # jax2onnx has no converter for a computation chosen per lowered platform (platform_index):
         # the layers' CPU/accelerator choices are made for this machine when tracing (every format,
         # so that every artefact is made the same way)
         with platform_chosen_on_host():
             serving.export(path, format=format, input_signature=[spec], verbose=False, **kwargs)
     if format == "onnx":
-        _fix_onnx(path, sorted(serving.output))
+        _fix_onnx(path, sorted(serving.output), _dimension_names(serving, batch_size) if flex else None)
         _optimize_onnx(path)
 
 
@@ -47,9 +63,24 @@ def _symbolic_shape(model, batch_size, resize_to=None):
     return f"({batch_size or 'batch'}, {', '.join(sides)}, {channels})"
 
 
+def _naflex_symbolic_shapes(serving, batch_size):
+    """jax2tf's shapes of a NaFlex model's inputs, one batch and one sequence length shared by the three
+    ({"patches": "(batch, tokens, 192)", ...}): each its own symbols, they could not be broadcast."""
+    return {k: "(" + ", ".join(str(d) for d in (batch_size or "batch", "tokens", *t.shape[2:])) + ")"
+            for k, t in serving.input.items()}
+
+
+def _dimension_names(serving, batch_size):
+    """{input name: [its dimensions' names in the ONNX file]} of a NaFlex serving model: "batch" (unless
+    fixed) and "tokens", the other dimensions left as the exporter wrote them (None)."""
+    return {k: ["batch" if batch_size is None else None, "tokens"] + [None] * (len(t.shape) - 2)
+            for k, t in serving.input.items()}
+
+
 def _images_module(serving):
     """`serving` (a Keras model on the torch backend) as a module whose forward takes one argument
-    named `images` (for dynamic_shapes and the artefact's input name), in eval mode."""
+    named `images` (for dynamic_shapes and the artefact's input name), in eval mode; a NaFlex
+    model's takes its three inputs by their names, passed on as the model's dict."""
     import torch
 
     class Images(torch.nn.Module):
@@ -60,17 +91,44 @@ def _images_module(serving):
         def forward(self, images):
             return self.model(images)
 
-    return Images(serving).eval()
+    class NaFlex(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, patches, patch_coord, patch_valid):
+            return self.model({"patches": patches, "patch_coord": patch_coord, "patch_valid": patch_valid})
+
+    return (NaFlex if is_naflex(serving) else Images)(serving).eval()
+
+
+def _torch_example(serving, batch_size):
+    """(example inputs, their names, dynamic_shapes) of torch.export for `serving`: a batch of 2 images, or
+    for a NaFlex model 3 sequences of 17 patches (torch.export specialises a dimension it sees as 1, and
+    one of the same size as another might be taken for it); the batch dynamic unless fixed, a NaFlex
+    model's sequence length always."""
+    import torch
+
+    if not is_naflex(serving):
+        example = (torch.zeros((batch_size or 2, *serving.input_shape[1:]), dtype=torch.uint8),)
+        return example, ["images"], None if batch_size else {"images": {0: torch.export.Dim("batch")}}
+    names = list(NAFLEX_KEYS)
+    batch, tokens = (batch_size or 3), 17
+    example = tuple(torch.zeros((batch, tokens, *t.shape[2:]), dtype=getattr(torch, t.dtype))
+                    for t in (serving.input[k] for k in names))
+    dims = {1: torch.export.Dim("tokens")}
+    if batch_size is None:
+        dims[0] = torch.export.Dim("batch")
+    return example, names, {k: dims for k in names}
 
 
 def _torch_onnx(serving, path, batch_size):
-    """ONNX from the torch backend through torch's dynamo exporter, the batch dynamic unless fixed."""
+    """ONNX from the torch backend through torch's dynamo exporter, the batch (and a NaFlex model's
+    sequence length) dynamic unless fixed."""
     import torch
 
-    # an example batch of 2: torch.export specialises a dimension it sees as 1
-    example = torch.zeros((batch_size or 2, *serving.input_shape[1:]), dtype=torch.uint8)
-    dynamic = None if batch_size else {"images": {0: torch.export.Dim("batch")}}
-    program = torch.onnx.export(_images_module(serving), (example,), dynamo=True, input_names=["images"],
+    example, names, dynamic = _torch_example(serving, batch_size)
+    program = torch.onnx.export(_images_module(serving), example, dynamo=True, input_names=names,
                                 dynamic_shapes=dynamic, verbose=False)
     program.optimize()
     program.save(path)
