@@ -7,18 +7,26 @@ from keras_vit.export.serving import CLASS_OUTPUTS, output_name, serving_model
 
 def run(path, format, images):
     """Runs the artefact at `path` in its own runtime (TensorFlow's loader, onnxruntime, the LiteRT
-    interpreter) on uint8 `images`; returns {output name: numpy array}.
+    interpreter) on uint8 `images`, or on the NaFlex batch an artefact of a NaFlex model takes;
+    returns {output name: numpy array}.
 
     Args:
         path: the artefact, as `export` returns it (a SavedModel folder, a .onnx or a .tflite file).
         format: its format, one of FORMATS.
         images: uint8 images (N, h, w, 3), N a batch size the artefact takes (h and w any the
-            artefact takes: its own size, or any multiple of the patch for a model of any size).
+            artefact takes: its own size, or any multiple of the patch for a model of any size);
+            or, for an artefact of a NaFlex model, its dict of numpy arrays: "patches" (B, L, P * P * C)
+            of the dtype it takes (float32, or uint8), "patch_coord" (B, L, 2) int32 and
+            "patch_valid" (B, L) bool, B and L any (`keras_vit.naflex.patchify_images` cuts them).
 
     Raises:
-        ValueError: `images` not uint8 (N, h, w, 3). TensorFlow's loader would cast a float numpy
-            array to uint8 silently (0.6 becomes 0); the other runtimes refuse it in their own words.
+        ValueError: `images` not uint8 (N, h, w, 3), or a NaFlex batch that is not one (its keys,
+            shapes, dtypes, coordinates that do not tile each image's grid) or of patches of another
+            dtype or width than the artefact's. TensorFlow's loader would cast a float numpy array
+            to uint8 silently (0.6 becomes 0); the other runtimes refuse it in their own words.
     """
+    if isinstance(images, dict):
+        return _run_naflex(path, format, images)
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
         raise ValueError(f"an artefact takes uint8 images (N, h, w, 3) with values 0-255, got {images.dtype} of shape "
@@ -43,6 +51,62 @@ def run(path, format, images):
     return dict(runner(images=images))
 
 
+def _run_naflex(path, format, batch):
+    """`run` on the NaFlex `batch` (a dict of numpy arrays): checked as a NaFlex batch, then against the
+    artefact's patches (width and dtype), before it runs."""
+    from keras_vit.calls import NAFLEX_KEYS, check_naflex_batch
+
+    if format not in ("tf_saved_model", "onnx"):
+        raise ValueError(f"a NaFlex batch (a dict) is for an artefact of a NaFlex model, ONNX or a SavedModel; "
+                         f"{format} takes uint8 images (N, h, w, 3)")
+    batch = {k: np.asarray(v) for k, v in batch.items()}
+    patches = batch.get("patches", np.zeros(0))
+    # keys, shapes, dtypes and coordinates before the artefact is loaded; its patches' width after
+    check_naflex_batch(batch, patches.shape[-1] if patches.ndim == 3 else "P * P * C", what="the artefact")
+    specs, call = _naflex_runner(path, format)
+    if set(specs) != set(NAFLEX_KEYS):
+        raise ValueError(f"the artefact at {path} takes {sorted(specs)}, not a NaFlex batch (a dict of "
+                         f"{', '.join(NAFLEX_KEYS)}): it is no NaFlex model's")
+    shape, dtype = specs["patches"]
+    if patches.shape[-1] != shape[-1]:
+        raise ValueError(f"the artefact takes patches of shape (batch, tokens, {shape[-1]}), got {patches.shape}: "
+                         f"{shape[-1]} values are one patch of its model's patch size, flattened")
+    if patches.dtype != dtype:
+        raise ValueError(f"the artefact takes {dtype} patches, got {patches.dtype}"
+                         + ("; a model built with input_dtype='uint8' takes them unscaled, 0-255" * (dtype == "uint8")))
+    batch["patch_coord"] = batch["patch_coord"].astype(np.int32)
+    outputs = call(batch)
+    if not isinstance(outputs, dict):
+        outputs = {"probabilities": outputs}
+    return {k: np.asarray(v) for k, v in outputs.items()}
+
+
+def _naflex_runner(path, format):
+    """({input name: (shape, dtype name)}, a function of the input dict to the outputs) of the artefact."""
+    if format == "tf_saved_model":
+        import tensorflow as tf
+
+        loaded = tf.saved_model.load(path)  # kept alive by the function below while it runs
+        return _saved_model_inputs(loaded), lambda inputs: loaded.serve(inputs)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    specs = {i.name: (i.shape, {"tensor(float)": "float32"}.get(i.type, i.type[len("tensor("):-1]))
+             for i in session.get_inputs()}
+    names = [o.name for o in session.get_outputs()]
+    return specs, lambda inputs: dict(zip(names, session.run(None, inputs)))
+
+
+def _saved_model_inputs(loaded):
+    """{input name: (shape, dtype name)} of a loaded SavedModel's `serve` endpoint."""
+    args, kwargs = loaded.serve.concrete_functions[0].structured_input_signature
+    specs = {}
+    for spec in [*args, *kwargs.values()]:
+        for name, one in (spec.items() if isinstance(spec, dict) else [(spec.name, spec)]):
+            specs[name] = (tuple(one.shape), one.dtype.name)
+    return specs
+
+
 def compare(model, path, format, images, input_mode="vit", resize_to=None):
     """The artefact against Keras on uint8 `images` (scaled for Keras by `preprocess_input(images,
     input_mode)`, or as they are for a model built with `input_dtype="uint8"`): (max abs difference
@@ -50,11 +114,15 @@ def compare(model, path, format, images, input_mode="vit", resize_to=None):
     for a classifier the fraction of images with the same top-1 class, for an embedding or features
     the smallest cosine similarity of an image's two outputs.
 
+    A NaFlex model's artefact is compared on a NaFlex batch (the dict `run` takes), fed to the model
+    as it is (`input_mode` does not apply); of patch tokens (B, L, D) (`pooling=None`), the padding's
+    are left out (zero in both).
+
     Args:
         model: the Keras model that was exported.
         path: the artefact, as `export` returns it.
         format: its format, one of FORMATS.
-        images: uint8 images (N, h, w, 3).
+        images: uint8 images (N, h, w, 3), or a NaFlex batch for a NaFlex model's artefact.
         input_mode: the `keras_vit.preprocess_input` mode the artefact was exported with.
         resize_to: the `resize_to` the artefact was exported with (Keras resizes by the same layer).
 
@@ -66,11 +134,16 @@ def compare(model, path, format, images, input_mode="vit", resize_to=None):
     from keras_vit.preprocessing import model_input
 
     name = output_name(model)
-    if resize_to is None:
+    if isinstance(images, dict):  # one compiled call (JAX runs an eager call op by op: many times slower)
+        expected = keras.ops.convert_to_numpy(model.predict_on_batch(images))
+    elif resize_to is None:
         expected = keras.ops.convert_to_numpy(model(model_input(model, images, input_mode)))
     else:
         expected = keras.ops.convert_to_numpy(serving_model(model, None, input_mode, resize_to)(images)[name])
     got = run(path, format, images)[name].reshape(expected.shape)
+    if isinstance(images, dict) and expected.ndim == 3:  # patch tokens: the padding's left out
+        valid = np.asarray(images["patch_valid"])[..., None]
+        got, expected = np.where(valid, got, 0), np.where(valid, expected, 0)
     if name in CLASS_OUTPUTS:
         agreement = float(np.mean(got.argmax(-1) == expected.argmax(-1)))
     else:
