@@ -42,7 +42,6 @@ way's frozen features of the pretrained weights over N random splits (`--probe-e
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -53,6 +52,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples"))  # own_images (the folder), real_dinov2 (the weights)
+sys.path.insert(0, HERE)
+from folder_feed import cpu_name, load_average  # noqa: E402 (the machine, as the other feed benchmark reports it)
 
 WAYS = ("square", "NaFlex")
 FULL = {"model": "dinov2", "tokens": 64, "per_class": 80, "validation_split": 0.25, "batch": 16,
@@ -60,26 +61,6 @@ FULL = {"model": "dinov2", "tokens": 64, "per_class": 80, "validation_split": 0.
 QUICK = {"model": "tiny", "tokens": 16, "per_class": 6, "validation_split": 0.5, "batch": 3,
          "probe_epochs": 0, "finetune_epochs": 1, "repeats": 1, "feature_probe": 2}
 TINY = {"patch_size": 8, "hidden_size": 32, "mlp_dim": 64, "num_heads": 2, "num_layers": 2}
-
-
-def cpu_name():
-    """The CPU as /proc/cpuinfo names it (with its family and model when the name is generic), and cores."""
-    facts = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                facts.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    name = facts.get("model name") or platform.processor() or platform.machine()
-    if "cpu family" in facts:
-        name += f" (family {facts['cpu family']}, model {facts.get('model', '?')})"
-    return f"{name}, {os.cpu_count()} cores"
-
-
-def load_average():
-    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
 # --------------------------------------------------------------------------

@@ -218,3 +218,20 @@ def photo_folder(root, per_class=4, size=(120, 160), formats=("jpg", "png")):
             folder.mkdir(parents=True, exist_ok=True)
             crop.save(folder / f"{name}_{i}.{formats[i % len(formats)]}")
     return root
+
+
+@pytest.fixture(scope="module")
+def start(tmp_path_factory):
+    """A small ViT taking uint8 images, every weight random, saved as .keras: what `keras-vit finetune
+    --weights` continues from (10 classes: the folder's head replaces it)."""
+    import keras
+
+    import keras_vit
+
+    keras.utils.set_random_seed(1)
+    model = keras_vit.VisionTransformer(**TINY, input_dtype="uint8")
+    for i, v in enumerate(model.weights):
+        v.assign(np.random.default_rng(i).normal(0, 0.2, v.shape).astype("float32"))
+    path = tmp_path_factory.mktemp("start") / "start.keras"
+    model.save(path)
+    return str(path)

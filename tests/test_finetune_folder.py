@@ -10,9 +10,8 @@ import h5py
 import keras
 import numpy as np
 import pytest
-from conftest import TINY, photo_folder
+from conftest import photo_folder
 
-import keras_vit
 from keras_vit import cli
 from keras_vit.image_folder import read_image, resize_bilinear
 from keras_vit.recipes import own_images
@@ -21,18 +20,6 @@ from keras_vit.recipes import own_images
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
     return photo_folder(tmp_path_factory.mktemp("photos"), per_class=6)
-
-
-@pytest.fixture(scope="module")
-def start(tmp_path_factory):
-    """A small ViT taking uint8 images, saved as .keras: what --weights continues from (10 classes: a new head)."""
-    keras.utils.set_random_seed(1)
-    model = keras_vit.VisionTransformer(**TINY, input_dtype="uint8")
-    for i, v in enumerate(model.weights):
-        v.assign(np.random.default_rng(i).normal(0, 0.2, v.shape).astype("float32"))
-    path = tmp_path_factory.mktemp("start") / "start.keras"
-    model.save(path)
-    return str(path)
 
 
 def _argv(photos, start, out, *more):

@@ -6,10 +6,9 @@ import os
 import keras
 import numpy as np
 import pytest
-from conftest import TINY, photo_folder
+from conftest import photo_folder
 from PIL import Image
 
-import keras_vit
 from keras_vit import cli, naflex_feed
 from keras_vit.image_folder import read_image
 from keras_vit.naflex import is_naflex
@@ -23,17 +22,6 @@ def photos(tmp_path_factory):
         first = sorted(p for p in (root / name).iterdir() if p.is_file())[0]
         Image.fromarray(read_image(first)).transpose(Image.Transpose.ROTATE_90).save(root / name / "tall.png")
     return root
-
-
-@pytest.fixture(scope="module")
-def start(tmp_path_factory):
-    keras.utils.set_random_seed(1)
-    model = keras_vit.VisionTransformer(**TINY, input_dtype="uint8")
-    for i, v in enumerate(model.weights):
-        v.assign(np.random.default_rng(i).normal(0, 0.2, v.shape).astype("float32"))
-    path = tmp_path_factory.mktemp("start") / "start.keras"
-    model.save(path)
-    return str(path)
 
 
 def _argv(photos, start, out, *more):
