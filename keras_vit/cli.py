@@ -271,6 +271,10 @@ def _export(args):
     if os.path.exists(args.out):
         raise FileExistsError(f"{args.out} already exists; export writes a new folder (remove it or pick another)")
     model, mode = _build(args)
+    from keras_vit.naflex import is_naflex
+
+    if is_naflex(model):
+        return _export_naflex(args, model)
     mode = args.input_mode or mode
     size = _image_size(model, args.image_size)
     sizes = [size]
@@ -295,6 +299,31 @@ def _export(args):
         same = f"top-1 agreement {agreement:.0%}" if name in CLASS_OUTPUTS else f"cosine similarity >= {agreement:.6f}"
         print(f"checked in {runtime[args.format]} against Keras on {batch} random {h}x{w} images: output {name!r}, "
               f"max |difference| {error:.1e}, {same}")
+
+
+def _export_naflex(args, model):
+    """`keras-vit export` of a NaFlex model (`finetune --naflex`'s model.keras): the artefact takes the NaFlex
+    dict; checked on a batch of two random images of two shapes, cut into the model's patches and padded."""
+    import numpy as np
+
+    from keras_vit.export import compare, export
+    from keras_vit.naflex import patchify_images
+    from keras_vit.structure import find_vit
+
+    path = export(model, args.out, args.format, args.top_k, args.batch_size, args.quantize)
+    print(f"wrote {path} ({_size(path) / 2**20:.1f} MiB)")
+    p, dtype = find_vit(model).embedding.patch_size, next(t.dtype for t in model.inputs if t.name == "patches")
+    rng = np.random.default_rng(0)
+    sequences = []
+    for h, w in (((3, 5), (4, 4))[i % 2] for i in range(args.batch_size or 2)):
+        image = rng.integers(0, 256, (1, h * p, w * p, 3)) if dtype == "uint8" else rng.uniform(-1, 1, (1, h * p, w * p, 3))
+        sequences.append({k: v[0] for k, v in patchify_images(image.astype(dtype), p).items()})
+    n = max(len(s["patches"]) for s in sequences)
+    batch = {k: np.stack([np.concatenate([s[k], np.zeros((n - len(s[k]), *s[k].shape[1:]), s[k].dtype)])
+                          for s in sequences]) for k in sequences[0]}
+    error, agreement = compare(model, path, args.format, batch)
+    print(f"checked against Keras on {len(sequences)} random NaFlex sequences (grids 3x5 and 4x4, padded to {n}): "
+          f"max |difference| {error:.1e}, agreement {agreement:.6g}")
 
 
 def parser():

@@ -141,3 +141,24 @@ def test_litert_and_the_options_on_images_are_refused_before_writing(tmp_path, m
                                          r"installed"):
         check_format("jax", "onnx", naflex=True)
     check_format("torch", "onnx", naflex=True)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="the CLI's NaFlex path once: the exporters are tested above on "
+                                                    "every lane")
+def test_cli_exports_a_naflex_model_file_and_checks_it_on_naflex_sequences(tmp_path, capsys):
+    """`keras-vit export --weights model.keras` of a NaFlex model (what `keras-vit finetune --naflex` saves)."""
+    from keras_vit import cli
+
+    model = build_vit(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=4, num_layers=2, classes=5,
+                      input_dtype="uint8", naflex=True)
+    for i, w in enumerate(model.weights):
+        w.assign(np.random.default_rng(i).normal(size=w.shape).astype("float32") * 0.2)
+    model.save(tmp_path / "flex.keras")
+    assert cli.main(["export", "--weights", str(tmp_path / "flex.keras"), "--format", "onnx",
+                     "--out", str(tmp_path / "out")]) in (0, None)
+    printed = capsys.readouterr().out
+    assert "checked against Keras on 2 random NaFlex sequences (grids 3x5 and 4x4, padded to 16)" in printed
+    error = float(printed.split("max |difference| ")[1].split(",")[0])
+    assert error <= 1e-5
+    batch = {k: v for k, v in patchify_images(np.zeros((1, 16, 24, 3), "uint8"), 8).items()}
+    assert run(str(tmp_path / "out" / "model.onnx"), "onnx", batch)["probabilities"].shape == (1, 5)
