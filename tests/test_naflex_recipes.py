@@ -62,3 +62,31 @@ def test_finetune_naflex_refuses_what_it_does_not_do(photos, start, tmp_path, ca
     assert cli.main(_argv(photos, start, out, *more)) == 2
     assert f"--naflex 16 cannot be combined with {more[0]}" in capsys.readouterr().err
     assert not out.exists()  # nothing written
+
+
+@pytest.mark.one_backend
+def test_the_examples_recipe_fine_tunes_a_naflex_model_on_tfds(tmp_path):
+    """`python examples/finetune_cifar10.py --naflex TOKENS` (the recipe on mocked TFDS cifar10): NaFlex batches
+    of one bucket, the saved model a NaFlex model whose test accuracy is the reported one."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    from keras_vit.recipes import finetune
+
+    tiny = json.dumps(dict(patch_size=8, hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1))
+    out = tmp_path / "run"
+    argv = ["--model", tiny, "--weights", "none", "--image-size", "16", "--naflex", "4", "--batch-size", "4",
+            "--steps", "4", "--eval-every", "2", "--warmup-steps", "1", "--lr", "0.05", "--data-dir", str(tmp_path),
+            "--output-dir", str(out), "--verbose", "0"]
+    with tfds.testing.mock_data(num_examples=12):
+        metrics = finetune.main("cifar10", argv)
+    assert metrics["steps"] == 4 and len(metrics["history"]["loss"]) == 2 and 0 <= metrics["test_accuracy"] <= 1
+    assert json.loads((out / "run.json").read_text())["naflex"] == 4
+    model = keras.saving.load_model(str(out / "model.keras"), safe_mode=True)
+    assert is_naflex(model) and model.output_shape == (None, 10)
+
+
+def test_the_examples_recipe_refuses_naflex_with_distribute(capsys):
+    from keras_vit.recipes.finetune_args import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args("cifar10", ["--naflex", "64", "--distribute", "data"])
+    assert "--naflex feeds one process" in capsys.readouterr().err

@@ -306,6 +306,10 @@ def _build_and_compile(dataset, args):
     with _distribution(args):
         step_batch = _step_batch(args)
         model = build_model(args, info.num_classes)
+        if args.naflex:
+            from keras_vit.naflex import naflex
+
+            model = naflex(model)
         recipes.compile_for_finetuning(
             model, total_steps=args.steps, base_lr=args.lr, warmup_steps=args.warmup_steps,
             batch_size=args.batch_size, device_batch_size=step_batch, ema=args.ema, layer_decay=args.layer_decay,
@@ -320,6 +324,8 @@ def _load_data(dataset, args, step_batch, done):
     from keras_vit.recipes import FINETUNE_SETUPS
 
     setup = FINETUNE_SETUPS[dataset]
+    if args.naflex:
+        return _naflex_data(dataset, args, setup, step_batch, done)
     process_index, process_count = distribute.process_shard() if args.distribute != "none" else (0, 1)
     try:
         return data.load(
@@ -329,6 +335,28 @@ def _load_data(dataset, args, step_batch, done):
             image_dtype=args.input_dtype)
     except OSError as e:  # the data could not be downloaded: the message says what to do
         raise SystemExit(f"error: {e}") from None
+
+
+def _naflex_data(dataset, args, setup, step_batch, done):
+    """(train, test) NaFlex batches of the recipe's splits (`keras_vit.naflex_feed.tf_dataset`): one bucket of
+    --naflex tokens, `step_batch` images a step, the train stream starting after the `done` train steps."""
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    from keras_vit import data, naflex_feed
+
+    patch = json.loads(args.model)["patch_size"] if args.model.strip().startswith("{") \
+        else get_variant(args.model).patch_size
+    plan = naflex_feed.NaFlexPlan(patch_size=patch, seq_lens=(args.naflex,), eval_seq_len=args.naflex,
+                                  max_tokens_per_batch=args.naflex * step_batch, seed=args.seed)
+    try:
+        read = data._split_reader(tf, tfds, dataset, args.data_dir, download=True)
+        train = naflex_feed.tf_dataset(read(setup.train_split), plan, shuffle_buffer=args.shuffle_buffer,
+                                       image_dtype=args.input_dtype)
+        test = naflex_feed.tf_dataset(read(setup.test_split), plan, training=False, image_dtype=args.input_dtype)
+    except OSError as e:  # the data could not be downloaded: the message says what to do
+        raise SystemExit(f"error: {e}") from None
+    return train.skip(done), test
 
 
 def _history_so_far(history_path, done, initial_epoch):

@@ -65,6 +65,8 @@ def parse_args(dataset, argv=None):
     args = parser.parse_args(argv)
     args.dataset = dataset
     _check_distribution(parser, args)
+    if args.naflex and args.distribute != "none":
+        parser.error("--naflex feeds one process (its batches are not sharded): leave out --distribute")
     _check_schedule(parser, args, setup)
     if args.weights is None:  # a JSON --model names no variant: its registry tag is found from its architecture
         args.weights = default_tag(args.model, PRETRAINED_TAGS) if args.model in VARIANTS else PRETRAINED_TAGS[0]
@@ -94,7 +96,13 @@ def _add_model_arguments(parser, setup):
                         help="registry tag, .npz/.weights.h5 path, or 'none' (default: the variant's ImageNet-21k "
                         f"pre-trained release, {' else '.join(PRETRAINED_TAGS)})")
     parser.add_argument("--image-size", type=_positive_int, default=setup.image_size,
-                        help=f"training and test resolution (default: {setup.image_size})")
+                        help=f"training and test resolution (default: {setup.image_size}); with --naflex the grid "
+                        "the position embeddings are laid out for")
+    parser.add_argument("--naflex", type=_positive_int, default=None, metavar="TOKENS",
+                        help="fine-tune a NaFlex model: each image at its own aspect ratio, resized to fit TOKENS "
+                        "patches and fed as patches with their coordinates (keras_vit.naflex_feed); model.keras "
+                        "then takes {'patches', 'patch_coord', 'patch_valid'}; one process, not with "
+                        "--distribute (default: square images)")
 
 
 def _add_schedule_arguments(parser, setup):
@@ -222,5 +230,5 @@ def run_flags(args):
     """The flags that define a run (a resumed run must repeat them)."""
     keys = ("dataset", "model", "weights", "image_size", "batch_size", "device_batch_size",
             "steps", "lr", "warmup_steps", "eval_every", "ema", "layer_decay", "seed", "shuffle_buffer",
-            "validate", "distribute", "mesh", "input_dtype")
+            "validate", "distribute", "mesh", "input_dtype", "naflex")
     return {k: getattr(args, k) for k in keys}
