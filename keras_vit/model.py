@@ -401,7 +401,8 @@ def any_size(model):
         return model
     parts = find_vit(model)
     names = {layer.name for layer in model.layers}
-    if parts.container is not model or type(parts.posembed) not in ANY_SIZE_LAYERS \
+    relative = any(isinstance(block, L.RelativeTransformerBlock) for block in parts.blocks)
+    if parts.container is not model or type(parts.posembed) not in ANY_SIZE_LAYERS or relative \
             or any(n.startswith("posembed_") and n != "posembed_input" for n in names):
         raise ValueError(f"any_size: model {model.name!r} cannot take any image size: expected a model of the "
                          "builder with learned 1-D or factorized position embeddings (or none) added once (Table 8's 2-D, relative and "
