@@ -11,7 +11,6 @@ from keras_vit.model import ANY_SIZE_LAYERS, ViTModel
 from keras_vit.structure import find_vit
 
 
-
 def is_naflex(model):
     """Whether `model` takes a NaFlex dict {"patches", "patch_coord", "patch_valid"}."""
     names = {getattr(t, "name", None) for t in getattr(model, "inputs", None) or ()}
