@@ -104,14 +104,11 @@ def naflex(model):
 def patchify_images(images, patch_size):
     """(B, H, W, C) `images` -> the NaFlex dict of their whole grids of `patch_size` patches, no padding,
     no resize (numpy; images of one size: `keras_vit.naflex_feed.patchify` resizes to a budget and pads)."""
-    images = np.asarray(images)
-    b, h, w, c = images.shape
-    gh, gw = h // patch_size, w // patch_size
-    patches = images[:, :gh * patch_size, :gw * patch_size].reshape(b, gh, patch_size, gw, patch_size, c)
-    patches = patches.transpose(0, 1, 3, 2, 4, 5).reshape(b, gh * gw, patch_size * patch_size * c)
-    coord = np.stack(np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij"), -1).reshape(1, -1, 2)
-    return {"patches": patches, "patch_coord": np.repeat(coord, b, 0).astype("int32"),
-            "patch_valid": np.ones((b, gh * gw), bool)}
+    from keras_vit.naflex_feed import cut
+
+    pieces = [cut(image, patch_size) for image in np.asarray(images)]
+    return {"patches": np.stack([p for p, _ in pieces]), "patch_coord": np.stack([c for _, c in pieces]),
+            "patch_valid": np.ones((len(pieces), len(pieces[0][1])), bool)}
 
 
 __all__ = ["is_naflex", "naflex", "naflex_inputs", "patchify_images"]

@@ -169,10 +169,18 @@ def _sequence(image, patch, grid, seq_len, flip=False, mode="vit", image_dtype="
     else:
         pixels = preprocess_input(resized, mode)
     patches = np.zeros((seq_len, patch * patch * 3), pixels.dtype)
-    patches[:count] = pixels.reshape(rows, patch, cols, patch, 3).swapaxes(1, 2).reshape(count, -1)
     coord = np.zeros((seq_len, 2), np.int32)
-    coord[:count] = np.stack(np.divmod(np.arange(count, dtype=np.int32), cols), axis=-1)
+    patches[:count], coord[:count] = cut(pixels, patch)
     return {"patches": patches, "patch_coord": coord, "patch_valid": np.arange(seq_len) < count}
+
+
+def cut(pixels, patch_size):
+    """(patches (gh * gw, P * P * C), their (row, col) (gh * gw, 2) int32) of an (H, W, C) image whose sides
+    are multiples of `patch_size` P: row-major over the grid, each patch flattened with the channels fastest."""
+    rows, cols = pixels.shape[0] // patch_size, pixels.shape[1] // patch_size
+    patches = pixels[:rows * patch_size, :cols * patch_size].reshape(rows, patch_size, cols, patch_size, -1)
+    coord = np.stack(np.divmod(np.arange(rows * cols, dtype=np.int32), cols), axis=-1)
+    return patches.swapaxes(1, 2).reshape(rows * cols, -1), coord
 
 
 def patchify(image, patch_size, max_tokens, seq_len=None, *, mode="vit", image_dtype="float32"):
