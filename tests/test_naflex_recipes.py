@@ -84,6 +84,7 @@ def test_the_examples_recipe_fine_tunes_a_naflex_model_on_tfds(tmp_path):
     assert is_naflex(model) and model.output_shape == (None, 10)
 
 
+@pytest.mark.backend_independent
 def test_the_examples_recipe_refuses_naflex_with_distribute(capsys):
     from keras_vit.recipes.finetune_args import parse_args
 

@@ -64,9 +64,9 @@ def parse_args(dataset, argv=None):
     parser = _parser(dataset, setup)
     args = parser.parse_args(argv)
     args.dataset = dataset
-    _check_distribution(parser, args)
-    if args.naflex and args.distribute != "none":
+    if args.naflex and args.distribute != "none":  # a clash of flags, on any backend: named before the backend's
         parser.error("--naflex feeds one process (its batches are not sharded): leave out --distribute")
+    _check_distribution(parser, args)
     _check_schedule(parser, args, setup)
     if args.weights is None:  # a JSON --model names no variant: its registry tag is found from its architecture
         args.weights = default_tag(args.model, PRETRAINED_TAGS) if args.model in VARIANTS else PRETRAINED_TAGS[0]
