@@ -63,6 +63,7 @@ DISTRIBUTIONS = {"keras": "keras", "jax": "jax", "torch": "torch", "tensorflow":
 WHEELS = ("keras", "namex", "optree", "keras-hub", "kagglehub", "kagglesdk")
 VERSIONS = ("keras", "jax", "jaxlib", "torch", "timm", "keras-hub", "tensorflow", "numpy")
 RESULTS = os.path.join(HERE, "results", "gpu-session.json")
+README_POLICY = "mixed_bfloat16"  # the README's table: a Keras row in another policy says so in its cell
 BEGIN, END = "<!-- gpu-session: begin", "<!-- gpu-session: end -->"
 
 
@@ -280,23 +281,24 @@ def _ratio(r, key):
 
 def results_table(record):
     """The session's rows as one markdown table (the levers with their ratio to the base row)."""
-    head = "| library | backend | variant | batch | mode | img/s | x timm | x timm compiled | peak GB | MFU |"
-    lines = [head, "|" + "---|" * 10]
+    head = "| library | backend | variant | batch | mode | policy | img/s | x timm | x timm compiled | peak GB | MFU |"
+    lines = [head, "|" + "---|" * 11]
     for r in record["results"]:
         lever = f"{r['lever']}" + (f" ({r['x_base']:.2f}x base)" if "x_base" in r else "") if "lever" in r else ""
         mode = ", ".join(m for m in (r["mode"], lever) if m)
         peak = f"{r['peak_mb'] / 1024:.1f}{'' if r.get('memory') == 'device' else ' (RSS)'}" if "peak_mb" in r else ""
         mfu = f"{100 * r['mfu']:.0f}%" if r.get("mfu") else ""
         lines.append(f"| {r['library']} | {r.get('backend', '')} | {r.get('variant', '')} | {r.get('batch', '')} | "
-                     f"{mode} | {_speed(r)} | {_ratio(r, 'x_timm')} | {_ratio(r, 'x_timm-compile')} | {peak} | {mfu} |")
+                     f"{mode} | {r.get('policy', '')} | {_speed(r)} | {_ratio(r, 'x_timm')} | {_ratio(r, 'x_timm-compile')} | {peak} | {mfu} |")
     return "\n".join(lines)
 
 
 def _describe(record):
     rate = record["rate"] or {}
     versions = ", ".join(f"{d} {v}" for d, v in record["versions"].items() if v)
+    note = f" {record['note']}" if record.get("note") else ""
     return (f"{record['date']}, {rate.get('device', 'device not measured')}; bfloat16 matmul "
-            f"{rate.get('gflops', float('nan')) / 1e3:.0f} TFLOP/s; Python {record['python']}, {versions}")
+            f"{rate.get('gflops', float('nan')) / 1e3:.0f} TFLOP/s; Python {record['python']}, {versions}.{note}")
 
 
 def render_benchmarks(record):
@@ -304,7 +306,7 @@ def render_benchmarks(record):
     if record is None:
         return "No GPU session is recorded yet: every figure of this section waits for one (the steps below)."
     parts = ", ".join(f"{k} {v['seconds']:.0f} s" for k, v in record["parts"].items() if v["status"] == "done")
-    return "\n".join([f"Measured {_describe(record)}.", "", f"    {record['command']}", "", results_table(record), "",
+    return "\n".join([f"Measured {_describe(record)}", "", f"    {record['command']}", "", results_table(record), "",
                       f"Wheels: {'; '.join(record['install'])}.", "", f"Parts (seconds): {parts}."])
 
 
@@ -320,7 +322,7 @@ def render_readme(record):
         if fit and "images_per_s" not in fits.get(key, {}):
             fits[key] = r
     names = {"timm": "timm, eager", "timm-compile": "timm, `torch.compile`"}
-    lines = ["| `model.fit`, `mixed_bfloat16`, AdamW | " + " | ".join(f"{_variant(v)}, batch {b}" for v, b in cases)
+    lines = [f"| `model.fit`, `{README_POLICY}`, AdamW | " + " | ".join(f"{_variant(v)}, batch {b}" for v, b in cases)
              + " |", "|---|" + "---|" * len(cases)]
     order = [("keras-vit", b) for b in BACKENDS] + [("timm", "torch"), ("timm-compile", "torch")]
     for library, backend in order + [("keras-hub", b) for b in BACKENDS]:
@@ -332,12 +334,13 @@ def render_readme(record):
             elif "images_per_s" in r:
                 peer = next((f" ({r[k]:.2f}x timm {name})" for k, name in (("x_timm-compile", "compiled"),
                                                                          ("x_timm", "eager")) if k in r), "")
-                cells.append(f"{r['images_per_s']:,.0f} img/s{peer}")
+                other = f" in {r['policy']}" if r.get("policy") in POLICIES and r["policy"] != README_POLICY else ""
+                cells.append(f"{r['images_per_s']:,.0f} img/s{other}{peer}")
             else:
                 cells.append(_speed(r))
         if any(cells):
             lines.append(f"| {names.get(library) or f'{library}, {backend}'} | " + " | ".join(cells) + " |")
-    what = (f"Measured {_describe(record)}." if record else
+    what = (f"Measured {_describe(record)}" if record else
             "No GPU session is recorded yet: every cell waits for one.")
     return what + "\n\n" + "\n".join(lines)
 
@@ -429,7 +432,8 @@ def main(argv=None):
             parser.error(f"{args.render} is not a full session on a GPU (quick={record.get('quick')}, device "
                          f"{(record.get('rate') or {}).get('device')!r}): the README's GPU tables take only those")
         os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-        shutil.copyfile(args.render, RESULTS)
+        if not (os.path.exists(RESULTS) and os.path.samefile(args.render, RESULTS)):  # re-rendering the kept one
+            shutil.copyfile(args.render, RESULTS)
         update_tables(record)
         print(f"rewrote README.md and benchmarks/README.md from {args.render}; kept it as {RESULTS}")
         return 0

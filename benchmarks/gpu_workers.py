@@ -99,7 +99,6 @@ def keras_part(spec, emit):
     from keras_vit import recipes
 
     backend = keras.backend.backend()
-    keras.mixed_precision.set_global_policy(spec["policy"])
     reset, read = _device_peak(backend)
     lever = spec.get("lever") or {}
     per_execution = lever.get("steps_per_execution", 1)
@@ -113,7 +112,9 @@ def keras_part(spec, emit):
                 feeder=f"{feeder}, {input_dtype}", policy=spec["policy"],
                 **({"lever": spec["lever_name"]} if lever else {}))
 
-    def build():
+    def build():  # clear_session() puts the global dtype policy back to float32: it is set after it
+        keras.utils.clear_session()
+        keras.mixed_precision.set_global_policy(spec["policy"])
         if spec["library"] == "keras-hub":
             return _keras_hub_model(config, input_dtype, keras)
         return keras_vit.VisionTransformer(
@@ -124,8 +125,8 @@ def keras_part(spec, emit):
     for recipe in spec["recipes"]:
         case = {**base, "mode": f"fit ({recipe})"}
         try:
-            keras.utils.clear_session()
             model = build()
+            case["policy"] = model.dtype_policy.name  # the policy the model was built in, read back
             getattr(recipes, f"compile_for_{recipe}")(
                 model, total_steps=10_000, warmup_steps=10, batch_size=batch, from_logits=True, metrics=[],
                 steps_per_execution=per_execution)
@@ -142,7 +143,7 @@ def keras_part(spec, emit):
             model = None
             emit({**case, "not_run": f"{type(err).__name__}: {str(err)[:300]}"})
     if spec.get("inference") and model is not None:
-        _inference(model, base, spec, feed, reset, read, config, emit)
+        _inference(model, {**base, "policy": model.dtype_policy.name}, spec, feed, reset, read, config, emit)
 
 
 def _inference(model, base, spec, x, reset, read, config, emit):

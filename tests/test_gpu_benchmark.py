@@ -114,6 +114,8 @@ def test_every_part_is_figures_or_one_line_saying_why_not(rehearsal):
         assert all(r["images_per_s"] > 0 for r in ours.values()), ours
         assert ours["fit (pretraining)"]["x_timm"] > 0 and ours["predict"]["x_timm"] > 0
         assert ours["fit (pretraining)"]["peak_mb"] > 0 and ours["latency"]["latency_ms"] > 0
+        # the policy each model was built in, read back from it (clear_session() once reset it to float32)
+        assert {r["policy"] for r in ours.values() if r["mode"] != "latency"} == {"mixed_bfloat16"}, ours
     assert {r["mode"] for r in rows if r["library"] == "timm"} == {"fit (AdamW)", "predict", "latency"}
     levers = {r["lever"]: r for r in rows if "lever" in r}
     assert set(levers) == set(gpu.LEVERS)
