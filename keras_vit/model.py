@@ -381,6 +381,25 @@ def _top(config, x):
         x = keras.layers.Activation(config.classifier_activation, name="predictions", dtype="float32")(x)
     return x
 
+ANY_SIZE_EXPECTED = "learned 1-D, factorized or no position embeddings added once"
+
+
+def one_grid_only(model, parts):
+    """Why the ViT `parts` found in `model` reads its positions on one grid only (so neither `any_size`
+    nor `naflex` can give it other grids), or None."""
+    if parts.container is not model:
+        return f"its ViT sits inside {parts.path!r}; pass that model"
+    if type(parts.posembed) not in ANY_SIZE_LAYERS:
+        return (f"its position embedding {type(parts.posembed).__name__} is laid out for one grid (Table 8's 2-D "
+                "and relative variants)")
+    if any(layer.name.startswith("posembed_") and layer.name != "posembed_input" for layer in model.layers) or \
+            any(b is parts.posembed for b in parts.block_posembeds[1:]):
+        return "its position embeddings are added before every block (position_placement)"
+    if any(isinstance(b, L.RelativeTransformerBlock) for b in parts.blocks):
+        return "its blocks carry relative position attention (Table 8's relative variant)"
+    return None
+
+
 def any_size(model):
     """A copy of `model`, a keras-vit model built for one image size, that takes images of any height and
     width divisible by its token size (patch size times a hybrid's ResNet stride): the same layers
@@ -400,14 +419,10 @@ def any_size(model):
     if None in tuple(model.input_shape[1:3]):
         return model
     parts = find_vit(model)
-    names = {layer.name for layer in model.layers}
-    relative = any(isinstance(block, L.RelativeTransformerBlock) for block in parts.blocks)
-    if parts.container is not model or type(parts.posembed) not in ANY_SIZE_LAYERS or relative \
-            or any(n.startswith("posembed_") and n != "posembed_input" for n in names):
-        raise ValueError(f"any_size: model {model.name!r} cannot take any image size: expected a model of the "
-                         "builder with learned 1-D or factorized position embeddings (or none) added once (Table 8's 2-D, relative and "
-                         f"per-block variants have a table for one grid only); got position layer "
-                         f"{type(parts.posembed).__name__} in {parts.path or model.name!r}")
+    why = one_grid_only(model, parts)
+    if why:
+        raise ValueError(f"any_size: model {model.name!r} cannot take any image size: {why}; expected a model of "
+                         f"the builder with {ANY_SIZE_EXPECTED}")
     stride = parts.stride
     inputs = keras.Input((None, None, model.input_shape[-1]), dtype=model.inputs[0].dtype, name=model.inputs[0].name)
 

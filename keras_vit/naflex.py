@@ -7,7 +7,7 @@ import numpy as np
 
 from keras_vit import layers as L
 from keras_vit.calls import NAFLEX_KEYS
-from keras_vit.model import ANY_SIZE_LAYERS, ViTModel
+from keras_vit.model import ANY_SIZE_EXPECTED, ViTModel, one_grid_only
 from keras_vit.structure import find_vit
 
 
@@ -27,23 +27,12 @@ def naflex_inputs(patch_width, dtype="float32"):
 
 def _check_convertible(model, parts):
     """Raises when `model`'s ViT cannot read a NaFlex batch (what it has instead, by name)."""
-    names = {layer.name for layer in model.layers}
-    why = None
-    if parts.container is not model:
-        why = f"its ViT sits inside {parts.path!r}; pass that model"
-    elif parts.resnet is not None:
+    why = one_grid_only(model, parts)
+    if why is None and parts.resnet is not None:
         why = "a hybrid's ResNet stem needs whole images, not patches"
-    elif type(parts.posembed) not in ANY_SIZE_LAYERS:
-        why = (f"its position embedding {type(parts.posembed).__name__} is laid out for one grid (Table 8's 2-D "
-               "and relative variants)")
-    elif any(n.startswith("posembed_") and n != "posembed_input" for n in names) or \
-            any(b is parts.posembed for b in parts.block_posembeds[1:]):
-        why = "its position embeddings are added before every block (position_placement)"
-    elif any(isinstance(b, L.RelativeTransformerBlock) for b in parts.blocks):
-        why = "its blocks carry relative position attention (Table 8's relative variant)"
     if why:
         raise ValueError(f"naflex: model {model.name!r} cannot take a NaFlex batch: {why}; expected a keras-vit "
-                         "model with learned 1-D, factorized or no position embeddings added once")
+                         f"model with {ANY_SIZE_EXPECTED}")
 
 
 def naflex(model):

@@ -237,8 +237,10 @@ def test_any_size_copy_of_a_fixed_model(kind, tmp_path):
 
 @pytest.mark.backend_independent
 def test_any_size_copy_refuses_a_table_of_one_grid():
-    for variant in ("learned_2d", "relative"):
-        model = keras_vit.VisionTransformer(**ARCH, image_size=32, position_embedding=variant)
-        with pytest.raises(ValueError, match="cannot take any image size: expected a model of the builder with "
-                                             "learned 1-D or factorized position embeddings \\(or none\\) added once"):
+    for options, why in ((dict(position_embedding="learned_2d"), "position embedding AddPositionEmbs2D is laid out "
+                          "for one grid"), (dict(position_embedding="relative"), "relative position attention"),
+                         (dict(position_placement="every_layer"), "added before every block")):
+        model = keras_vit.VisionTransformer(**ARCH, image_size=32, **options)
+        with pytest.raises(ValueError, match=f"cannot take any image size: its .*{why}.*; expected a model of the "
+                                             "builder with learned 1-D, factorized or no position embeddings added once"):
             keras_vit.any_size(model)
