@@ -325,7 +325,9 @@ def _cases(kinds):
         for file in kind.files or (None,):
             for damage in DAMAGE:
                 for seed in SEEDS if damage != "zero-byte" else SEEDS[:1]:
-                    marks = () if kind.model else pytest.mark.backend_independent
+                    # what a reader makes of the bytes is the same on every backend: the other lanes keep one
+                    # seed per damage, for the model left untouched in their variables
+                    marks = () if kind.model and seed == SEEDS[0] else pytest.mark.backend_independent
                     yield pytest.param(kind, file, damage, seed, id=f"{kind}-{file or 'file'}-{damage}-{seed}",
                                        marks=marks)
 

