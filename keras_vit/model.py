@@ -14,6 +14,7 @@ from keras_vit.vit_config import (  # noqa: F401 (the option names, importable f
 
 # the position layers that read any grid: a model with one takes any size, and a NaFlex batch
 ANY_SIZE_LAYERS = (L.AddPositionEmbs, L.AddFactorizedPositionEmbs, L.NoPositionEmbs)
+ANY_SIZE_EXPECTED = "learned 1-D, factorized or no position embeddings added once"  # what ANY_SIZE_LAYERS are
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -380,8 +381,6 @@ def _top(config, x):
     if config.classifier_activation is not None:
         x = keras.layers.Activation(config.classifier_activation, name="predictions", dtype="float32")(x)
     return x
-
-ANY_SIZE_EXPECTED = "learned 1-D, factorized or no position embeddings added once"
 
 
 def one_grid_only(model, parts):
