@@ -95,9 +95,9 @@ def patchify_images(images, patch_size):
     no resize (numpy; images of one size: `keras_vit.naflex_feed.patchify` resizes to a budget and pads)."""
     from keras_vit.naflex_feed import cut
 
-    pieces = [cut(image, patch_size) for image in np.asarray(images)]
-    return {"patches": np.stack([p for p, _ in pieces]), "patch_coord": np.stack([c for _, c in pieces]),
-            "patch_valid": np.ones((len(pieces), len(pieces[0][1])), bool)}
+    patches, coord = cut(np.asarray(images), patch_size)
+    return {"patches": patches, "patch_coord": np.repeat(coord[None], len(patches), 0),
+            "patch_valid": np.ones(patches.shape[:2], bool)}
 
 
 __all__ = ["is_naflex", "naflex", "naflex_inputs", "patchify_images"]

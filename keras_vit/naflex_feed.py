@@ -175,12 +175,15 @@ def _sequence(image, patch, grid, seq_len, flip=False, mode="vit", image_dtype="
 
 
 def cut(pixels, patch_size):
-    """(patches (gh * gw, P * P * C), their (row, col) (gh * gw, 2) int32) of an (H, W, C) image whose sides
-    are multiples of `patch_size` P: row-major over the grid, each patch flattened with the channels fastest."""
-    rows, cols = pixels.shape[0] // patch_size, pixels.shape[1] // patch_size
-    patches = pixels[:rows * patch_size, :cols * patch_size].reshape(rows, patch_size, cols, patch_size, -1)
+    """(patches (..., gh * gw, P * P * C), their (row, col) (gh * gw, 2) int32) of an (H, W, C) image, or a
+    (..., H, W, C) stack of images of one size, cut into `patch_size` P patches (the pixels past the last
+    whole patch dropped): row-major over the grid, each patch flattened with the channels fastest."""
+    *lead, height, width, channels = pixels.shape
+    rows, cols = height // patch_size, width // patch_size
+    patches = pixels[..., :rows * patch_size, :cols * patch_size, :].reshape(
+        *lead, rows, patch_size, cols, patch_size, channels)
     coord = np.stack(np.divmod(np.arange(rows * cols, dtype=np.int32), cols), axis=-1)
-    return patches.swapaxes(1, 2).reshape(rows * cols, -1), coord
+    return np.swapaxes(patches, -4, -3).reshape(*lead, rows * cols, patch_size * patch_size * channels), coord
 
 
 def patchify(image, patch_size, max_tokens, seq_len=None, *, mode="vit", image_dtype="float32"):
