@@ -135,6 +135,12 @@ def backend():
     return os.environ.get("KERAS_BACKEND", "tensorflow")
 
 
+def once_on_tensorflow(why):
+    """The mark of a test that runs once, on the tensorflow lane of `make test` (beside the jax lane, which
+    carries the backend_independent and one_backend tests): `why` the other lanes need not run it."""
+    return pytest.mark.skipif(backend() != "tensorflow", reason=f"once, on the tensorflow lane: {why}")
+
+
 CIFAR10_ARCHIVE = "cifar-10-binary.tar.gz"
 CIFAR10_NAMES = [f"class_{i}" for i in range(10)]
 

@@ -7,6 +7,7 @@ import sys
 
 import keras
 import pytest
+from conftest import once_on_tensorflow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -53,8 +54,7 @@ def _run(args, tmp_path):
     return json.loads(out.read_text())
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the script's workers once, on the lighter lane "
-                    "(the layers they time are tested per backend)")
+@once_on_tensorflow("the script's workers (the layers they time are tested per backend)")
 def test_benchmark_tiny_run_measures_every_mode(tmp_path):
     backend = keras.backend.backend()
     report = _run(["benchmarks/benchmark.py", "--tiny", "--backends", backend, "--timm", "off", "--repeats", "2"],
@@ -156,8 +156,7 @@ def test_folder_feed_refuses_bad_arguments(capsys):
         assert message in capsys.readouterr().err
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="the script runs on TensorFlow (its default) "
-                    "whichever backend the suite runs: once, on that lane")
+@once_on_tensorflow("the script runs on TensorFlow (its default) whichever backend the suite runs")
 def test_any_size_serving_benchmark_times_every_file():
     """benchmarks/any_size.py at one size: the any-size file, a fixed file per size and the position resize
     alone (timm's dynamo export, a minute and more of tracing, is left to the benchmark's own runs)."""

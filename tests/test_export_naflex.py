@@ -10,6 +10,7 @@ import os
 import keras
 import numpy as np
 import pytest
+from conftest import once_on_tensorflow
 
 from keras_vit.export import (NAFLEX_REFUSED, THROUGH_TENSORFLOW_NAFLEX, check_format, compare, export, run,
                               writer)
@@ -97,8 +98,8 @@ def test_naflex_artefact_equals_keras_at_two_batch_and_sequence_lengths(format, 
     assert os.listdir(tmp_path) == ["out"]
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="the exporters' shapes are tested above on every lane; int8 and a "
-                    "fixed batch are onnxruntime's and the signature's, written once")
+@once_on_tensorflow("the exporters' shapes are tested above on every lane; int8 and a fixed batch are "
+                    "onnxruntime's and the signature's")
 def test_int8_naflex_onnx_at_a_fixed_batch(tmp_path):
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
@@ -143,8 +144,7 @@ def test_litert_and_the_options_on_images_are_refused_before_writing(tmp_path, m
     check_format("torch", "onnx", naflex=True)
 
 
-@pytest.mark.skipif(BACKEND != "tensorflow", reason="the CLI's NaFlex path once: the exporters are tested above on "
-                                                    "every lane")
+@once_on_tensorflow("the CLI's NaFlex path: the exporters are tested above on every lane")
 def test_cli_exports_a_naflex_model_file_and_checks_it_on_naflex_sequences(tmp_path, capsys):
     """`keras-vit export --weights model.keras` of a NaFlex model (what `keras-vit finetune --naflex` saves)."""
     from keras_vit import cli

@@ -15,6 +15,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+from conftest import once_on_tensorflow
 
 import keras_vit
 from keras_vit.structure import output_kind
@@ -34,8 +35,8 @@ REL = 2e-5
 BACKEND = keras.backend.backend()
 # the artefacts of 22M real weights: written once, where TensorFlow writes every format in process (each
 # backend's exporters are held to Keras per backend on random weights in test_export*.py)
-ONCE_EXPORTED = pytest.mark.skipif(BACKEND != "tensorflow", reason="real-weight artefacts are checked once, on the "
-                                   "tensorflow lane; every backend's exporters are checked in test_export*.py")
+ONCE_EXPORTED = once_on_tensorflow("the real weights' artefacts; every backend's exporters are checked in "
+                                   "test_export*.py")
 
 
 @pytest.fixture(scope="session")
