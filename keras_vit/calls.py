@@ -45,6 +45,12 @@ def _first_shape(data):
 NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
 
 
+def is_naflex(model):
+    """Whether `model` takes a NaFlex dict {"patches", "patch_coord", "patch_valid"}."""
+    names = {getattr(t, "name", None) for t in getattr(model, "inputs", None) or ()}
+    return set(NAFLEX_KEYS) <= names
+
+
 def _naflex_arrays(data):
     """The NaFlex dict of numpy arrays in `data` (a dict, or a tuple starting with one), else None."""
     while isinstance(data, (tuple, list)) and data:
@@ -86,7 +92,7 @@ def check_images(model, data):
     go through it (rank, height, width or channels); for a NaFlex model, when a batch of numpy arrays is
     no NaFlex batch (`check_naflex_batch`). Data of unknown shape passes."""
     inputs = getattr(model, "inputs", None)
-    if inputs and {getattr(t, "name", None) for t in inputs} == set(NAFLEX_KEYS):
+    if inputs and is_naflex(model):
         batch = _naflex_arrays(data)
         if batch is not None:
             width = next(t.shape[-1] for t in inputs if t.name == "patches")

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 
+from keras_vit.calls import is_naflex
 from keras_vit.configs import VARIANTS, get_variant, none_or
 from keras_vit.image_folder import IMAGE_EXTENSIONS, image_files  # what predict reads of a folder, as finetune does
 
@@ -99,6 +100,8 @@ def _saved_model(path, variant, size):
     if variant is not None:
         raise ValueError(f"{path} is a whole model (a .keras file); --model is not used with it (got --model {variant})")
     model = load_keras_model(path)
+    if is_naflex(model):  # takes patches: predict says what it does with --image-size
+        return model
     h, w = model.input_shape[1:3]
     if size is not None and None not in (h, w):
         raise ValueError(f"--image-size {size}: the model in {path} takes {h}x{w} images only (a model takes "
@@ -152,14 +155,44 @@ def _write_csv(path, rows):
         out.writerows([file, *(v for _, name, score in top for v in (name, f"{score:.8g}"))] for file, top in rows)
 
 
-def _predict(args):
+def _reader(model, args, mode):
+    """(read a file into what one image gives the model, stack those into the model's batch) for `predict`:
+    an image resized to the model's size, or for a NaFlex model the image at its own aspect ratio cut into
+    the patches of --naflex-tokens (default: the budget the model was trained with, `naflex_tokens`)."""
     import numpy as np
 
-    from keras_vit.export import CLASS_OUTPUTS, output_name
-    from keras_vit.preprocessing import decode_predictions, load_image, model_input
+    from keras_vit.preprocessing import load_image, model_input
 
-    for flag, value in (("--top", args.top), ("--batch-size", args.batch_size)):
-        if value < 1:
+    if not is_naflex(model):
+        if args.naflex_tokens is not None:
+            raise ValueError(f"--naflex-tokens is for a NaFlex model; model {model.name!r} takes images")
+        size = _image_size(model, args.image_size)
+        return (lambda path: load_image(path, size)), (lambda pixels: model_input(model, np.stack(pixels), mode))
+    from keras_vit.image_folder import read_image
+    from keras_vit.naflex_feed import patchify
+    from keras_vit.structure import find_vit
+
+    if args.image_size is not None:
+        raise ValueError(f"--image-size is not used with a NaFlex model (model {model.name!r}): each image keeps "
+                         "its aspect ratio and is resized to fit --naflex-tokens patches")
+    tokens = args.naflex_tokens or getattr(model, "naflex_tokens", None)
+    if tokens is None:
+        raise ValueError(f"model {model.name!r} is a NaFlex model that records no token budget (naflex_tokens); "
+                         "pass --naflex-tokens N, the patches each image is cut into at most (e.g. 256)")
+    p, dtype = find_vit(model).embedding.patch_size, next(t.dtype for t in model.inputs if t.name == "patches")
+
+    def read(path):
+        return patchify(read_image(path), p, tokens, tokens, mode=mode, image_dtype=dtype)
+
+    return read, lambda sequences: {k: np.stack([s[k] for s in sequences]) for k in sequences[0]}
+
+
+def _predict(args):
+    from keras_vit.export import CLASS_OUTPUTS, output_name
+    from keras_vit.preprocessing import decode_predictions
+
+    for flag, value in (("--top", args.top), ("--batch-size", args.batch_size), ("--naflex-tokens", args.naflex_tokens)):
+        if value is not None and value < 1:
             raise ValueError(f"{flag} must be a positive number, got {value}")
     files = _image_files(args.images)
     model, mode = _build(args)
@@ -173,13 +206,13 @@ def _predict(args):
     # the model's own names, else ImageNet's for a 1000- or 21843-class head, else the indices
     names = getattr(model, "class_names", None) or (
         None if classes in (1000, 21843) else tuple(f"class {i}" for i in range(classes)))
-    size = _image_size(model, args.image_size)
+    read, model_batch = _reader(model, args, mode)
     table, skipped, given = [], 0, set(args.images)
     for start in range(0, len(files), args.batch_size):  # a batch of images in memory at a time
         batch, pixels = [], []
         for path in files[start:start + args.batch_size]:
             try:
-                pixels.append(load_image(path, size))
+                pixels.append(read(path))
                 batch.append(path)
             except ValueError as err:
                 if path in given:  # a file asked for by name: the command fails on it
@@ -188,7 +221,7 @@ def _predict(args):
                 skipped += 1
         if not batch:
             continue
-        probs = model.predict_on_batch(model_input(model, np.stack(pixels), mode))
+        probs = model.predict_on_batch(model_batch(pixels))
         for path, rows in zip(batch, decode_predictions(probs, top=args.top, class_names=names)):
             print(path)
             for rank, (index, name, score) in enumerate(rows, 1):
@@ -228,6 +261,10 @@ def _inspect(args):
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise NotADirectoryError(f"--out {args.out} is a file; expected the folder to write the PNGs in")
     model, mode = _build(args)
+    if is_naflex(model):
+        raise ValueError(f"--weights {args.weights}: model {model.name!r} is a NaFlex model (it takes patches, not "
+                         "images); inspect draws the maps of a model that takes images: inspect the model the run "
+                         "started from (finetune's --weights), or classify with keras-vit predict")
     parts = find_vit(model)
     pixels = np.stack([load_image(p, _image_size(model, args.image_size)) for p in args.image])
     images = np.asarray(preprocess_input(pixels, mode=mode), dtype=np.float32)
@@ -271,8 +308,6 @@ def _export(args):
     if os.path.exists(args.out):
         raise FileExistsError(f"{args.out} already exists; export writes a new folder (remove it or pick another)")
     model, mode = _build(args)
-    from keras_vit.naflex import is_naflex
-
     if is_naflex(model):
         return _export_naflex(args, model)
     mode = args.input_mode or mode
@@ -369,6 +404,9 @@ def _add_predict_parser(sub, modes):
                    help="the input scaling the weights were trained with (keras_vit.preprocess_input's modes); "
                    "default: the timm file's / Hugging Face folder's, else vit. A model built with "
                    "input_dtype='uint8' is fed uint8 images and scales them itself")
+    p.add_argument("--naflex-tokens", type=int, default=None, metavar="N",
+                   help="a NaFlex model (finetune --naflex): each image at its own aspect ratio, resized to fit N "
+                   "patches; default: the budget the model was trained with")
     p.set_defaults(func=_predict)
 
 

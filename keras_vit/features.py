@@ -4,7 +4,7 @@ one `keras.Model` over the model's own layers."""
 import keras
 
 from keras_vit import layers as L
-from keras_vit.model import ViTModel
+from keras_vit.vit_model import ViTModel
 from keras_vit.structure import _direct_sublayers, find_vit
 
 OUTPUTS = ("tokens", "maps")

@@ -5,62 +5,11 @@ pooling, top."""
 import keras
 
 from keras_vit import layers as L
-from keras_vit.calls import KeepsStateOnError
 from keras_vit.configs import pair, resnet_stride
-from keras_vit.preprocessing import check_class_names, input_scaling
-from keras_vit.structure import output_kind
+from keras_vit.preprocessing import input_scaling
 from keras_vit.vit_config import (  # noqa: F401 (the option names, importable from here as before)
     CLASSIFIERS, HEADS, INPUT_DTYPES, POOLINGS, POSITION_EMBEDDINGS, POSITION_PLACEMENTS, ViTConfig)
-
-# the position layers that read any grid: a model with one takes any size, and a NaFlex batch
-ANY_SIZE_LAYERS = (L.AddPositionEmbs, L.AddFactorizedPositionEmbs, L.NoPositionEmbs)
-ANY_SIZE_EXPECTED = "learned 1-D, factorized or no position embeddings added once"  # what ANY_SIZE_LAYERS are
-
-
-@keras.saving.register_keras_serializable(package="keras_vit")
-class ViTModel(KeepsStateOnError, keras.Model):
-    """The functional `keras.Model` the builder returns: a plain functional model whose `fit`,
-    `evaluate` and `predict` (and `*_on_batch`) check the images first and leave the weights as they
-    were when they fail or are interrupted (see `keras_vit.calls`).
-
-    `class_names`: None, or a tuple of str, one per output of the classifier head, kept in the
-    model's config so that `model.save("x.keras")` and `keras.saving.load_model` keep them, and
-    what `keras_vit.decode_predictions(..., class_names=model)` and `keras-vit predict` print. Set
-    them by assignment, `model.class_names = ["cat", "dog", ...]`, which checks them (the one way:
-    a str per class of the head, distinct) and stores a tuple; `None` removes them. A model
-    without a classifier head (`include_top=False`, `head="projection"`) takes none.
-    """
-
-    _class_names = None
-
-    @property
-    def class_names(self):
-        return self._class_names
-
-    @class_names.setter
-    def class_names(self, names):
-        if names is not None:
-            kind = output_kind(self)
-            if kind in ("embeddings", "features") or len(self.output_shape) != 2:
-                raise ValueError(f"model {self.name!r} outputs {kind or f'shape {self.output_shape}'}, not classes: "
-                                 "class names are for a classifier head")
-            names = check_class_names(names, self.output_shape[-1], f"the head of model {self.name!r}")
-        self._class_names = names
-
-    def get_config(self):
-        config = super().get_config()
-        if self.class_names is not None:
-            config["class_names"] = list(self.class_names)
-        return config
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        names = config.pop("class_names", None)  # absent from files saved before it existed
-        model = super().from_config(config, custom_objects=custom_objects)
-        model.class_names = names
-        return model
-
+from keras_vit.vit_model import ANY_SIZE_EXPECTED, ViTModel, one_grid_only
 
 def grid_size(image_size, patch_size, resnet=None):
     """The (gh, gw) patch grid of a configuration; raises when the image does not tile."""
@@ -381,22 +330,6 @@ def _top(config, x):
     if config.classifier_activation is not None:
         x = keras.layers.Activation(config.classifier_activation, name="predictions", dtype="float32")(x)
     return x
-
-
-def one_grid_only(model, parts):
-    """Why the ViT `parts` found in `model` reads its positions on one grid only (so neither `any_size`
-    nor `naflex` can give it other grids), or None."""
-    if parts.container is not model:
-        return f"its ViT sits inside {parts.path!r}; pass that model"
-    if type(parts.posembed) not in ANY_SIZE_LAYERS:
-        return (f"its position embedding {type(parts.posembed).__name__} is laid out for one grid (Table 8's 2-D "
-                "and relative variants)")
-    if any(layer.name.startswith("posembed_") and layer.name != "posembed_input" for layer in model.layers) or \
-            any(b is parts.posembed for b in parts.block_posembeds[1:]):
-        return "its position embeddings are added before every block (position_placement)"
-    if any(isinstance(b, L.RelativeTransformerBlock) for b in parts.blocks):
-        return "its blocks carry relative position attention (Table 8's relative variant)"
-    return None
 
 
 def any_size(model):

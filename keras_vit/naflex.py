@@ -6,15 +6,9 @@ import keras
 import numpy as np
 
 from keras_vit import layers as L
-from keras_vit.calls import NAFLEX_KEYS
-from keras_vit.model import ANY_SIZE_EXPECTED, ViTModel, one_grid_only
+from keras_vit.calls import is_naflex
 from keras_vit.structure import find_vit
-
-
-def is_naflex(model):
-    """Whether `model` takes a NaFlex dict {"patches", "patch_coord", "patch_valid"}."""
-    names = {getattr(t, "name", None) for t in getattr(model, "inputs", None) or ()}
-    return set(NAFLEX_KEYS) <= names
+from keras_vit.vit_model import ANY_SIZE_EXPECTED, ViTModel, one_grid_only
 
 
 def naflex_inputs(patch_width, dtype="float32"):

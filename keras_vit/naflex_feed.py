@@ -529,7 +529,10 @@ class NaFlexBatches(keras.utils.PyDataset):
 
     In training, batch k of the current pass is `plan.epoch(len(images), self.epoch)`'s k-th: its
     sequence length, its images and their flips; `on_epoch_end` (called by `model.fit`) moves to the
-    next pass. Give `model.fit` `shuffle=False` for batches in the plan's order (Keras otherwise
+    next pass. With `repeat=True` the training stream is endless instead, passes one after another
+    from `epoch` on, its batch k being batch `skip_batches + k` of that stream, whatever `model.fit`'s
+    `steps_per_epoch` (an epoch of fit need not be a pass, and a resumed run skips the batches it
+    trained on). Give `model.fit` `shuffle=False` for batches in the plan's order (Keras otherwise
     shuffles the order of the batches of a PyDataset; their content stays the plan's). In evaluation
     the batches hold `plan.eval_batch_size` images in order, `plan.eval_seq_len` tokens each. Integer
     labels become int32.
@@ -541,6 +544,9 @@ class NaFlexBatches(keras.utils.PyDataset):
         plan: a `NaFlexPlan`.
         training: the training stream or the evaluation one.
         epoch: the training pass to start with.
+        repeat: an endless training stream (`model.fit` then needs `steps_per_epoch`); False: one
+            pass, `len()` batches.
+        skip_batches: with `repeat`, the batches of the stream to skip (a resumed run's done steps).
         mode, image_dtype: the scaling of the patches, as in `patchify`.
         workers, use_multiprocessing, max_queue_size: as `keras.utils.PyDataset`'s (threads by default).
 
@@ -549,8 +555,8 @@ class NaFlexBatches(keras.utils.PyDataset):
             (H, W, 3) numbers when its batch is made.
     """
 
-    def __init__(self, images, labels, plan, training=True, *, epoch=0, mode="vit", image_dtype="float32",
-                 workers=1, use_multiprocessing=False, max_queue_size=10):
+    def __init__(self, images, labels, plan, training=True, *, epoch=0, repeat=False, skip_batches=0, mode="vit",
+                 image_dtype="float32", workers=1, use_multiprocessing=False, max_queue_size=10):
         super().__init__(workers=workers, use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size)
         _check_scaling(mode, image_dtype)
         if not isinstance(plan, NaFlexPlan):
@@ -561,22 +567,38 @@ class NaFlexBatches(keras.utils.PyDataset):
             raise ValueError(f"expected one label per image: {len(images)} images, {len(labels)} labels")
         self.images, self.labels, self.plan, self.training = images, labels, plan, bool(training)
         self.epoch = _whole(epoch, "epoch", 0)
+        self.repeat, self.skip_batches = bool(repeat), _whole(skip_batches, "skip_batches", 0)
+        if (self.repeat or self.skip_batches) and not (self.training and self.repeat):
+            raise ValueError(f"repeat and skip_batches are for an endless training stream (training=True, "
+                             f"repeat=True); got training={training}, repeat={repeat}, skip_batches={skip_batches}")
         self.mode, self.image_dtype = mode, image_dtype
 
+    @property
+    def num_batches(self):  # None: endless (Keras' PyDataset protocol)
+        return None if self.repeat else len(self)
+
     def __len__(self):
+        if self.repeat:
+            raise TypeError("an endless (repeat=True) NaFlex stream has no length; give fit steps_per_epoch")
         if self.training:
             return self.plan.steps_per_epoch(len(self.images))
         return -(-len(self.images) // self.plan.eval_batch_size)
 
     def batch_plan(self, index):
-        """(seq_len, image indices, flips) of batch `index` of the current pass."""
-        if not 0 <= index < len(self):
+        """(seq_len, image indices, flips) of batch `index` of the current pass (of the endless stream
+        with `repeat`)."""
+        passes = 0
+        if self.repeat:
+            if index < 0:
+                raise IndexError(f"batch {index} of an endless stream")
+            passes, index = divmod(self.skip_batches + index, self.plan.steps_per_epoch(len(self.images)))
+        elif not 0 <= index < len(self):
             raise IndexError(f"batch {index} of {len(self)}")
         if not self.training:
             size = self.plan.eval_batch_size
             rows = np.arange(index * size, min(len(self.images), (index + 1) * size))
             return self.plan.eval_seq_len, rows, np.zeros(len(rows), bool)
-        epoch = self.plan.epoch(len(self.images), self.epoch)
+        epoch = self.plan.epoch(len(self.images), self.epoch + passes)
         positions = slice(epoch.starts[index], epoch.starts[index + 1])
         return int(epoch.seq_lens[index]), epoch.order[positions], epoch.flips[positions]
 
@@ -590,8 +612,9 @@ class NaFlexBatches(keras.utils.PyDataset):
         return _stack(sequences, [self.labels[row] for row in rows])
 
     def on_epoch_end(self):
-        """Moves a training stream to its next pass (`model.fit` calls it after each epoch)."""
-        if self.training:
+        """Moves a training stream of one pass to its next pass (`model.fit` calls it after each epoch;
+        an endless stream counts its batches instead)."""
+        if self.training and not self.repeat:
             self.epoch += 1
 
 
@@ -612,7 +635,7 @@ class _FolderImages:
 
 
 def folder_batches(directory, plan, validation_split=0.1, *, mode="vit", image_dtype="float32", workers=None,
-                   **scan_options):
+                   repeat=False, skip_batches=0, **scan_options):
     """(train, validation) `NaFlexBatches` of a folder of your own images (`photos/<class>/*.jpg`, or
     a `labels.csv`; see `keras_vit.data.from_directory`), read from disk as batches are made.
 
@@ -622,6 +645,7 @@ def folder_batches(directory, plan, validation_split=0.1, *, mode="vit", image_d
         validation_split: fraction of each class held out for validation (0: no validation).
         mode, image_dtype: the scaling of the patches, as in `patchify`.
         workers: threads reading and resizing images (default: the machine's cores).
+        repeat, skip_batches: the training stream endless, from this batch on (see `NaFlexBatches`).
         **scan_options: `keras_vit.image_folder.scan`'s keyword options (labels_csv, strict,
             max_pixels, threads, verbose).
 
@@ -644,8 +668,9 @@ def folder_batches(directory, plan, validation_split=0.1, *, mode="vit", image_d
         if not records:
             out.append(None)
             continue
+        stream = {"repeat": repeat, "skip_batches": skip_batches} if training else {}
         batches = NaFlexBatches(_FolderImages(folder, records), [r[1] for r in records], plan, training, mode=mode,
-                                image_dtype=image_dtype, workers=workers)
+                                image_dtype=image_dtype, workers=workers, **stream)
         batches.class_names, batches.image_folder = folder.class_names, folder
         out.append(batches)
     return tuple(out)

@@ -179,7 +179,7 @@ def decode_predictions(preds, top=5, class_names=None):
             `class_names`, 1000 or 21843 classes pick the ImageNet-1k or the ImageNet-21k label list.
         top: how many classes to return per image (at most the number of classes).
         class_names: None, a sequence of names (one str per class, distinct), or a model carrying
-            them (`model.class_names`, see `keras_vit.model.ViTModel`; a model without them counts
+            them (`model.class_names`, see `keras_vit.vit_model.ViTModel`; a model without them counts
             as None). With names, each row is ``(str(index), name, score)``.
 
     Returns:

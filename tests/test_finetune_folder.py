@@ -140,6 +140,53 @@ def test_refusals_write_nothing(photos, start, tmp_path, capsys):
     assert "holds no run to resume" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
+def _tree(root):
+    """{relative path: bytes} of every file under `root` (None when it does not exist)."""
+    if not os.path.exists(root):
+        return None
+    return {os.path.relpath(os.path.join(d, f), root): open(os.path.join(d, f), "rb").read()
+            for d, _, files in os.walk(root) for f in files}
+
+
+REFUSALS = {  # flags -> what the message says
+    ("--validation-split", "1.5"): "--validation-split must be in (0, 1)",
+    ("--layer-decay", "2"): "--layer-decay must be in (0, 1]",
+    ("--naflex", "4", "--lora", "2"): "--naflex 4 cannot be combined with --lora",
+    ("--naflex", "4", "--export", "onnx"): "--naflex 4 cannot be combined with --export",
+    ("--batch-size", "8", "--device-batch-size", "3"): "must be a multiple of `device_batch_size` (3)",
+    ("--batch-size", "8", "--device-batch-size", "16"): "`device_batch_size` (16) must not exceed",
+    ("--image-size", "48"): "finetune continues a model that takes uint8 images of --image-size 48",
+}
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("held", ["absent", "a run"])
+def test_each_refusal_leaves_out_as_it_was(photos, start, tmp_path, capsys, held):
+    out = tmp_path / "out"
+    if held == "a run":  # an interrupted run's marker, split and backup: refusals keep every byte, --overwrite too
+        out.mkdir()
+        (out / own_images.MARKER).write_text(json.dumps({"seed": 0}))
+        (out / own_images.BACKUP).mkdir()
+        (out / own_images.BACKUP / "latest.weights.h5").write_bytes(b"the run's backup")
+    before = _tree(out)
+    for flags, message in REFUSALS.items():
+        for more in (("--overwrite",), ("--resume",)) if held == "a run" else ((),):
+            assert cli.main(_argv(photos, start, out, *flags, *more)) == 2, (flags, more)
+            err = capsys.readouterr().err
+            assert message in err or more == ("--resume",) and "had other flags" in err, (flags, more, err)
+            assert _tree(out) == before, (flags, more)
+    if held == "a run":
+        assert cli.main(_argv(photos, start, out)) == 2
+        assert "holds a run; pass --resume to continue it" in capsys.readouterr().err
+        (out / own_images.REPORT).write_text("{}")
+        assert cli.main(_argv(photos, start, out, "--resume")) == 2
+        assert "has finished" in capsys.readouterr().err
+    else:
+        assert cli.main(_argv(photos, start, out, "--resume")) == 2
+        assert "holds no run to resume" in capsys.readouterr().err
+    assert _tree(out) == ({**before, own_images.REPORT: b"{}"} if held == "a run" else None)
+
+
 @pytest.mark.backend_independent
 def test_weights_of_another_architecture_than_model_are_refused_naming_both(photos, tmp_path, capsys):
     transformers = pytest.importorskip("transformers")

@@ -248,6 +248,31 @@ def test_pydataset_batches_follow_the_plan():
     np.testing.assert_array_equal(inputs["patches"][3], patchify(images[10], 16, 36, 36)["patches"])
 
 
+@independent
+def test_an_endless_pydataset_is_the_passes_one_after_another_from_any_batch():
+    images, labels = _photos() * 2, list(range(10, 22))
+    plan = NaFlexPlan(**SMALL)
+    passes = NaFlexBatches(images, labels, plan)  # one pass a len(), moved on by on_epoch_end
+    wanted = []
+    for _ in range(3):
+        wanted += [passes.batch_plan(k) for k in range(len(passes))]
+        passes.on_epoch_end()
+    for skip in (0, 2, 4):  # a resumed run's done steps, past a pass's end
+        stream = NaFlexBatches(images, labels, plan, repeat=True, skip_batches=skip)
+        assert stream.num_batches is None
+        for k in range(len(wanted) - skip):
+            seq_len, rows, flips = stream.batch_plan(k)
+            assert seq_len == wanted[skip + k][0]
+            np.testing.assert_array_equal(rows, wanted[skip + k][1])
+            np.testing.assert_array_equal(flips, wanted[skip + k][2])
+        stream.on_epoch_end()  # fit's epochs need not be passes: the stream counts its batches
+        assert stream.batch_plan(0)[1].tolist() == wanted[skip][1].tolist()
+    with pytest.raises(TypeError, match="endless"):
+        len(stream)
+    with pytest.raises(ValueError, match="repeat and skip_batches are for an endless training stream"):
+        NaFlexBatches(images, labels, plan, training=False, repeat=True)
+
+
 def _tf_source(tf, images, labels, encoded=False):
     if encoded:
         images = [tf.io.encode_png(image).numpy() for image in images]

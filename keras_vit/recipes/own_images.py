@@ -20,10 +20,12 @@
 With `--naflex TOKENS` the model is trained and saved as a NaFlex model (`keras_vit.naflex.naflex` of
 the model of step 2): each image keeps its aspect ratio and is resized to fit TOKENS patches
 (`keras_vit.naflex_feed.folder_batches`, a PyDataset on every backend, flips in training), and
-model.keras takes {"patches", "patch_coord", "patch_valid"} batches of uint8 patches. The figures and the
-report are the square run's (mistakes.png draws the photographs as they are); `--export`, `--lora` and
-`--resume` are refused with it, `--pipeline` is not used and `--image-size` is only the resolution the
-start model is built at (its position-embedding grid), not the images'.
+model.keras takes {"patches", "patch_coord", "patch_valid"} batches of uint8 patches and records TOKENS
+(`model.naflex_tokens`, what `keras-vit predict` cuts images to). The schedule is the square run's (`plan`:
+both feeds stream endlessly, so an epoch is a whole number of updates and `--resume` is exact), and so are
+the figures and the report (mistakes.png draws the photographs as they are); `--export` and `--lora` are
+refused with it, `--pipeline` is not used and `--image-size` is only the resolution the start model is
+built at (its position-embedding grid), not the images'.
 """
 
 import argparse
@@ -32,6 +34,7 @@ import math
 import os
 import shutil
 import time
+import typing
 
 from keras_vit.configs import get_variant, none_or
 from keras_vit.fileio import atomic_write, write_json
@@ -40,9 +43,42 @@ MARKER, REPORT, BACKUP, SPLIT = "run.json", "report.json", "backup", "split.json
 # the paper's fine-tuning batch (Table 4), the ceiling of the size rule
 PAPER_BATCH = 512
 DEFAULT_EPOCHS = 10
+DEVICE_BATCH = 32  # the most images a device step holds by default
 WARMUP_FRACTION = 0.05  # the paper's 500 warm-up updates of 10,000 (CIFAR)
 FLAGS = ("directory", "model", "weights", "image_size", "epochs", "steps", "batch_size", "device_batch_size", "lr",
          "lora", "layer_decay", "validation_split", "labels_csv", "seed", "strict", "pipeline", "naflex")
+
+
+class Plan(typing.NamedTuple):
+    """The run's schedule (see `plan`): `steps_per_epoch` device steps of `device_batch_size` images make
+    `updates_per_epoch` optimizer updates of `batch_size` images, `accumulation` steps an update."""
+
+    batch_size: int
+    device_batch_size: int
+    accumulation: int
+    updates_per_epoch: int
+    epochs: int
+    warmup: int
+
+    @property
+    def steps_per_epoch(self):
+        return self.updates_per_epoch * self.accumulation
+
+
+def plan(num_train, batch_size=None, device_batch_size=None, epochs=None, steps=None):
+    """The `Plan` of a run on `num_train` training images, square or NaFlex alike: `schedule`'s batch,
+    epochs and warm-up, and the device batch (`device_batch_size`, default the largest divisor of the
+    batch at most `DEVICE_BATCH`). Both feeds stream endlessly, so an epoch is a whole number of updates
+    whatever the folder's size and every backup falls on an update boundary.
+
+    Raises:
+        ValueError: a device batch larger than the batch or not dividing it (naming one that does).
+    """
+    from keras_vit.recipes.compile import gradient_accumulation_steps
+
+    batch, per_epoch, epochs, warmup = schedule(num_train, batch_size, epochs, steps)
+    device = device_batch_size or max(d for d in range(1, min(batch, DEVICE_BATCH) + 1) if batch % d == 0)
+    return Plan(batch, device, gradient_accumulation_steps(batch, device), per_epoch, epochs, warmup)
 
 
 def schedule(num_train, batch_size=None, epochs=None, steps=None):
@@ -107,7 +143,7 @@ def add_parser(sub):
                    "quarter of the training images, 8 at least)")
     p.add_argument("--device-batch-size", type=_positive(int), default=None,
                    help="images per step on the device; gradients of batch-size / device-batch-size steps are "
-                   "accumulated (default: the batch, at most 32)")
+                   f"accumulated (default: the largest divisor of the batch at most {DEVICE_BATCH})")
     p.add_argument("--lr", type=_positive(float), default=0.01, help="base learning rate (default 0.01)")
     p.add_argument("--lora", type=_positive(int), default=None, metavar="RANK",
                    help="train rank-RANK LoRA adapters (query, value) and the head only")
@@ -124,8 +160,8 @@ def add_parser(sub):
     p.add_argument("--naflex", type=_positive(int), default=None, metavar="TOKENS",
                    help="train and save a NaFlex model: each image at its own aspect ratio, resized to fit TOKENS "
                    "patches (e.g. 256), fed as patches with their coordinates; model.keras then takes "
-                   "{'patches', 'patch_coord', 'patch_valid'} (keras_vit.naflex_feed cuts them). Not with "
-                   "--export, --lora or --resume; --pipeline is not used (default: square images)")
+                   "{'patches', 'patch_coord', 'patch_valid'} (keras_vit.naflex_feed cuts them; keras-vit predict "
+                   "too). Not with --export or --lora; --pipeline is not used (default: square images)")
     p.add_argument("--out", default=None, help="output folder (default: runs/finetune-<DIR's name>)")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--overwrite", action="store_true", help="replace the run in --out")
@@ -143,11 +179,11 @@ def _check_args(args):
     if args.layer_decay is not None and args.layer_decay > 1:
         raise ValueError(f"--layer-decay must be in (0, 1] (1 is no decay), got {args.layer_decay}")
     naflex = getattr(args, "naflex", None)
-    for flag, value in (("--export", getattr(args, "export", None)), ("--lora", args.lora),
-                        ("--resume", getattr(args, "resume", False))):
+    for flag, value in (("--export", getattr(args, "export", None)), ("--lora", args.lora)):
         if naflex and value:
-            raise ValueError(f"--naflex {naflex} cannot be combined with {flag}: a NaFlex run is not exported, "
-                             "trained with LoRA or resumed by finetune (leave one of them out)")
+            raise ValueError(f"--naflex {naflex} cannot be combined with {flag}: a NaFlex run is not exported or "
+                             "trained with LoRA by finetune (leave one of them out; keras-vit export --weights "
+                             "OUT/model.keras exports its model)")
     args.directory = os.path.abspath(args.directory)  # the run's folder, however a resume spells it
     if args.out is None:
         args.out = os.path.join("runs", f"finetune-{os.path.basename(os.path.normpath(args.directory)) or 'images'}")
@@ -196,7 +232,7 @@ def _with_new_head(model, classes):
     """A `.keras` model with a new zero-initialised softmax head of `classes` (a backbone gets one)."""
     import keras
 
-    from keras_vit.model import ViTModel
+    from keras_vit.vit_model import ViTModel
 
     names = {layer.name for layer in model.layers}
     if "head" in names and "head_dist" not in names:
@@ -311,72 +347,75 @@ def run(args, callbacks=()):
     for `fit`, called after the backup's."""
     import keras
 
-    from keras_vit import data, recipes
+    from keras_vit import recipes
 
     _check_args(args)
     flags = {k: getattr(args, k) for k in FLAGS}
     resuming = _prepare_out(args, flags)
-    if resuming and getattr(args, "naflex", None):  # --naflex taken from the interrupted run's flags
-        raise ValueError(f"--resume: the run in {args.out!r} is a NaFlex run (--naflex {args.naflex}), which finetune "
-                         "does not resume; --overwrite starts it again")
     folder = _read_folder(args)
     counts = folder.counts()
-    batch, per_epoch, epochs, warmup = schedule(len(folder.train), args.batch_size, args.epochs, args.steps)
-    device_batch = args.device_batch_size or min(batch, 32)
-    accumulation = recipes.gradient_accumulation_steps(batch, device_batch)
-    # built before anything is written: bad weights leave no trace
-    naflex = getattr(args, "naflex", None)
-    model = _build_and_compile(args, folder.class_names, batch, device_batch, per_epoch * epochs, warmup)
+    sched = plan(len(folder.train), args.batch_size, args.device_batch_size, args.epochs, args.steps)
+    # every refusal comes before --out is written: bad weights, a schedule or a feed that cannot be made
+    model = _build_and_compile(args, folder.class_names, sched)
     out = args.out
-    _start_out(args, flags, resuming, folder)
-    print(f"batch {batch} ({accumulation} x {device_batch} on the device), {epochs} epochs of {per_epoch} updates, "
-          f"{warmup} warm-up, base learning rate {args.lr}" + (f", LoRA rank {args.lora}" if args.lora else ""))
-
     backup = recipes.TrainingBackup(os.path.join(out, BACKUP), delete_on_end=False)
-    done = backup.restore(model)  # train steps done before an interruption (0 for a new run)
-    steps_per_epoch = per_epoch * accumulation
-    initial_epoch = done // steps_per_epoch
-    history = _history_so_far(out, done, initial_epoch, epochs)
-    if naflex:
-        train, validation = _naflex_batches(model, folder, naflex, device_batch, args.seed)
-        steps_per_epoch = min(steps_per_epoch, len(train))
-    else:
-        train, validation = data.from_directory(folder, args.image_size, device_batch, skip_batches=done,
-                                                image_dtype="uint8", pipeline=args.pipeline)
-    seconds, best_path = _fit(model, args, train, validation, backup, history, initial_epoch, epochs,
-                              steps_per_epoch, callbacks)
+    done = backup.restore(model) if resuming else 0  # train steps done before an interruption
+    train, validation = _feeds(model, args, folder, sched, done)
+    _start_out(args, flags, resuming, folder)
+    print(f"batch {sched.batch_size} ({sched.accumulation} x {sched.device_batch_size} on the device), "
+          f"{sched.epochs} epochs of {sched.updates_per_epoch} updates, {sched.warmup} warm-up, base learning rate "
+          f"{args.lr}" + (f", LoRA rank {args.lora}" if args.lora else ""))
+    initial_epoch = done // sched.steps_per_epoch
+    history = _history_so_far(out, done, initial_epoch, sched.epochs)
+    seconds, best_path = _fit(model, args, train, validation, backup, history, initial_epoch, sched, callbacks)
     result, exported = _evaluate_and_save(model, args, best_path, validation, folder, history, counts)
     scores = history.get("val_accuracy", [])
     summary = {
         "directory": os.path.abspath(args.directory), "class_names": list(folder.class_names),
         "images": {k: {"train": v[0], "validation": v[1]} for k, v in counts.items()},
         "skipped": [{"file": p, "reason": r} for p, r in folder.skipped],
-        "schedule": {"batch_size": batch, "device_batch_size": device_batch, "epochs": epochs,
-                     "updates_per_epoch": per_epoch, "warmup_updates": warmup, "base_lr": args.lr},
+        "schedule": {"batch_size": sched.batch_size, "device_batch_size": sched.device_batch_size,
+                     "epochs": sched.epochs, "updates_per_epoch": sched.updates_per_epoch,
+                     "warmup_updates": sched.warmup, "base_lr": args.lr},
         "best_epoch": len(scores) - scores[::-1].index(max(scores)) if scores else None,  # ties: the later, as kept
         "validation_accuracy": result["accuracy"], "per_class_accuracy": result["per_class"],
         "confusion_matrix": result["confusion"], "history": history,
         "train_seconds": round(seconds, 3), "resumed_from_epoch": initial_epoch,
         "backend": keras.backend.backend(), "export": exported, "flags": flags,
     }
-    if naflex:
-        summary["naflex"] = {"tokens": naflex, "patch_size": train.plan.patch_size,
-                             "inputs": ["patches", "patch_coord", "patch_valid"], "steps_per_epoch": steps_per_epoch}
+    if getattr(args, "naflex", None):
+        summary["naflex"] = {"tokens": args.naflex, "patch_size": train.plan.patch_size,
+                             "inputs": ["patches", "patch_coord", "patch_valid"],
+                             "steps_per_epoch": sched.steps_per_epoch}
     write_json(os.path.join(out, REPORT), summary)
     shutil.rmtree(os.path.join(out, BACKUP), ignore_errors=True)
-    print(f"validation accuracy {result['accuracy']:.4f} (best epoch {summary['best_epoch']} of {epochs}); wrote {out}")
+    print(f"validation accuracy {result['accuracy']:.4f} (best epoch {summary['best_epoch']} of {sched.epochs}); "
+          f"wrote {out}")
     return summary
 
 
-def _naflex_batches(model, folder, tokens, device_batch, seed):
+def _feeds(model, args, folder, sched, done):
+    """(train, validation) of the scanned `folder` for `model`: endless training streams from device step
+    `done` on, `sched.device_batch_size` uint8 images a step (the model scales them itself), square
+    images of --image-size or, with --naflex, NaFlex batches."""
+    if getattr(args, "naflex", None):
+        return _naflex_batches(model, folder, args.naflex, sched.device_batch_size, args.seed, done)
+    from keras_vit import data
+
+    return data.from_directory(folder, args.image_size, sched.device_batch_size, skip_batches=done,
+                               image_dtype="uint8", pipeline=args.pipeline)
+
+
+def _naflex_batches(model, folder, tokens, device_batch, seed, done):
     """(train, validation) NaFlex batches of the scanned `folder` for the NaFlex `model`: `device_batch`
-    images of `tokens` patches each (uint8: the model scales them itself)."""
+    images of `tokens` patches each (uint8: the model scales them itself), the training stream endless
+    from batch `done` on."""
     from keras_vit import naflex_feed
     from keras_vit.structure import find_vit
 
     plan = naflex_feed.NaFlexPlan(patch_size=find_vit(model).embedding.patch_size, seq_lens=(tokens,),
                                   max_tokens_per_batch=tokens * device_batch, eval_seq_len=tokens, seed=seed)
-    return naflex_feed.folder_batches(folder, plan, image_dtype="uint8")
+    return naflex_feed.folder_batches(folder, plan, image_dtype="uint8", repeat=True, skip_batches=done)
 
 
 def _read_folder(args):
@@ -391,9 +430,9 @@ def _read_folder(args):
     return folder
 
 
-def _build_and_compile(args, class_names, batch, device_batch, total_steps, warmup):
+def _build_and_compile(args, class_names, sched):
     """The model to fine-tune (build_model, with --lora its adapters), seeded by --seed and compiled with
-    the paper's recipe for this schedule."""
+    the paper's recipe for the `Plan` `sched`."""
     import keras
 
     from keras_vit import recipes
@@ -404,12 +443,14 @@ def _build_and_compile(args, class_names, batch, device_batch, total_steps, warm
         from keras_vit.naflex import naflex
 
         model = naflex(model)  # its weights and head; takes NaFlex batches
+        model.naflex_tokens = args.naflex  # the images' budget, what predict cuts them to
     if args.lora:
         from keras_vit.lora import enable_lora
 
         enable_lora(model, args.lora)
-    recipes.compile_for_finetuning(model, total_steps=total_steps, base_lr=args.lr, warmup_steps=warmup,
-                                   batch_size=batch, device_batch_size=device_batch, layer_decay=args.layer_decay)
+    recipes.compile_for_finetuning(model, total_steps=sched.updates_per_epoch * sched.epochs, base_lr=args.lr,
+                                   warmup_steps=sched.warmup, batch_size=sched.batch_size,
+                                   device_batch_size=sched.device_batch_size, layer_decay=args.layer_decay)
     return model
 
 
@@ -437,12 +478,12 @@ def _history_so_far(out, done, initial_epoch, epochs):
     return history
 
 
-def _fit(model, args, train, validation, backup, history, initial_epoch, epochs, steps_per_epoch, callbacks):
-    """Trains the epochs from `initial_epoch` on, backing up at each end and keeping the best one's weights;
-    returns the seconds it took and the best weights' file."""
+def _fit(model, args, train, validation, backup, history, initial_epoch, sched, callbacks):
+    """Trains the epochs of the `Plan` `sched` from `initial_epoch` on, backing up at each end and keeping
+    the best one's weights; returns the seconds it took and the best weights' file."""
     from keras_vit import recipes
 
-    out = args.out
+    out, epochs, steps_per_epoch = args.out, sched.epochs, sched.steps_per_epoch
     keep_history, keep_best, time_left, best_path = _callbacks(out, history, epochs, initial_epoch)
     start = time.perf_counter()
     if initial_epoch < epochs:
@@ -490,4 +531,4 @@ def _evaluate_and_save(model, args, best_path, validation, folder, history, coun
     return result, exported
 
 
-__all__ = ["add_parser", "build_model", "run", "schedule"]
+__all__ = ["Plan", "add_parser", "build_model", "plan", "run", "schedule"]
