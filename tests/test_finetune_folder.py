@@ -14,7 +14,7 @@ from conftest import photo_folder
 
 from keras_vit import cli
 from keras_vit.image_folder import read_image, resize_bilinear
-from keras_vit.recipes import own_images
+from keras_vit.recipes import folder_plan, own_images
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(photo
     assert not (tmp_path / "cut" / "report.json").exists()
     with pytest.raises(FileExistsError, match="pass --resume to continue it"):
         _run(_argv(photos, start, tmp_path / "cut"))
-    with pytest.raises(ValueError, match=r"had other flags .*'lr': \(0.05, 0.1\)"):
+    with pytest.raises(ValueError, match=r"with other flags \(was -> now: .*'lr': \(0.05, 0.1\)"):
         _run([*_argv(photos, start, tmp_path / "cut"), "--resume", "--lr", "0.1"])
     resumed = _run(["finetune", str(photos), "--out", str(tmp_path / "cut"), "--resume", "--quiet"])  # its flags
     assert resumed["resumed_from_epoch"] == 1
@@ -115,10 +115,10 @@ def test_lora_trains_the_adapters_and_writes_a_merged_model(photos, start, tmp_p
 
 @pytest.mark.backend_independent
 def test_schedule_rule():
-    assert own_images.schedule(40) == (8, 5, 10, 3)  # a quarter of 40 is 10: batch 8, 10 epochs of 5 updates
-    assert own_images.schedule(10_000) == (512, 20, 10, 10)  # the paper's batch
-    assert own_images.schedule(1000, steps=45) == (128, 8, 6, 3)  # 45 updates: 6 epochs of 8 (48)
-    assert own_images.schedule(100, batch_size=32, epochs=2) == (32, 4, 2, 1)
+    assert folder_plan.schedule(40) == (8, 5, 10, 3)  # a quarter of 40 is 10: batch 8, 10 epochs of 5 updates
+    assert folder_plan.schedule(10_000) == (512, 20, 10, 10)  # the paper's batch
+    assert folder_plan.schedule(1000, steps=45) == (128, 8, 6, 3)  # 45 updates: 6 epochs of 8 (48)
+    assert folder_plan.schedule(100, batch_size=32, epochs=2) == (32, 4, 2, 1)
 
 
 @pytest.mark.backend_independent
@@ -127,7 +127,7 @@ def test_refusals_write_nothing(photos, start, tmp_path, capsys):
     foreign.mkdir()
     (foreign / "notes.txt").write_text("a user's file")
     assert cli.main(_argv(photos, start, foreign)) == 2
-    assert "holds no keras-vit finetune run" in capsys.readouterr().err
+    assert "holds no run of ours (run.json); not deleting it" in capsys.readouterr().err
     assert os.listdir(foreign) == ["notes.txt"]
     assert cli.main(_argv(photos, start, foreign, "--overwrite")) == 2
     assert (foreign / "notes.txt").read_text() == "a user's file"
@@ -173,14 +173,14 @@ def test_each_refusal_leaves_out_as_it_was(photos, start, tmp_path, capsys, held
         for more in (("--overwrite",), ("--resume",)) if held == "a run" else ((),):
             assert cli.main(_argv(photos, start, out, *flags, *more)) == 2, (flags, more)
             err = capsys.readouterr().err
-            assert message in err or more == ("--resume",) and "had other flags" in err, (flags, more, err)
+            assert message in err or more == ("--resume",) and "with other flags" in err, (flags, more, err)
             assert _tree(out) == before, (flags, more)
     if held == "a run":
         assert cli.main(_argv(photos, start, out)) == 2
         assert "holds a run; pass --resume to continue it" in capsys.readouterr().err
         (out / own_images.REPORT).write_text("{}")
         assert cli.main(_argv(photos, start, out, "--resume")) == 2
-        assert "has finished" in capsys.readouterr().err
+        assert "holds a finished run (report.json is there)" in capsys.readouterr().err
     else:
         assert cli.main(_argv(photos, start, out, "--resume")) == 2
         assert "holds no run to resume" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from keras_vit import cli
-from keras_vit.recipes import own_images
+from keras_vit.recipes import folder_plan, own_images
 
 SCHEDULES = {
     "accumulated": ("--batch-size", "8", "--device-batch-size", "4", "--epochs", "1", "--layer-decay", "0.75"),
@@ -75,7 +75,7 @@ def test_every_schedule_trains_or_is_refused_before_writing(folders, start, tmp_
         return
     with pytest.raises(FirstStep):
         own_images.run(args, [stop])
-    sched = own_images.plan(size, args.batch_size, args.device_batch_size, args.epochs, args.steps)
+    sched = folder_plan.plan(size, args.batch_size, args.device_batch_size, args.epochs, args.steps)
     assert stop.steps == sched.steps_per_epoch and stop.steps % sched.accumulation == 0  # whole updates
     assert sched.updates_per_epoch == -(-size // sched.batch_size)  # an epoch: a pass, rounded up to updates
     assert json.loads((out / "run.json").read_text())["naflex"] == (4 if naflex else None)
@@ -85,11 +85,11 @@ def test_every_schedule_trains_or_is_refused_before_writing(folders, start, tmp_
 
 @pytest.mark.backend_independent
 def test_the_plan_rule():
-    assert own_images.plan(17, 48) == own_images.Plan(48, 24, 2, 1, 10, 1)  # the largest divisor at most 32
-    assert own_images.plan(803) == own_images.Plan(128, 32, 4, 7, 10, 4)  # the digits: 7 updates of 4 steps
-    assert own_images.plan(803).steps_per_epoch == 28
-    assert own_images.plan(40, 7).device_batch_size == 7
+    assert folder_plan.plan(17, 48) == folder_plan.Plan(48, 24, 2, 1, 10, 1)  # the largest divisor at most 32
+    assert folder_plan.plan(803) == folder_plan.Plan(128, 32, 4, 7, 10, 4)  # the digits: 7 updates of 4 steps
+    assert folder_plan.plan(803).steps_per_epoch == 28
+    assert folder_plan.plan(40, 7).device_batch_size == 7
     with pytest.raises(ValueError, match=r"`batch_size` \(8\) must be a multiple of `device_batch_size` \(3\)"):
-        own_images.plan(16, 8, 3)
+        folder_plan.plan(16, 8, 3)
     with pytest.raises(ValueError, match=r"`device_batch_size` \(16\) must not exceed `batch_size` \(8\)"):
-        own_images.plan(16, 8, 16)
+        folder_plan.plan(16, 8, 16)

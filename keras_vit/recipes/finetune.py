@@ -37,6 +37,7 @@ import time
 
 from keras_vit.configs import get_variant
 from keras_vit.fileio import atomic_write, write_json
+from keras_vit.recipes import run_folder
 from keras_vit.recipes.finetune_args import PRETRAINED_TAGS, parse_args, run_flags  # noqa: F401  (read from here)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -50,40 +51,15 @@ HISTORY = "history.json"
 # output folder
 # --------------------------------------------------------------------------
 def prepare_output_dir(out, flags, overwrite):
-    """Create ``out`` or decide to resume in it; refuse to mix two runs. Returns True when resuming."""
-    marker = os.path.join(out, MARKER)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise SystemExit(f"error: --output-dir {out!r} exists and is not a folder.")
-    if os.path.isdir(out) and os.listdir(out):
-        ours = os.path.isfile(marker)
-        if overwrite:
-            if not ours:
-                raise SystemExit(
-                    f"error: --output-dir {out!r} is not empty and holds no {MARKER} of these "
-                    "examples; not deleting it. Remove it yourself or choose another folder.")
-            shutil.rmtree(out)
-        elif not ours:
-            raise SystemExit(
-                f"error: --output-dir {out!r} exists and is not empty; choose another folder "
-                "(or remove it).")
-        else:
-            with open(marker) as f:
-                previous = json.load(f)
-            finished = os.path.exists(os.path.join(out, "metrics.json"))
-            if finished:
-                raise SystemExit(
-                    f"error: --output-dir {out!r} holds a finished run; pass --overwrite to "
-                    "replace it or choose another folder.")
-            changed = {k: (previous.get(k), v) for k, v in flags.items() if previous.get(k) != v}
-            if changed:  # a flag added since the run began reads as its default, None
-                raise SystemExit(
-                    f"error: --output-dir {out!r} holds an interrupted run with other flags "
-                    f"(was -> now: {changed}); repeat its flags to resume it, or pass "
-                    "--overwrite to start over.")
-            return True
-    os.makedirs(out, exist_ok=True)
-    write_json(marker, flags)
-    return False
+    """Create ``out`` or decide to resume in it (the same command again continues an interrupted run), by
+    `run_folder`'s rule; refuse to mix two runs. Returns True when resuming."""
+    try:
+        resuming = run_folder.decide(out, flags, option="--output-dir", marker=MARKER, finished="metrics.json",
+                                     overwrite=overwrite)
+    except (ValueError, OSError) as err:
+        raise SystemExit(f"error: {err}") from None
+    run_folder.start(out, flags, resuming, marker=MARKER, overwrite=overwrite)
+    return resuming
 
 
 # --------------------------------------------------------------------------

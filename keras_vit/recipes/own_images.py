@@ -8,7 +8,7 @@
    preset, a `.keras` model) with a new zero-initialised head of the folder's classes; `--lora RANK`
    trains adapters and the head only, `--layer-decay` lowers the rate of the early blocks;
 3. the paper's recipe (`compile_for_finetuning`: SGD with momentum 0.9, warm-up then cosine decay,
-   clipping at global norm 1) with batch and steps from the folder's size (`schedule`);
+   clipping at global norm 1) with batch and steps from the folder's size (`folder_plan.plan`);
 4. `model.fit` with a progress bar, the validation split evaluated after every epoch, the best epoch's
    weights kept; a backup at every epoch end, so `--resume` continues an interrupted run to the same
    weights as an uninterrupted one;
@@ -21,208 +21,43 @@ With `--naflex TOKENS` the model is trained and saved as a NaFlex model (`keras_
 the model of step 2): each image keeps its aspect ratio and is resized to fit TOKENS patches
 (`keras_vit.naflex_feed.folder_batches`, a PyDataset on every backend, flips in training), and
 model.keras takes {"patches", "patch_coord", "patch_valid"} batches of uint8 patches and records TOKENS
-(`model.naflex_tokens`, what `keras-vit predict` cuts images to). The schedule is the square run's (`plan`:
+(`model.naflex_tokens`, what `keras-vit predict` cuts images to). The schedule is the square run's (`folder_plan.plan`:
 both feeds stream endlessly, so an epoch is a whole number of updates and `--resume` is exact), and so are
 the figures and the report (mistakes.png draws the photographs as they are); `--export` and `--lora` are
 refused with it, `--pipeline` is not used and `--image-size` is only the resolution the start model is
 built at (its position-embedding grid), not the images'.
 """
 
-import argparse
 import json
-import math
 import os
 import shutil
 import time
-import typing
 
 from keras_vit.configs import get_variant, none_or
 from keras_vit.fileio import atomic_write, write_json
+from keras_vit.recipes import own_images_args, run_folder
+from keras_vit.recipes.folder_plan import plan
+from keras_vit.recipes.own_images_args import FLAGS
 
 MARKER, REPORT, BACKUP, SPLIT = "run.json", "report.json", "backup", "split.json"
-# the paper's fine-tuning batch (Table 4), the ceiling of the size rule
-PAPER_BATCH = 512
-DEFAULT_EPOCHS = 10
-DEVICE_BATCH = 32  # the most images a device step holds by default
-WARMUP_FRACTION = 0.05  # the paper's 500 warm-up updates of 10,000 (CIFAR)
-FLAGS = ("directory", "model", "weights", "image_size", "epochs", "steps", "batch_size", "device_batch_size", "lr",
-         "lora", "layer_decay", "validation_split", "labels_csv", "seed", "strict", "pipeline", "naflex")
-
-
-class Plan(typing.NamedTuple):
-    """The run's schedule (see `plan`): `steps_per_epoch` device steps of `device_batch_size` images make
-    `updates_per_epoch` optimizer updates of `batch_size` images, `accumulation` steps an update."""
-
-    batch_size: int
-    device_batch_size: int
-    accumulation: int
-    updates_per_epoch: int
-    epochs: int
-    warmup: int
-
-    @property
-    def steps_per_epoch(self):
-        return self.updates_per_epoch * self.accumulation
-
-
-def plan(num_train, batch_size=None, device_batch_size=None, epochs=None, steps=None):
-    """The `Plan` of a run on `num_train` training images, square or NaFlex alike: `schedule`'s batch,
-    epochs and warm-up, and the device batch (`device_batch_size`, default the largest divisor of the
-    batch at most `DEVICE_BATCH`). Both feeds stream endlessly, so an epoch is a whole number of updates
-    whatever the folder's size and every backup falls on an update boundary.
-
-    Raises:
-        ValueError: a device batch larger than the batch or not dividing it (naming one that does).
-    """
-    from keras_vit.recipes.compile import gradient_accumulation_steps
-
-    batch, per_epoch, epochs, warmup = schedule(num_train, batch_size, epochs, steps)
-    device = device_batch_size or max(d for d in range(1, min(batch, DEVICE_BATCH) + 1) if batch % d == 0)
-    return Plan(batch, device, gradient_accumulation_steps(batch, device), per_epoch, epochs, warmup)
-
-
-def schedule(num_train, batch_size=None, epochs=None, steps=None):
-    """(batch, updates per epoch, epochs, warm-up updates) for `num_train` training images.
-
-    The rule: the batch is the paper's 512, or the largest power of two at most a quarter of the training
-    images when that is smaller (8 at least); an epoch is one pass, ceil(num_train / batch) updates;
-    10 epochs unless `epochs` or `steps` says otherwise (`steps` is rounded up to whole epochs of at most
-    one pass each); the first 5% of the updates warm up.
-    """
-    if batch_size is None:
-        batch_size = max(8, min(PAPER_BATCH, 2 ** int(math.log2(max(1, num_train // 4)))))
-    per_epoch = -(-num_train // batch_size)
-    if steps is not None:
-        per_epoch = min(per_epoch, steps)
-        epochs = -(-steps // per_epoch)
-    epochs = epochs or DEFAULT_EPOCHS
-    return batch_size, per_epoch, epochs, math.ceil(WARMUP_FRACTION * per_epoch * epochs)
-
-
-# --------------------------------------------------------------------------
-# the command line
-# --------------------------------------------------------------------------
-def _positive(kind):
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not value > 0 or not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
-        return value
-
-    return parse
 
 
 def add_parser(sub):
-    """Adds `finetune` to the `keras-vit` sub-command parsers `sub`."""
-    from keras_vit.export import FORMATS
-
-    p = sub.add_parser(
-        "finetune", help="fine-tune a ViT on a folder of your own images (DIR/<class name>/*.jpg)",
-        description="Fine-tune a ViT on DIR: one subfolder of images per class (nested folders are read), or a "
-        "labels.csv of 'relative path,class name' rows. The paper's recipe (SGD, warm-up and cosine decay, "
-        "clipping), the best epoch on the held-out split kept; writes model.keras (with the class names), the "
-        "curves, a confusion matrix, the worst mistakes, per-class accuracy and report.json into --out.")
-    p.add_argument("directory", metavar="DIR", help="the image folder")
-    p.add_argument("--model", default=None, help="variant factory name, e.g. ViT_B16 or ViT_S16; default: what "
-                   "a timm file, Hugging Face folder or keras-hub preset in --weights holds, else ViT_B16")
-    p.add_argument("--weights", default=None, help="registry tag, 'none', a .npz / .weights.h5 file, a timm file, a "
-                   "Hugging Face folder, a keras-hub preset folder or a .keras model; default: the variant's "
-                   "ImageNet-21k release (what the paper fine-tunes)")
-    p.add_argument("--image-size", type=_positive(int), default=224, help="training resolution (default 224); with "
-                   "--naflex only the resolution the start model is built at (its position-embedding grid)")
-    length = p.add_mutually_exclusive_group()
-    length.add_argument("--epochs", type=_positive(int), default=None,
-                        help=f"passes over the training images (default {DEFAULT_EPOCHS})")
-    length.add_argument("--steps", type=_positive(int), default=None,
-                        help="optimizer updates instead (rounded up to whole epochs)")
-    p.add_argument("--batch-size", type=_positive(int), default=None,
-                   help=f"images per update (default: {PAPER_BATCH}, or the largest power of two at most a "
-                   "quarter of the training images, 8 at least)")
-    p.add_argument("--device-batch-size", type=_positive(int), default=None,
-                   help="images per step on the device; gradients of batch-size / device-batch-size steps are "
-                   f"accumulated (default: the largest divisor of the batch at most {DEVICE_BATCH})")
-    p.add_argument("--lr", type=_positive(float), default=0.01, help="base learning rate (default 0.01)")
-    p.add_argument("--lora", type=_positive(int), default=None, metavar="RANK",
-                   help="train rank-RANK LoRA adapters (query, value) and the head only")
-    p.add_argument("--layer-decay", type=_positive(float), default=None, metavar="DECAY",
-                   help="layer-wise learning-rate decay in (0, 1], e.g. 0.75 (default: off)")
-    p.add_argument("--validation-split", type=float, default=0.1,
-                   help="fraction of each class held out to validate on (default 0.1)")
-    p.add_argument("--labels-csv", default=None, help="a CSV of 'relative path,class name' rows (default: "
-                   "DIR/labels.csv when it exists, else the class subfolders)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split, the data order and augmentation")
-    p.add_argument("--strict", action="store_true", help="refuse a folder with unusable files (default: skip them)")
-    p.add_argument("--pipeline", default="auto", choices=("auto", "tf.data", "pydataset"),
-                   help="the input pipeline (default: tf.data where TensorFlow is installed)")
-    p.add_argument("--naflex", type=_positive(int), default=None, metavar="TOKENS",
-                   help="train and save a NaFlex model: each image at its own aspect ratio, resized to fit TOKENS "
-                   "patches (e.g. 256), fed as patches with their coordinates; model.keras then takes "
-                   "{'patches', 'patch_coord', 'patch_valid'} (keras_vit.naflex_feed cuts them; keras-vit predict "
-                   "too). Not with --export or --lora; --pipeline is not used (default: square images)")
-    p.add_argument("--out", default=None, help="output folder (default: runs/finetune-<DIR's name>)")
-    what = p.add_mutually_exclusive_group()
-    what.add_argument("--overwrite", action="store_true", help="replace the run in --out")
-    what.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
-    p.add_argument("--export", default=None, choices=FORMATS, help="also write a served artefact into --out/export")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=run, flag_defaults={k: p.get_default(k) for k in FLAGS})
+    """Adds `finetune` to the `keras-vit` sub-command parsers `sub` (its flags: `own_images_args`)."""
+    p = own_images_args.add_parser(sub)
+    p.set_defaults(func=run)
     return p
 
 
-def _check_args(args):
-    if not 0 < args.validation_split < 1:
-        raise ValueError(f"--validation-split must be in (0, 1): finetune keeps the best epoch on the held-out "
-                         f"images; got {args.validation_split}")
-    if args.layer_decay is not None and args.layer_decay > 1:
-        raise ValueError(f"--layer-decay must be in (0, 1] (1 is no decay), got {args.layer_decay}")
-    naflex = getattr(args, "naflex", None)
-    for flag, value in (("--export", getattr(args, "export", None)), ("--lora", args.lora)):
-        if naflex and value:
-            raise ValueError(f"--naflex {naflex} cannot be combined with {flag}: a NaFlex run is not exported or "
-                             "trained with LoRA by finetune (leave one of them out; keras-vit export --weights "
-                             "OUT/model.keras exports its model)")
-    args.directory = os.path.abspath(args.directory)  # the run's folder, however a resume spells it
-    if args.out is None:
-        args.out = os.path.join("runs", f"finetune-{os.path.basename(os.path.normpath(args.directory)) or 'images'}")
-    if args.weights is not None and args.weights.endswith(".keras") and args.model is not None:
-        raise ValueError(f"--weights {args.weights} is a whole model; --model {args.model} is not used with it")
-
-
 def _prepare_out(args, flags):
-    """True when resuming; refuses a folder that holds something else. Writes nothing."""
-    out = args.out
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"--out {out!r} exists and is not a folder")
-    if not os.path.isdir(out) or not os.listdir(out):
-        if args.resume:
-            raise ValueError(f"--resume: {out!r} holds no run to resume")
-        return False
-    marker = os.path.join(out, MARKER)
-    if not os.path.isfile(marker):
-        raise FileExistsError(f"--out {out!r} exists, is not empty and holds no keras-vit finetune run ({MARKER}); "
-                              "choose another folder (nothing was written)")
-    if args.overwrite:
-        return False
-    if not args.resume:
-        raise FileExistsError(f"--out {out!r} holds a run; pass --resume to continue it, --overwrite to replace "
-                              "it, or choose another folder (nothing was written)")
-    if os.path.exists(os.path.join(out, REPORT)):
-        raise ValueError(f"--resume: the run in {out!r} has finished ({REPORT} is there); --overwrite replaces it")
-    with open(marker) as f:
-        previous = json.load(f)
-    defaults = getattr(args, "flag_defaults", {})
-    for key, value in list(flags.items()):  # a flag left out continues as the run had it
-        if key in defaults and value == defaults[key] and key in previous:
-            flags[key] = previous[key]
-            setattr(args, key, previous[key])
-    changed = {k: (previous.get(k), v) for k, v in flags.items() if previous.get(k) != v}
-    if changed:
-        raise ValueError(f"--resume: the run in {out!r} had other flags (was -> now: {changed}); leave them out "
-                         "or repeat the run's, or pass --overwrite to start over")
-    return True
+    """True when resuming (the interrupted run's flags filled into `flags` and `args`); refuses a folder that
+    holds something else (`run_folder.decide`). Writes nothing."""
+    resuming = run_folder.decide(args.out, flags, option="--out", marker=MARKER, finished=REPORT,
+                                 overwrite=args.overwrite, resume=args.resume,
+                                 defaults=getattr(args, "flag_defaults", {}))
+    for key, value in flags.items():
+        setattr(args, key, value)
+    return resuming
 
 
 # --------------------------------------------------------------------------
@@ -349,7 +184,7 @@ def run(args, callbacks=()):
 
     from keras_vit import recipes
 
-    _check_args(args)
+    own_images_args.check_args(args)
     flags = {k: getattr(args, k) for k in FLAGS}
     resuming = _prepare_out(args, flags)
     folder = _read_folder(args)
@@ -457,13 +292,8 @@ def _build_and_compile(args, class_names, sched):
 def _start_out(args, flags, resuming, folder):
     """--out made (emptied first with --overwrite), the run's flags written to a new run's marker, and
     the folder's split to split.json."""
-    out = args.out
-    if args.overwrite and os.path.isdir(out):
-        shutil.rmtree(out)
-    os.makedirs(out, exist_ok=True)
-    if not resuming:
-        write_json(os.path.join(out, MARKER), flags)
-    folder.save(os.path.join(out, SPLIT))
+    run_folder.start(args.out, flags, resuming, marker=MARKER, overwrite=args.overwrite)
+    folder.save(os.path.join(args.out, SPLIT))
 
 
 def _history_so_far(out, done, initial_epoch, epochs):
@@ -531,4 +361,4 @@ def _evaluate_and_save(model, args, best_path, validation, folder, history, coun
     return result, exported
 
 
-__all__ = ["Plan", "add_parser", "build_model", "plan", "run", "schedule"]
+__all__ = ["add_parser", "build_model", "run"]

@@ -1,0 +1,109 @@
+"""`keras-vit finetune DIR`'s command line: its flags (`add_parser`), what `FLAGS` a run records in run.json,
+and the checks of their values that need no folder or model (`check_args`)."""
+
+import argparse
+import math
+import os
+
+from keras_vit.recipes.folder_plan import DEFAULT_EPOCHS, DEVICE_BATCH, PAPER_BATCH
+
+FLAGS = ("directory", "model", "weights", "image_size", "epochs", "steps", "batch_size", "device_batch_size", "lr",
+         "lora", "layer_decay", "validation_split", "labels_csv", "seed", "strict", "pipeline", "naflex")
+
+
+# --------------------------------------------------------------------------
+# the command line
+# --------------------------------------------------------------------------
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not value > 0 or not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_parser(sub):
+    """Adds `finetune` to the `keras-vit` sub-command parsers `sub`; returns its parser (the caller sets
+    its `func`)."""
+    from keras_vit.export import FORMATS
+
+    p = sub.add_parser(
+        "finetune", help="fine-tune a ViT on a folder of your own images (DIR/<class name>/*.jpg)",
+        description="Fine-tune a ViT on DIR: one subfolder of images per class (nested folders are read), or a "
+        "labels.csv of 'relative path,class name' rows. The paper's recipe (SGD, warm-up and cosine decay, "
+        "clipping), the best epoch on the held-out split kept; writes model.keras (with the class names), the "
+        "curves, a confusion matrix, the worst mistakes, per-class accuracy and report.json into --out.")
+    p.add_argument("directory", metavar="DIR", help="the image folder")
+    p.add_argument("--model", default=None, help="variant factory name, e.g. ViT_B16 or ViT_S16; default: what "
+                   "a timm file, Hugging Face folder or keras-hub preset in --weights holds, else ViT_B16")
+    p.add_argument("--weights", default=None, help="registry tag, 'none', a .npz / .weights.h5 file, a timm file, a "
+                   "Hugging Face folder, a keras-hub preset folder or a .keras model; default: the variant's "
+                   "ImageNet-21k release (what the paper fine-tunes)")
+    p.add_argument("--image-size", type=_positive(int), default=224, help="training resolution (default 224); with "
+                   "--naflex only the resolution the start model is built at (its position-embedding grid)")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=_positive(int), default=None,
+                        help=f"passes over the training images (default {DEFAULT_EPOCHS})")
+    length.add_argument("--steps", type=_positive(int), default=None,
+                        help="optimizer updates instead (rounded up to whole epochs)")
+    p.add_argument("--batch-size", type=_positive(int), default=None,
+                   help=f"images per update (default: {PAPER_BATCH}, or the largest power of two at most a "
+                   "quarter of the training images, 8 at least)")
+    p.add_argument("--device-batch-size", type=_positive(int), default=None,
+                   help="images per step on the device; gradients of batch-size / device-batch-size steps are "
+                   f"accumulated (default: the largest divisor of the batch at most {DEVICE_BATCH})")
+    p.add_argument("--lr", type=_positive(float), default=0.01, help="base learning rate (default 0.01)")
+    p.add_argument("--lora", type=_positive(int), default=None, metavar="RANK",
+                   help="train rank-RANK LoRA adapters (query, value) and the head only")
+    p.add_argument("--layer-decay", type=_positive(float), default=None, metavar="DECAY",
+                   help="layer-wise learning-rate decay in (0, 1], e.g. 0.75 (default: off)")
+    p.add_argument("--validation-split", type=float, default=0.1,
+                   help="fraction of each class held out to validate on (default 0.1)")
+    p.add_argument("--labels-csv", default=None, help="a CSV of 'relative path,class name' rows (default: "
+                   "DIR/labels.csv when it exists, else the class subfolders)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the split, the data order and augmentation")
+    p.add_argument("--strict", action="store_true", help="refuse a folder with unusable files (default: skip them)")
+    p.add_argument("--pipeline", default="auto", choices=("auto", "tf.data", "pydataset"),
+                   help="the input pipeline (default: tf.data where TensorFlow is installed)")
+    p.add_argument("--naflex", type=_positive(int), default=None, metavar="TOKENS",
+                   help="train and save a NaFlex model: each image at its own aspect ratio, resized to fit TOKENS "
+                   "patches (e.g. 256), fed as patches with their coordinates; model.keras then takes "
+                   "{'patches', 'patch_coord', 'patch_valid'} (keras_vit.naflex_feed cuts them; keras-vit predict "
+                   "too). Not with --export or --lora; --pipeline is not used (default: square images)")
+    p.add_argument("--out", default=None, help="output folder (default: runs/finetune-<DIR's name>)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    what.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
+    p.add_argument("--export", default=None, choices=FORMATS, help="also write a served artefact into --out/export")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(flag_defaults={k: p.get_default(k) for k in FLAGS})
+    return p
+
+
+def check_args(args):
+    """Refuses flag values and combinations that are wrong whatever the folder; fills --out's default and
+    makes --directory absolute (the run's folder, however a resume spells it)."""
+    if not 0 < args.validation_split < 1:
+        raise ValueError(f"--validation-split must be in (0, 1): finetune keeps the best epoch on the held-out "
+                         f"images; got {args.validation_split}")
+    if args.layer_decay is not None and args.layer_decay > 1:
+        raise ValueError(f"--layer-decay must be in (0, 1] (1 is no decay), got {args.layer_decay}")
+    naflex = getattr(args, "naflex", None)
+    for flag, value in (("--export", getattr(args, "export", None)), ("--lora", args.lora)):
+        if naflex and value:
+            raise ValueError(f"--naflex {naflex} cannot be combined with {flag}: a NaFlex run is not exported or "
+                             "trained with LoRA by finetune (leave one of them out; keras-vit export --weights "
+                             "OUT/model.keras exports its model)")
+    args.directory = os.path.abspath(args.directory)  # the run's folder, however a resume spells it
+    if args.out is None:
+        args.out = os.path.join("runs", f"finetune-{os.path.basename(os.path.normpath(args.directory)) or 'images'}")
+    if args.weights is not None and args.weights.endswith(".keras") and args.model is not None:
+        raise ValueError(f"--weights {args.weights} is a whole model; --model {args.model} is not used with it")
+
+
+__all__ = ["FLAGS", "add_parser", "check_args"]
