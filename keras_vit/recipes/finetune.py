@@ -35,6 +35,7 @@ import shutil
 import sys
 import time
 
+from keras_vit import writer_lock
 from keras_vit.configs import get_variant
 from keras_vit.fileio import atomic_write, write_json
 from keras_vit.recipes import run_folder
@@ -233,10 +234,19 @@ def plot_curves(path, history, eval_every, title):
 def main(dataset, argv=None, callbacks=()):
     """Run the recipe on ``dataset``; ``callbacks`` are extra Keras callbacks for ``fit``."""
     args = parse_args(dataset, argv)
+    # on several processes process 0 alone writes the folder (all read the backup from it), holding its lock
+    writer = _join_processes() == 0
+    try:
+        with writer_lock.hold(args.output_dir) if writer else contextlib.nullcontext():
+            return _run(dataset, args, writer, callbacks)
+    except writer_lock.FolderLockedError as err:
+        raise SystemExit(f"error: --output-dir {err}") from None
+
+
+def _run(dataset, args, writer, callbacks):
+    """The recipe's run in --output-dir (`main` holds its lock)."""
     flags = run_flags(args)
     out = args.output_dir
-    # on several processes process 0 alone writes the folder (all read the backup from it)
-    writer = _join_processes() == 0
     resuming = prepare_output_dir(out, flags, args.overwrite) if writer else False
     _wait_for_every_process("the output folder is ready")
 

@@ -33,6 +33,7 @@ import os
 import shutil
 import time
 
+from keras_vit import writer_lock
 from keras_vit.configs import get_variant, none_or
 from keras_vit.fileio import atomic_write, write_json
 from keras_vit.recipes import own_images_args, run_folder
@@ -180,11 +181,16 @@ def _minutes(seconds):
 def run(args, callbacks=()):
     """The `keras-vit finetune` command (see the module's docstring); `callbacks`: more Keras callbacks
     for `fit`, called after the backup's."""
+    own_images_args.check_args(args)
+    with writer_lock.hold(args.out):  # one run writes --out at a time
+        return _run(args, callbacks)
+
+
+def _run(args, callbacks):
     import keras
 
     from keras_vit import recipes
 
-    own_images_args.check_args(args)
     flags = {k: getattr(args, k) for k in FLAGS}
     resuming = _prepare_out(args, flags)
     folder = _read_folder(args)

@@ -1,0 +1,112 @@
+"""One writer per output folder, as git's `index.lock` keeps one writer per repository: `hold(folder)` takes
+the lock file `FOLDER.lock` beside the folder (so it can be taken before the folder exists) for as long as
+a run, an export or a download writes there, and a second writer is refused at once, by the name of the
+process that holds it (its host, pid, start time and command).
+
+The lock is created with `O_CREAT | O_EXCL`, so of two writers started in the same instant exactly one
+gets it. It is removed when the writer ends, also on an error or Ctrl-C. A lock whose writer cannot have
+removed it is stale and taken over, said in one line: its process, on this host, is gone (killed, power
+loss); or it is another host's (whose processes cannot be seen from here) and older than `STALE_AFTER`;
+or it is unreadable (a writer killed while writing it) and older than a minute.
+"""
+
+import contextlib
+import datetime
+import json
+import os
+import sys
+import time
+
+from keras_vit.fileio import _alive, _host
+
+SUFFIX = ".lock"
+STALE_AFTER = 24 * 3600  # seconds: another host's lock older than this is taken over
+_UNREADABLE_AFTER = 60  # seconds: an unreadable lock older than this is a writer killed while writing it
+
+
+class FolderLockedError(FileExistsError):
+    """The folder is being written by another process, named in the message."""
+
+
+def lock_path(folder):
+    """The lock file of `folder`: beside it, FOLDER.lock."""
+    return os.path.abspath(os.fspath(folder)).rstrip(os.sep) + SUFFIX
+
+
+def _read(path):
+    """The lock's holder (a dict), {} when unreadable, None when the lock is gone."""
+    try:
+        with open(path) as f:
+            holder = json.load(f)
+        return holder if isinstance(holder, dict) else {}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+
+
+def _describe(holder):
+    if not holder:
+        return "a process that has not said which"
+    started = datetime.datetime.fromtimestamp(holder.get("started", 0)).strftime("%Y-%m-%d %H:%M:%S")
+    return f"process {holder.get('pid')} on {holder.get('host')}, started {started} ({holder.get('command', '?')})"
+
+
+def _stale(path, holder):
+    """Why the lock at `path` held by `holder` is stale, or None while its writer may be alive."""
+    if not holder:
+        try:
+            age = time.time() - os.path.getmtime(path)
+        except OSError:
+            return None
+        return f"unreadable and {age:.0f} s old" if age > _UNREADABLE_AFTER else None
+    if holder.get("host") == _host():
+        return None if _alive(int(holder.get("pid", 0))) else f"its process {holder.get('pid')} is gone"
+    age = time.time() - float(holder.get("started", 0))
+    return f"another host's, {age / 3600:.0f} h old" if age > STALE_AFTER else None
+
+
+def _take(path):
+    """Creates the lock at `path` for this process; raises FolderLockedError naming its holder."""
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _read(path)
+            why = None if holder is None else _stale(path, holder)
+            if holder is not None and why is None:
+                raise FolderLockedError(
+                    f"{path[:-len(SUFFIX)]!r} is being written by {_describe(holder)}; wait for it to end or "
+                    f"choose another folder (its lock: {path})") from None
+            if why is not None:
+                print(f"note: taking over the stale lock {path} ({why})", file=sys.stderr)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump({"pid": os.getpid(), "host": _host(), "started": time.time(), "command": " ".join(sys.argv)}, f)
+        return
+    raise FolderLockedError(f"{path[:-len(SUFFIX)]!r}: another process took its lock {path} at the same time")
+
+
+@contextlib.contextmanager
+def hold(folder):
+    """Holds `folder`'s lock (`lock_path`) while the block runs; its parent folder is made when missing.
+
+    Raises:
+        FolderLockedError: another live writer holds it (named in the message).
+        OSError: the lock cannot be created (a read-only or full filesystem, a missing permission).
+    """
+    path = lock_path(folder)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    _take(path)
+    try:
+        yield path
+    finally:
+        holder = _read(path)
+        if holder and holder.get("pid") == os.getpid() and holder.get("host") == _host():
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+
+__all__ = ["STALE_AFTER", "FolderLockedError", "hold", "lock_path"]
