@@ -30,6 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from _digits import make_batches, split_digits, to_rgb  # noqa: E402
+from keras_vit.extras import require_or_exit  # noqa: E402
 from keras_vit.fileio import atomic_write, write_json  # noqa: E402
 
 POSITION_ROWS = (("none", "No Pos. Emb."), ("learned_1d", "1-D Pos. Emb."), ("learned_2d", "2-D Pos. Emb."),
@@ -344,6 +345,7 @@ def write_text(path, text):
 
 def main(argv=None):
     args, config = parse_args(argv)
+    require_or_exit("the digits examples")
     import keras
     from tqdm.auto import tqdm
 

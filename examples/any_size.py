@@ -49,9 +49,11 @@ def main(argv=None):
     import matplotlib.pyplot as plt
 
     from demo import load_digit_splits, to_rgb
+    from keras_vit.extras import require_or_exit
     from keras_vit.fileio import atomic_write
     from keras_vit.inspection import attention_maps, attention_rollout, upsample_map
 
+    require_or_exit("the digits examples")
     trained = keras.models.load_model(os.path.join(args.run, "model.keras"), safe_mode=True)
     train_size = int(trained.input_shape[1])
     split = load_digit_splits(seed=0)["finetune"]

@@ -66,6 +66,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+from keras_vit.extras import require_or_exit  # noqa: E402
 from keras_vit.fileio import atomic_write, write_json  # noqa: E402
 
 from _digits import make_batches, split_digits, to_rgb  # noqa: E402,F401  (the digits helpers shared with ablations.py)
@@ -480,6 +481,7 @@ def report(metrics, out):
 
 def main(argv=None):
     args, config = parse_args(argv)
+    require_or_exit("the digits examples")
     out = os.path.abspath(args.out)
     check_output_folder(out, args.overwrite)
     os.makedirs(os.path.dirname(out), exist_ok=True)

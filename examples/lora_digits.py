@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from demo import FINETUNE_CLASSES, FULL, QUICK, build_vit, evaluate, fit, load_digit_splits  # noqa: E402
 from _digits import make_batches, to_rgb  # noqa: E402
 
+from keras_vit.extras import require_or_exit  # noqa: E402
 from keras_vit.fileio import write_json  # noqa: E402
 
 # LoRA trains far fewer weights from a zero start of B: a higher rate, as LoRA practice has it
@@ -102,6 +103,7 @@ def main(argv=None):
     import keras
 
     args, config = parse_args(argv)
+    require_or_exit("the digits examples")
     os.makedirs(args.out, exist_ok=True)
     fin = load_digit_splits(args.seed)["finetune"]
     size = config["finetune_size"]

@@ -1,8 +1,14 @@
 """keras-vit: the Vision Transformer of "An Image is Worth 16x16 Words" for Keras 3.
 
 Plain imports: `import keras_vit` imports Keras (and so its backend) and registers the package's
-layers, schedules and losses, so `keras.saving.load_model` finds them in safe mode.
+layers, schedules and losses, so `keras.saving.load_model` finds them in safe mode. Keras is imported
+first, by `keras_vit.startup.import_backend`: TensorFlow's start-up notes held back, as TF_CPP_MIN_LOG_LEVEL
+holds back its later ones, so every entry point starts quietly.
 """
+
+from keras_vit.startup import import_backend
+
+import_backend()  # before any module of the package imports Keras
 
 from keras_vit import distribute, layers, recipes
 from keras_vit.configs import VARIANTS, VariantConfig, get_variant

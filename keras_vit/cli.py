@@ -16,8 +16,13 @@ import sys
 
 from keras_vit.calls import is_naflex
 from keras_vit.configs import VARIANTS, get_variant, none_or
+from keras_vit.extras import FEATURES, MissingPackageError, require
 from keras_vit.image_folder import IMAGE_EXTENSIONS, image_files  # what predict reads of a folder, as finetune does
 
+# Ctrl-C: what every command says and its exit status (128 + SIGINT, as a shell's); a command that kept
+# something to continue from says that instead (the KeyboardInterrupt's message)
+INTERRUPTED = "no file was left half-written (each is written whole, then moved into place)"
+INTERRUPTED_STATUS = 130
 # The commands that build a model (their later backend logs are kept off the terminal).
 MODEL_COMMANDS = ("predict", "inspect", "export", "finetune")
 # `--weights` when not given: the variant's ImageNet-1k fine-tuned release, in this order of
@@ -494,14 +499,26 @@ def _add_export_parser(sub, modes):
 
 
 def main(argv=None):
+    """`keras-vit ARGV` (default sys.argv[1:]); returns the exit status: 0, 1 when an optional package the
+    command needs is not installed (one line naming it and its extra, before anything is built), 2 for
+    another error (one line)."""
     args = parser().parse_args(argv)
     quiet = args.command in MODEL_COMMANDS and not args.verbose
     try:
+        runtime = f"running {getattr(args, 'format', None)} artefacts"
+        if args.command == "export" and runtime in FEATURES:  # export runs the artefact it writes
+            require(runtime)
         with quiet_backend() if quiet else contextlib.nullcontext():
             args.func(args)
+    except MissingPackageError as err:
+        print(f"keras-vit {args.command}: error: {err}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError, OSError) as err:
         print(f"keras-vit {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:  # Ctrl-C: one line, what was kept, a shell's exit status
+        print(f"keras-vit {args.command}: interrupted: {err or INTERRUPTED}", file=sys.stderr)
+        return INTERRUPTED_STATUS
     return 0
 
 

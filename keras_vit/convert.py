@@ -4,6 +4,7 @@
 import os
 
 from keras_vit.configs import VARIANTS, find_variant, get_variant, pair, resnet_stride
+from keras_vit.extras import require
 from keras_vit.fileio import atomic_write
 from keras_vit.variants import VisionTransformer
 from keras_vit.weights.foreign import file_image_size, file_options, is_foreign, load_foreign, read, settle_layout
@@ -171,11 +172,9 @@ def from_keras_hub(preset_dir, image_size=None, classifier_activation="auto", **
 
 def _hub_file(repo, filename, name):
     """`filename` of the Hugging Face hub repository `repo`, from the local cache or downloaded."""
-    try:
-        from huggingface_hub import hf_hub_download
-    except ImportError:
-        raise ImportError(f"{name!r} is no file here; fetching a timm model by name needs huggingface_hub "
-                          "(pip install huggingface_hub), or pass the path of its .safetensors file") from None
+    require("fetching a timm model by name", f"{name!r} is no file here; fetching a timm model by name")
+    from huggingface_hub import hf_hub_download
+
     try:
         return hf_hub_download(repo, filename, local_files_only=True)  # cached: no network round trip
     except Exception:

@@ -37,7 +37,9 @@ import difflib
 
 from keras_vit import image_folder
 from keras_vit.configs import pair
+from keras_vit.extras import require
 from keras_vit.image_folder import ImageFolder
+from keras_vit.startup import import_quietly
 
 __all__ = ["ImageDatasetInfo", "ImageFolder", "dataset_info", "load", "from_directory", "dev_splits",
            "train_preprocess", "eval_preprocess"]
@@ -49,14 +51,12 @@ ASPECT_RATIO_RANGE = (3.0 / 4.0, 4.0 / 3.0)
 
 
 def _tf():
-    try:
-        import tensorflow as tf
-        import tensorflow_datasets as tfds
-    except ImportError as e:  # pragma: no cover - environment dependent
-        raise ImportError(
-            "keras_vit.data needs tensorflow and tensorflow-datasets "
-            "(pip install 'keras-vit[tensorflow]'), also on the JAX and PyTorch backends."
-        ) from e
+    """(tensorflow, tensorflow_datasets), which the TFDS datasets need on every backend (MissingPackageError,
+    one line, when either is not installed)."""
+    require("reading a TFDS dataset (keras_vit.data)")
+    tf = import_quietly("tensorflow")  # its start-up notes held back on the JAX and torch backends
+    import tensorflow_datasets as tfds
+
     return tf, tfds
 
 
@@ -546,9 +546,7 @@ def from_directory(directory, image_size, batch_size, validation_split=0.1, seed
     if pipeline == "auto":
         pipeline = "tf.data" if image_folder.tensorflow_available() else "pydataset"
     if pipeline == "tf.data":
-        if not image_folder.tensorflow_available():
-            raise ImportError("pipeline='tf.data' needs tensorflow (pip install 'keras-vit[tensorflow]'); "
-                              "pipeline='pydataset' or 'auto' runs without it.")
+        require("the tf.data pipeline of an image folder")
         train, validation = image_folder.tf_datasets(folder, size, stream, eval_batch_size, image_dtype)
     else:
         train, validation = image_folder.pydatasets(folder, size, stream, eval_batch_size, image_dtype, workers)

@@ -596,8 +596,10 @@ def _tf_validation(tf, folder, size, stream, eval_batch_size, image_dtype):
 
 def tensorflow_available():
     """True when TensorFlow imports (the tf.data pipeline); False sends `pipeline="auto"` to the PyDataset."""
+    from keras_vit.startup import import_quietly
+
     try:
-        import tensorflow  # noqa: F401
+        import_quietly("tensorflow")  # its start-up notes held back on the JAX and torch backends
     except ImportError:
         return False
     return True

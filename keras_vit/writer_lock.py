@@ -3,8 +3,8 @@ the lock file `FOLDER.lock` beside the folder (so it can be taken before the fol
 a run, an export or a download writes there, and a second writer is refused at once, by the name of the
 process that holds it (its host, pid, start time and command).
 
-The lock is created with `O_CREAT | O_EXCL`, so of two writers started in the same instant exactly one
-gets it. It is removed when the writer ends, also on an error or Ctrl-C. A lock whose writer cannot have
+The lock is written whole beside its place, then hard-linked there, which fails when a lock is there: of
+two writers started in the same instant exactly one gets it, and no reader sees a lock half-written. It is removed when the writer ends, also on an error or Ctrl-C. A lock whose writer cannot have
 removed it is stale and taken over, said in one line: its process, on this host, is gone (killed, power
 loss); or it is another host's (whose processes cannot be seen from here) and older than `STALE_AFTER`;
 or it is unreadable (a writer killed while writing it) and older than a minute.
@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from keras_vit.fileio import _alive, _host
+from keras_vit.fileio import _alive, _host, temporary_folder
 
 SUFFIX = ".lock"
 STALE_AFTER = 24 * 3600  # seconds: another host's lock older than this is taken over
@@ -66,11 +66,21 @@ def _stale(path, holder):
     return f"another host's, {age / 3600:.0f} h old" if age > STALE_AFTER else None
 
 
+def _create(path):
+    """Creates the lock file at `path`, whole: written beside it, then hard-linked into place, which fails
+    (FileExistsError) when the lock exists, so no reader sees it empty."""
+    with temporary_folder(path) as tmp:
+        mine = os.path.join(tmp, "lock")
+        with open(mine, "w") as f:
+            json.dump({"pid": os.getpid(), "host": _host(), "started": time.time(), "command": " ".join(sys.argv)}, f)
+        os.link(mine, path)
+
+
 def _take(path):
     """Creates the lock at `path` for this process; raises FolderLockedError naming its holder."""
     for _ in range(2):
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            _create(path)
         except FileExistsError:
             holder = _read(path)
             why = None if holder is None else _stale(path, holder)
@@ -83,8 +93,6 @@ def _take(path):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(path)
             continue
-        with os.fdopen(fd, "w") as f:
-            json.dump({"pid": os.getpid(), "host": _host(), "started": time.time(), "command": " ".join(sys.argv)}, f)
         return
     raise FolderLockedError(f"{path[:-len(SUFFIX)]!r}: another process took its lock {path} at the same time")
 

@@ -10,10 +10,13 @@ import pytest
 
 import keras_vit
 from conftest import TINY, photos as _photos
-from keras_vit.export import FORMATS, THROUGH_TENSORFLOW, artefact, export, run, writer
+from keras_vit.export import FORMATS, THROUGH_TENSORFLOW, artefact, export, read_class_names, run, writer
+from keras_vit.extras import MissingPackageError
 
 BACKEND = keras.backend.backend()
 RUNTIMES = {"tf_saved_model": "tensorflow", "onnx": "onnxruntime", "litert": "ai_edge_litert"}
+# the class names the model carries (`model.class_names`), one not ASCII, one with a space
+CLASS_NAMES = ("café", "sea lion", *(f"c{i}" for i in range(2, TINY["classes"])))
 
 
 def _runtime_or_skip(format):
@@ -40,7 +43,17 @@ def model(request):
     m = keras_vit.VisionTransformer(**TINY, approximate_gelu=request.param)
     for i, var in enumerate(m.weights):  # a head and embeddings that spread the probabilities
         var.assign(np.random.default_rng(i).normal(0, 0.3, var.shape).astype("float32"))
+    m.class_names = CLASS_NAMES
     return m
+
+
+def _onnx_dimensions(path):
+    """{input or output name: its dimensions, a name or a size each} of an ONNX file."""
+    import onnx
+
+    graph = onnx.load(path).graph
+    return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in [*graph.input, *graph.output]}
 
 
 @pytest.mark.parametrize("format", FORMATS)
@@ -54,6 +67,17 @@ def test_artefact_in_its_runtime_equals_keras_on_photos(format, model, tmp_path,
     path = export(model, tmp_path / "out", format, top_k=3)
     assert path == artefact(str(tmp_path / "out"), format)
     assert os.listdir(tmp_path) == ["out"]  # no temp folder left
+    # the class names travel with the artefact, whoever wrote it: a SavedModel's asset, the file beside the others
+    names = tmp_path / "out" / ("assets" if format == "tf_saved_model" else "") / "class_names.txt"
+    assert names.read_text(encoding="utf-8") == "".join(f"{n}\n" for n in CLASS_NAMES)
+    assert read_class_names(path) == CLASS_NAMES
+    if format == "onnx":  # in its metadata too, and dimensions named
+        import onnx
+
+        assert {p.key: p.value for p in onnx.load(path).metadata_props}["class_names"] == \
+            '["café", "sea lion", ' + ", ".join(f'"{n}"' for n in CLASS_NAMES[2:]) + "]"
+        assert _onnx_dimensions(path) == {"images": ["batch", 32, 32, 3], "probabilities": ["batch", 10],
+                                          "top_k_classes": ["batch", 3], "top_k_scores": ["batch", 3]}
     for n in (1, 3):  # one file, any batch size
         got = run(path, format, photos[:n])
         np.testing.assert_allclose(got["probabilities"], expected[:n], atol=1e-4, rtol=0)
@@ -84,7 +108,16 @@ def test_unknown_format_and_an_existing_folder_write_nothing(model, tmp_path):
     (tmp_path / "taken").mkdir()
     with pytest.raises(FileExistsError, match="already exists"):
         export(model, tmp_path / "taken", "onnx")
+    try:  # names read from a file with Windows' line ends: class_names.txt could not keep them
+        model.class_names = ["café\r", *CLASS_NAMES[1:]]
+        with pytest.raises(ValueError, match=r"^class name 'café\\r' holds a line break, which class_names.txt"):
+            export(model, tmp_path / "b", "onnx")
+    finally:
+        model.class_names = CLASS_NAMES
     assert sorted(os.listdir(tmp_path)) == ["taken"]
+    assert read_class_names(tmp_path / "taken") is None
+    with pytest.raises(FileNotFoundError, match="no artefact at"):
+        read_class_names(tmp_path / "b")
 
 
 @pytest.mark.backend_independent
@@ -98,9 +131,9 @@ def test_formats_written_through_tensorflow_need_it_installed(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorflow" else real(name, *a))
     for backend, format in THROUGH_TENSORFLOW:
-        with pytest.raises(ValueError, match=rf"^{format} from the {backend} backend is written from the TensorFlow "
-                           r"backend in a separate process \(.+\), and tensorflow is not installed: "
-                           r"pip install 'keras-vit\[tensorflow\]'$"):
+        with pytest.raises(MissingPackageError, match=rf"^{format} from the {backend} backend, written from the "
+                           r"TensorFlow backend in a separate process \(.+\), needs tensorflow, which is not installed: "
+                           r'pip install "keras-vit\[tensorflow\]"$'):
             check_format(backend, format)
     check_format("jax", "onnx")  # written in process: no TensorFlow needed
 
@@ -177,7 +210,9 @@ def test_int8_onnx_is_quantized_and_close_to_keras(calibrated, model, tmp_path, 
     photos = _photos((TINY["image_size"], TINY["image_size"]))
     calibration = np.concatenate([photos, photos[:, ::-1]]) if calibrated else None
     path = export(model, tmp_path / "int8", "onnx", quantize="int8", calibration=calibration)
-    assert os.listdir(tmp_path / "int8") == ["model.onnx"]
+    assert sorted(os.listdir(tmp_path / "int8")) == ["class_names.txt", "model.onnx"]
+    assert read_class_names(path) == CLASS_NAMES  # the metadata of the quantized file
+    assert _onnx_dimensions(path)["images"] == ["batch", 32, 32, 3]
     ops = {n.op_type for n in onnx.load(path).graph.node}
     assert ({"QuantizeLinear", "DequantizeLinear"} if calibrated else {"MatMulInteger", "DynamicQuantizeLinear"}) <= ops
     expected = keras.ops.convert_to_numpy(model(keras_vit.preprocess_input(photos.astype("float32"))))
@@ -197,6 +232,8 @@ def test_onnx_weights_are_folded_and_int8_quantizes_every_projection(tmp_path):
     for i, var in enumerate(m.weights):
         var.assign(np.random.default_rng(i).normal(0, 0.3, var.shape).astype("float32"))
     graph = onnx.load(export(m, tmp_path / "float", "onnx")).graph
+    assert os.listdir(tmp_path / "float") == ["model.onnx"]  # a model without class names: none written
+    assert read_class_names(tmp_path / "float" / "model.onnx") is None
     constants = {i.name for i in graph.initializer}
     assert [n.op_type for n in graph.node if n.input and all(i in constants for i in n.input if i)] == []
     weighted = [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in constants]
@@ -254,7 +291,8 @@ def test_export_cli_writes_checks_and_reports_an_int8_onnx(model, tmp_path, caps
     assert "checked in onnxruntime against Keras on 2 random 32x32 images: output 'probabilities', max |difference|" in printed
     assert main(argv) == 2  # the folder exists now: refused, left as it was
     assert "already exists" in capsys.readouterr().err
-    assert os.listdir(out) == ["model.onnx"]
+    assert sorted(os.listdir(out)) == ["class_names.txt", "model.onnx"]  # the names kept in the .keras file
+    assert read_class_names(out / "model.onnx") == CLASS_NAMES
 
 
 def test_export_cli_bad_requests_name_what_works_and_write_nothing(model, tmp_path, capsys):

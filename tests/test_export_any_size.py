@@ -11,7 +11,7 @@ import pytest
 
 import keras_vit
 from conftest import TINY
-from keras_vit.export import FORMATS, export, run, serving_model, takes_any_size, writer
+from keras_vit.export import FORMATS, export, read_class_names, run, serving_model, takes_any_size, writer
 
 BACKEND = keras.backend.backend()
 RUNTIMES = {"tf_saved_model": "tensorflow", "onnx": "onnxruntime", "litert": "ai_edge_litert"}
@@ -67,7 +67,17 @@ def test_any_size_artefact_equals_keras_at_six_sizes(format, tmp_path):
     model = _spread(keras_vit.VisionTransformer(**ANY,
                                                 position_interpolation=RULE[format]))
     assert takes_any_size(model)
+    model.class_names = [f"class {i}" for i in range(10)]
     path = export(model, tmp_path / "out", format, top_k=3)
+    assert read_class_names(path) == model.class_names  # with the artefact, whoever wrote it (TensorFlow's process)
+    if format == "onnx":  # its dimensions named as a reader understands them, not tf2onnx's "unk__527"
+        import onnx
+
+        graph = onnx.load(path).graph
+        assert {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+                for v in [*graph.input, *graph.output]} == {
+            "images": ["batch", "height", "width", 3], "probabilities": ["batch", 10],
+            "top_k_classes": ["batch", 3], "top_k_scores": ["batch", 3]}
     _check_sizes(model, path, format, "probabilities", SIZES, 1e-5)
     for n in (1, 3):  # any batch
         images = _images((24, 40), n)
@@ -108,6 +118,10 @@ def test_features_at_any_size(pooling, tmp_path):
     _check_sizes(model, path, "onnx", "features", SIZES, 1e-4)
     if pooling is None:
         assert run(path, "onnx", _images((16, 64)))["features"].shape == (2, 2, 8, 32)
+        import onnx
+
+        dims = onnx.load(path).graph.output[0].type.tensor_type.shape.dim
+        assert [d.dim_param or d.dim_value for d in dims] == ["batch", "grid_height", "grid_width", 32]
 
 
 @TENSORFLOWS_ONNX
@@ -194,7 +208,9 @@ def test_export_cli_any_size_and_resize_to(tmp_path, capsys):
     from keras_vit.cli import main
 
     _runtime_or_skip("onnx")
-    _spread(keras_vit.VisionTransformer(**ANY)).save(tmp_path / "any.keras")
+    named = _spread(keras_vit.VisionTransformer(**ANY))
+    named.class_names = [f"class {i}" for i in range(10)]
+    named.save(tmp_path / "any.keras")
     _spread(keras_vit.VisionTransformer(**ARCH, image_size=32)).save(tmp_path / "fixed.keras")
     out = tmp_path / "any"
     assert main(["export", "--weights", str(tmp_path / "any.keras"), "--any-size", "--format", "onnx",
@@ -203,6 +219,8 @@ def test_export_cli_any_size_and_resize_to(tmp_path, capsys):
     for hw in ("32x32", "32x64"):
         assert f"checked in onnxruntime against Keras on 2 random {hw} images: output 'probabilities'" in printed
     assert run(str(out / "model.onnx"), "onnx", _images((16, 72)))["probabilities"].shape == (2, 10)
+    assert read_class_names(out / "model.onnx") == named.class_names  # the .keras file's names, in the artefact
+    assert (out / "class_names.txt").read_text(encoding="utf-8").splitlines() == list(named.class_names)
     assert main(["export", "--weights", str(tmp_path / "fixed.keras"), "--resize-to", "32", "--format", "onnx",
                  "--out", str(tmp_path / "resize")]) == 0
     printed = capsys.readouterr().out

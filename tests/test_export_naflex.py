@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from conftest import once_on_tensorflow
 
-from keras_vit.export import (NAFLEX_REFUSED, THROUGH_TENSORFLOW_NAFLEX, check_format, compare, export, run,
-                              writer)
+from keras_vit.export import (NAFLEX_REFUSED, THROUGH_TENSORFLOW_NAFLEX, check_format, compare, export,
+                              read_class_names, run, writer)
 from keras_vit.model import build_vit
 from keras_vit.naflex import naflex, patchify_images
 
@@ -35,6 +35,7 @@ def _model(config):
     model = build_vit(**TINY, **CONFIGS[config], input_shape=(None, None, 3))
     for w in model.weights:
         w.assign(rng.normal(size=w.shape).astype("float32") * 0.2)
+    model.class_names = [f"class {i}" for i in range(TINY["classes"])]
     return naflex(model)
 
 
@@ -73,6 +74,7 @@ def test_naflex_artefact_equals_keras_at_two_batch_and_sequence_lengths(format, 
         path = export(flex, tmp_path / "out", format, top_k=2)
     ours = [r.getMessage() for r in caplog.records if r.name == "keras_vit"]
     assert not ours, ours  # the ONNX rewrites checked on a NaFlex batch, and kept
+    assert read_class_names(path) == flex.class_names == tuple(f"class {i}" for i in range(5))
     for i, (sizes, seq_len) in enumerate(BATCHES):
         batch = _batch(sizes, seq_len, dtype, seed=i)
         expected = flex.predict_on_batch(batch)
@@ -86,10 +88,13 @@ def test_naflex_artefact_equals_keras_at_two_batch_and_sequence_lengths(format, 
     if format == "onnx":
         import onnxruntime as ort
 
-        inputs = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).get_inputs()
-        assert {i.name: i.shape for i in inputs} == {"patches": ["batch", "tokens", 192],
-                                                     "patch_coord": ["batch", "tokens", 2],
-                                                     "patch_valid": ["batch", "tokens"]}
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        assert {i.name: i.shape for i in session.get_inputs()} == {"patches": ["batch", "tokens", 192],
+                                                                   "patch_coord": ["batch", "tokens", 2],
+                                                                   "patch_valid": ["batch", "tokens"]}
+        assert {o.name: o.shape for o in session.get_outputs()} == {"probabilities": ["batch", 5],
+                                                                    "top_k_classes": ["batch", 2],
+                                                                    "top_k_scores": ["batch", 2]}
     other = "float32" if dtype == "uint8" else "float64"
     with pytest.raises(ValueError, match=f"the artefact takes {dtype} patches, got {other}"):
         run(path, format, dict(batch, patches=batch["patches"].astype(other)))

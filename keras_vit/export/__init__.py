@@ -13,8 +13,13 @@ A NaFlex model (`keras_vit.naflex`) is exported behind its own input instead of 
 patches, their coordinates and their validity, of any batch and sequence length, to ONNX or a
 SavedModel (`export`; LiteRT is refused, NAFLEX_REFUSED); `run` and `compare` take that dict.
 
+The class names of a model that has them (`model.class_names`) travel with every artefact, whichever
+backend wrote it: a `class_names.txt` (CLASS_NAMES_FILE) in the output folder (a SavedModel's in its
+`assets/`), and an ONNX file's metadata too (key ONNX_CLASS_NAMES_KEY); `read_class_names` reads them back.
+
 One file a concern: `formats` (which backend writes what), `serving` (the signature), `writers` (in
-process), `through_tensorflow` (the fresh process), `onnx_rewrites`, `int8`, `runtimes` (run, compare).
+process), `through_tensorflow` (the fresh process), `onnx_rewrites`, `int8`, `labels` (the class names),
+`runtimes` (run, compare).
 """
 
 import os
@@ -34,6 +39,8 @@ from keras_vit.export.formats import (
     writer,
 )
 from keras_vit.export.int8 import CALIBRATION_LIMIT, _quantize_int8, calibration_images, check_calibration
+from keras_vit.export.labels import (CLASS_NAMES_FILE, ONNX_CLASS_NAMES_KEY, _attach_class_names, check_line_names,
+                                     read_class_names)
 from keras_vit.export.onnx_rewrites import FOLD_LIMIT
 from keras_vit.export.runtimes import compare, run
 from keras_vit.export.serving import CLASS_OUTPUTS, check_naflex_serving, check_resize_to, output_name, serving_model
@@ -54,6 +61,7 @@ __all__ = [
     "check_calibration",
     "run",
     "compare",
+    "read_class_names",
     "FORMATS",
     "QUANTIZATIONS",
     "FILES",
@@ -66,6 +74,8 @@ __all__ = [
     "CALIBRATION_LIMIT",
     "CLASS_OUTPUTS",
     "FOLD_LIMIT",
+    "CLASS_NAMES_FILE",
+    "ONNX_CLASS_NAMES_KEY",
 ]
 
 
@@ -96,6 +106,13 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     statically with `calibration`, uint8 images (N, h, w, 3) whose activation ranges are fixed
     into the file (see `calibration_images`).
 
+    A model with class names (`model.class_names`) gives an artefact that carries them, every format
+    from every backend: `class_names.txt` (one name a line, UTF-8) beside an ONNX or LiteRT file and
+    in a SavedModel's `assets/` folder, and in an ONNX file's metadata (`metadata_props`, key
+    ONNX_CLASS_NAMES_KEY, a JSON list); `read_class_names(path)` reads them back. An ONNX file's
+    dimensions of unknown size are named: "batch", "height" and "width" of the images ("tokens" of a
+    NaFlex model's sequences), "batch" of the outputs.
+
     Args:
         model: the Keras model to export (a classifier, a projection or a backbone), or a NaFlex
             copy of one (`keras_vit.naflex`).
@@ -117,7 +134,8 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     Raises:
         ValueError: a format or quantization that cannot be exported (`check_format`; LiteRT of a
             NaFlex model), `calibration` without `quantize`, or `input_mode`, `resize_to` or
-            `calibration` for a NaFlex model; before anything is written.
+            `calibration` for a NaFlex model, a class name holding a line break; before anything is
+            written.
         FileExistsError: `out` exists.
         RuntimeError: the fresh TensorFlow process failed, with its last error line.
     """
@@ -139,6 +157,9 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
         check_resize_to(model, resize_to)
     if calibration is not None:
         check_calibration(calibration, None if any_size else tuple(model.input_shape[1:3]))
+    names = getattr(model, "class_names", None)
+    if names is not None:
+        check_line_names(names)
     out = os.path.abspath(os.fspath(out))
     if os.path.exists(out):
         raise FileExistsError(f"{out} already exists; export writes a new folder (remove it or pick another)")
@@ -152,4 +173,6 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
             _through_tensorflow(model, path, format, top_k, batch_size, input_mode, resize_to)
         if quantize:
             _quantize_int8(path, calibration)
+        if names is not None:  # in the temporary folder: they appear with the artefact, whoever wrote it
+            _attach_class_names(path, format, names)
     return artefact(out, format)

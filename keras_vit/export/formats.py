@@ -2,6 +2,8 @@
 
 import os
 
+from keras_vit.extras import require
+
 FORMATS = ("tf_saved_model", "onnx", "litert")
 QUANTIZATIONS = ("int8",)
 # the artefact inside the output folder (a SavedModel is the folder itself)
@@ -77,8 +79,9 @@ def writer(backend, format, batch_size=None, any_size=False, naflex=False):
 
 def check_format(backend, format, quantize=None, batch_size=None, any_size=False, naflex=False):
     """Raises ValueError (one line) when `format` (with `quantize`) cannot be exported from `backend`:
-    an unknown format or quantization, a format of NAFLEX_REFUSED for a NaFlex model, or the
-    TensorFlow package missing where it writes the file.
+    an unknown format or quantization, or a format of NAFLEX_REFUSED for a NaFlex model; and
+    MissingPackageError (one line) when a package the writing backend needs is not installed
+    (`keras_vit.extras`: TensorFlow where it writes the file, tf2onnx, jax2onnx, onnxscript, ...).
 
     Args:
         backend: the Keras backend the model runs on: "jax", "tensorflow" or "torch".
@@ -90,30 +93,31 @@ def check_format(backend, format, quantize=None, batch_size=None, any_size=False
         naflex: whether the model takes a NaFlex dict (see `writer`; LiteRT is refused).
 
     Raises:
-        ValueError: with the reason, and the command that installs what is missing.
+        ValueError: with the reason.
+        keras_vit.extras.MissingPackageError: with the package and the command that installs it.
     """
-    import importlib.util
-
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
     if naflex and format in NAFLEX_REFUSED:
         takes = [f for f in FORMATS if f not in NAFLEX_REFUSED]
         raise ValueError(f"a NaFlex model (patches, patch_coord, patch_valid in) cannot be exported to {format}: "
                          f"{NAFLEX_REFUSED[format]}; expected one of {', '.join(takes)}")
-    through = writer(backend, format, batch_size, any_size, naflex) != backend
-    if through and importlib.util.find_spec("tensorflow") is None:
-        why = THROUGH_TENSORFLOW.get((backend, format)) or (naflex and THROUGH_TENSORFLOW_NAFLEX.get((backend, format))) \
-            or THROUGH_TENSORFLOW_ANY_SIZE[backend, format]
-        what = " at any image size" * any_size + " of a NaFlex model" * naflex
-        raise ValueError(f"{format} from the {backend} backend{what} is written from the "
-                         f"TensorFlow backend in a separate process ({why}), and tensorflow is not installed: "
-                         "pip install 'keras-vit[tensorflow]'")
     if quantize is not None:
         if quantize not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantize!r}; expected one of {', '.join(QUANTIZATIONS)}")
         if format != "onnx":
             raise ValueError(f"--quantize {quantize} applies to onnx (onnxruntime's quantization), not {format}; "
                              "Keras' own model.quantize('int8') makes smaller .keras files")
+    writes = writer(backend, format, batch_size, any_size, naflex)
+    subject = None
+    if writes != backend:
+        why = THROUGH_TENSORFLOW.get((backend, format)) or (naflex and THROUGH_TENSORFLOW_NAFLEX.get((backend, format))) \
+            or THROUGH_TENSORFLOW_ANY_SIZE[backend, format]
+        what = " at any image size" * any_size + " of a NaFlex model" * naflex
+        subject = (f"{format} from the {backend} backend{what}, written from the TensorFlow backend in a separate "
+                   f"process ({why}),")
+        require("writing in a TensorFlow process", subject)  # TensorFlow itself, then what it writes with
+    require(f"writing {format} from the {writes} backend", subject)
 
 
 def takes_any_size(model):

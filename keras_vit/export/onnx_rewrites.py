@@ -7,14 +7,16 @@ def _fix_onnx(path, names, dimensions=None):
     """Names the graph outputs `names` (torch's and jax2onnx's exporters number them), and rewrites
     each Erfc node as 1 - Erf: ONNX has no Erfc op, and tf2onnx copies the one of TensorFlow's exact
     GELU, 0.5 x erfc(-x / sqrt 2), so onnxruntime would refuse the file. `dimensions`: None, or
-    {input name: a name or None for each of its dimensions}, the names given to those inputs'
-    dimensions of unknown size (tf2onnx numbers them, "unk__527")."""
+    {input or output name (as named after this): a name or None for each of its dimensions}, the
+    names given to those dimensions of unknown size (tf2onnx numbers them, "unk__527")."""
     import onnx
 
     model = onnx.load(path)
-    named = _name_dimensions(model.graph, dimensions or {})
     renames = {} if {o.name for o in model.graph.output} == set(names) else \
         {o.name: name for o, name in zip(model.graph.output, names)}
+    for output in model.graph.output:
+        output.name = renames.get(output.name, output.name)
+    named = _name_dimensions(model.graph, dimensions or {})
     nodes = []
     for node in model.graph.node:
         node.input[:] = [renames.get(i, i) for i in node.input]
@@ -28,18 +30,16 @@ def _fix_onnx(path, names, dimensions=None):
         nodes.append(onnx.helper.make_node("Sub", [one, erf], list(node.output), name=node.name))
     if not renames and not named and len(nodes) == len(model.graph.node):
         return
-    for output in model.graph.output:
-        output.name = renames.get(output.name, output.name)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     onnx.save(model, path)
 
 
 def _name_dimensions(graph, dimensions):
-    """In place: each dimension of unknown size of the graph inputs in `dimensions` ({input name: [name
-    or None per dimension]}) takes its name; returns how many were renamed."""
+    """In place: each dimension of unknown size of the graph inputs and outputs in `dimensions` ({name:
+    [name or None per dimension]}) takes its name; returns how many were renamed."""
     done = 0
-    for value in graph.input:
+    for value in [*graph.input, *graph.output]:
         for dim, name in zip(value.type.tensor_type.shape.dim, dimensions.get(value.name, ())):
             if name is not None and not dim.HasField("dim_value") and dim.dim_param != name:
                 dim.dim_param = name

@@ -2,7 +2,9 @@
 
 import numpy as np
 
+from keras_vit.export.formats import FORMATS
 from keras_vit.export.serving import CLASS_OUTPUTS, output_name, serving_model
+from keras_vit.extras import require
 
 
 def run(path, format, images):
@@ -20,11 +22,15 @@ def run(path, format, images):
             "patch_valid" (B, L) bool, B and L any (`keras_vit.naflex.patchify_images` cuts them).
 
     Raises:
+        keras_vit.extras.MissingPackageError: the format's runtime is not installed (tensorflow,
+            onnxruntime, ai-edge-litert), before anything runs.
         ValueError: `images` not uint8 (N, h, w, 3), or a NaFlex batch that is not one (its keys,
             shapes, dtypes, coordinates that do not tile each image's grid) or of patches of another
             dtype or width than the artefact's. TensorFlow's loader would cast a float numpy array
             to uint8 silently (0.6 becomes 0); the other runtimes refuse it in their own words.
     """
+    if format in FORMATS:
+        require(f"running {format} artefacts")
     if isinstance(images, dict):
         return _run_naflex(path, format, images)
     images = np.asarray(images)
@@ -128,10 +134,16 @@ def compare(model, path, format, images, input_mode="vit", resize_to=None):
 
     Returns:
         A tuple (max abs difference, agreement) of two floats.
+
+    Raises:
+        keras_vit.extras.MissingPackageError: the format's runtime is not installed, before Keras runs.
     """
     import keras
 
     from keras_vit.preprocessing import model_input
+
+    if format in FORMATS:
+        require(f"running {format} artefacts")
 
     name = output_name(model)
     if isinstance(images, dict):  # one compiled call (JAX runs an eager call op by op: many times slower)

@@ -44,7 +44,7 @@ def _write(model, path, format, top_k, batch_size, input_mode="vit", resize_to=N
         with platform_chosen_on_host():
             serving.export(path, format=format, input_signature=[spec], verbose=False, **kwargs)
     if format == "onnx":
-        _fix_onnx(path, sorted(serving.output), _dimension_names(serving, batch_size) if flex else None)
+        _fix_onnx(path, sorted(serving.output), _dimension_names(serving, batch_size))
         _optimize_onnx(path)
 
 
@@ -71,10 +71,20 @@ def _naflex_symbolic_shapes(serving, batch_size):
 
 
 def _dimension_names(serving, batch_size):
-    """{input name: [its dimensions' names in the ONNX file]} of a NaFlex serving model: "batch" (unless
-    fixed) and "tokens", the other dimensions left as the exporter wrote them (None)."""
-    return {k: ["batch" if batch_size is None else None, "tokens"] + [None] * (len(t.shape) - 2)
-            for k, t in serving.input.items()}
+    """{input or output name: [its dimensions' names in the ONNX file]} of a serving model, for the
+    dimensions of unknown size (tf2onnx numbers them, "unk__527"): "batch" (unless fixed) first; an
+    image's "height" and "width", a NaFlex model's (and its patch tokens') "tokens", a feature map's
+    "grid_height" and "grid_width"; the other dimensions left as the exporter wrote them (None)."""
+    batch = "batch" if batch_size is None else None
+    if is_naflex(serving):
+        names = {k: [batch, "tokens"] + [None] * (len(t.shape) - 2) for k, t in serving.input.items()}
+    else:
+        names = {"images": [batch, "height", "width", None]}
+    middle = {3: ["tokens"], 4: ["grid_height", "grid_width"]}
+    for k, t in serving.output.items():
+        rank = len(t.shape)
+        names[k] = [batch, *middle.get(rank, [None] * (rank - 2)), None] if rank >= 2 else [None]
+    return names
 
 
 def _images_module(serving):

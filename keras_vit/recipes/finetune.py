@@ -37,6 +37,7 @@ import time
 
 from keras_vit import writer_lock
 from keras_vit.configs import get_variant
+from keras_vit.extras import require_or_exit
 from keras_vit.fileio import atomic_write, write_json
 from keras_vit.recipes import run_folder
 from keras_vit.recipes.finetune_args import PRETRAINED_TAGS, parse_args, run_flags  # noqa: F401  (read from here)
@@ -234,6 +235,7 @@ def plot_curves(path, history, eval_every, title):
 def main(dataset, argv=None, callbacks=()):
     """Run the recipe on ``dataset``; ``callbacks`` are extra Keras callbacks for ``fit``."""
     args = parse_args(dataset, argv)
+    require_or_exit("reading a TFDS dataset (keras_vit.data)")  # before the output folder is made
     # on several processes process 0 alone writes the folder (all read the backup from it), holding its lock
     writer = _join_processes() == 0
     try:
@@ -241,6 +243,10 @@ def main(dataset, argv=None, callbacks=()):
             return _run(dataset, args, writer, callbacks)
     except writer_lock.FolderLockedError as err:
         raise SystemExit(f"error: --output-dir {err}") from None
+    except KeyboardInterrupt:  # Ctrl-C: one line and a shell's status, no traceback
+        print(f"interrupted: the same command again continues from the last backup in {args.output_dir}",
+              file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 def _run(dataset, args, writer, callbacks):

@@ -14,8 +14,8 @@
    weights as an uninterrupted one;
 5. into `--out`: `model.keras` (the best epoch, class names inside, takes uint8 images, outputs
    probabilities), `curves.png`, `confusion_matrix.png`, `mistakes.png`, `per_class.csv`, `split.json`,
-   `run.json` (the flags), with `--export FORMAT` a served artefact in `export/` and `class_names.txt`
-   beside it, and `report.json` last (its presence marks a finished run).
+   `run.json` (the flags), with `--export FORMAT` a served artefact in `export/` (the class names in it),
+   and `report.json` last (its presence marks a finished run).
 
 With `--naflex TOKENS` the model is trained and saved as a NaFlex model (`keras_vit.naflex.naflex` of
 the model of step 2): each image keeps its aspect ratio and is resized to fit TOKENS patches
@@ -328,10 +328,9 @@ def _fit(model, args, train, validation, backup, history, initial_epoch, sched, 
                       validation_data=validation, verbose=0 if args.quiet else 1, shuffle=False,
                       callbacks=[recipes.NonFiniteLossStop(checkpoint_hint=backup.path), keep_history, keep_best,
                                  time_left, backup, *callbacks])
-        except KeyboardInterrupt:
-            print(f"\ninterrupted: the same command with --resume continues from the last epoch's backup in {out}",
-                  flush=True)
-            raise
+        except KeyboardInterrupt:  # the CLI says it in one line, exit status 130
+            raise KeyboardInterrupt(f"the same command with --resume continues from the last epoch's backup in "
+                                    f"{out}") from None
         except recipes.NonFiniteLossError as err:  # the CLI's one-line error; the last good backup is kept
             raise ValueError(f"{err} (--lr {args.lr}: a lower --lr, then --resume or --overwrite)") from None
     return time.perf_counter() - start, best_path
@@ -361,9 +360,7 @@ def _evaluate_and_save(model, args, best_path, validation, folder, history, coun
         from keras_vit.export import export
 
         shutil.rmtree(os.path.join(out, "export"), ignore_errors=True)  # a resumed run's half-written one
-        exported = export(model, os.path.join(out, "export"), args.export)
-        with atomic_write(os.path.join(out, "export", "class_names.txt")) as tmp, open(tmp, "w", encoding="utf-8") as f:
-            f.write("\n".join(folder.class_names) + "\n")
+        exported = export(model, os.path.join(out, "export"), args.export)  # the class names travel with it
     return result, exported
 
 

@@ -7,6 +7,8 @@ import struct
 
 import numpy as np
 
+from keras_vit.extras import require
+
 TORCH_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 
 # safetensors dtype name -> numpy dtype (BF16 is widened to float32 by hand below)
@@ -85,11 +87,10 @@ def _state_dict(obj, path):
 
 def read_torch(path):
     """{name: array} of a `.pth`/`.bin` state dict, with `torch.load(weights_only=True)`."""
-    try:
-        import torch
-    except ImportError:
-        raise ImportError(f"reading {path} needs PyTorch (pip install torch), or convert it to .safetensors") from None
     import pickle
+
+    require("reading a .pth or .bin checkpoint", f"reading {path}")
+    import torch
 
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)

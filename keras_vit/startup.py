@@ -1,0 +1,119 @@
+"""Quiet starts: Keras and its backend imported with TensorFlow's start-up notes held back.
+
+TensorFlow prints a few lines when it is imported (oneDNN is on, no CUDA driver, the CPU's instructions; twice,
+once per library it loads) through absl before absl's logging is set up, so TF_CPP_MIN_LOG_LEVEL, which every
+later line obeys, does not hold them back. `import keras_vit` imports Keras (and so its backend) first, through
+`import_backend`: what is written to file descriptor 2 meanwhile is kept, and passed on once Keras is imported,
+less absl's lines below the level TF_CPP_MIN_LOG_LEVEL names (`start_log_level`, default 1: the INFO notes held
+back, warnings, errors and every other line passed on). So each entry point, `keras-vit`, `python -m
+keras_vit.launch`, `python -m keras_vit.export` and the examples, starts as quietly on TensorFlow as on JAX;
+`TF_CPP_MIN_LOG_LEVEL=0` shows the notes as TensorFlow prints them. On the other backends TensorFlow is
+imported later, for tf.data, where `import_quietly("tensorflow")` holds its notes back the same way.
+
+Standard library only: it is the first thing `keras_vit/__init__.py` runs, before anything imports Keras.
+"""
+
+import importlib
+import os
+import re
+import sys
+import tempfile
+
+__all__ = ["DEFAULT_LEVEL", "filter_start_lines", "import_backend", "import_quietly", "start_log_level"]
+
+# absl's severities, in TF_CPP_MIN_LOG_LEVEL's order (0: INFO and above ... 3: FATAL only)
+SEVERITIES = b"IWEF"
+# the level when TF_CPP_MIN_LOG_LEVEL is not set: INFO held back
+DEFAULT_LEVEL = 1
+# one absl line: severity, date (MMDD), time, thread, file:line]
+_ABSL_LINE = re.compile(rb"^([IWEF])\d{4} [\d:.]+ +\d+ [^ \]]+:\d+\] ")
+# absl's own note on the lines above, printed before the first of them (an INFO note of its own)
+_ABSL_BANNER = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+# a Python warning ("path.py:12: UserWarning: ..."): never part of an absl line before it
+_PYTHON_WARNING = re.compile(rb"^\S.*:\d+: \w+: ")
+
+
+def start_log_level(environ=None):
+    """The absl severity below which `import_quietly` holds the start-up lines back: TF_CPP_MIN_LOG_LEVEL
+    (0 INFO, 1 WARNING, 2 ERROR, 3 FATAL) of `environ` (default os.environ), else DEFAULT_LEVEL.
+
+    Args:
+        environ: the environment to read (a mapping), or None for os.environ.
+    """
+    value = (os.environ if environ is None else environ).get("TF_CPP_MIN_LOG_LEVEL", "")
+    try:
+        return min(max(int(value), 0), 3)
+    except ValueError:
+        return DEFAULT_LEVEL
+
+
+def filter_start_lines(data, level):
+    """`data` (bytes written to stderr) less absl's lines of a severity below `level` and their continuation
+    lines (and absl's banner when `level` > 0); every other line is kept, in order.
+
+    Args:
+        data: the bytes written to file descriptor 2.
+        level: the lowest severity kept, 0 (INFO) to 3 (FATAL), as TF_CPP_MIN_LOG_LEVEL counts.
+    """
+    kept, keep = [], True
+    for line in data.splitlines(keepends=True):
+        if line.rstrip(b"\r\n") == _ABSL_BANNER:
+            kept += [line] * (level == 0)
+            keep = True  # what follows the banner decides for itself
+            continue
+        header = _ABSL_LINE.match(line)
+        if header:
+            keep = SEVERITIES.index(header.group(1)) >= level
+        elif _PYTHON_WARNING.match(line):
+            keep = True
+        # any other line continues the one before it (an absl message of several lines)
+        if keep:
+            kept.append(line)
+    return b"".join(kept)
+
+
+def _flush():
+    if sys.stderr is not None:
+        sys.stderr.flush()
+
+
+def _write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def import_quietly(name):
+    """Imports and returns the module `name` with the lines written to file descriptor 2 meanwhile passed on
+    through `filter_start_lines` at `start_log_level()` once it is imported (all of them, unfiltered, when the
+    import fails): TensorFlow's start-up notes held back wherever it is first imported. A plain import when the
+    module is imported already, the level is 0, or there is no descriptor 2.
+
+    Args:
+        name: the module's name, e.g. "keras" or "tensorflow".
+    """
+    level = start_log_level()
+    if level == 0 or name in sys.modules:
+        return importlib.import_module(name)
+    try:
+        terminal = os.dup(2)
+    except OSError:  # no stderr at all (a daemon): nothing to filter
+        return importlib.import_module(name)
+    module = None
+    with tempfile.TemporaryFile() as kept:
+        _flush()
+        os.dup2(kept.fileno(), 2)
+        try:
+            module = importlib.import_module(name)
+        finally:
+            _flush()
+            os.dup2(terminal, 2)
+            os.close(terminal)
+            kept.seek(0)
+            data = kept.read()
+            _write_all(2, data if module is None else filter_start_lines(data, level))
+    return module
+
+
+def import_backend():
+    """Imports Keras, and so its backend, through `import_quietly`: what `keras_vit/__init__.py` runs first."""
+    import_quietly("keras")
