@@ -63,9 +63,9 @@ def _timm_file(name, folder):
     import torch
 
     from serving import TIMM_NAMES, timm_serving
-    from workers import _import_timm
+    from timm_peer import import_timm
 
-    model = _import_timm().create_model(TIMM_NAMES[name], pretrained=False, dynamic_img_size=True).eval()
+    model = import_timm().create_model(TIMM_NAMES[name], pretrained=False, dynamic_img_size=True).eval()
     path = os.path.join(folder, "timm.onnx")
     h, w = torch.export.Dim("h", min=1, max=64), torch.export.Dim("w", min=1, max=64)
     dynamic = {"images": {0: torch.export.Dim("batch"), 1: 16 * h, 2: 16 * w}}

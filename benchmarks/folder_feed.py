@@ -29,6 +29,9 @@ scikit-image's photographs (astronaut, coffee, chelsea, rocket), into a temporar
    iterator (Keras' epoch iterator's, timed here): the milliseconds per step it waits there for a batch
    are the feed's own cost to the step, which other jobs on a shared machine inflate far less than the
    step itself (TensorFlow takes its batches inside the compiled step).
+
+This file holds the command and part 1; part 2 is folder_feed_fit.py, the folder and the machine's facts
+photo_folder.py.
 """
 
 import argparse
@@ -41,12 +44,11 @@ import sys
 import tempfile
 import time
 
-import numpy as np
+from folder_feed_fit import fit_table, fit_worker, measure_fits
+from photo_folder import cpu_name, load_average, write_folder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
-JPEG_SIZE = (500, 375)  # width, height
 IMAGE_SIZE = 224
 # the Inception crop of keras_vit.data (AREA_RANGE, ASPECT_RATIO_RANGE), as timm's transform takes it
 SCALE, RATIO = (0.05, 1.0), (3 / 4, 4 / 3)
@@ -54,57 +56,10 @@ FULL = {"images": 256, "batch": 32, "batches": 16, "repeats": 9, "model": "ViT_S
         "fit_batch": 16, "fit_steps": 4, "fit_rounds": 3}
 QUICK = {"images": 32, "batch": 8, "batches": 2, "repeats": 2, "model": "tiny", "fit_image_size": 32,
          "fit_batch": 4, "fit_steps": 2, "fit_rounds": 1}
-TINY = {"patch_size": 8, "hidden_size": 32, "mlp_dim": 64, "num_heads": 2, "num_layers": 2}
 KERAS_VIT_TF = "keras-vit from_directory, tf.data"
 KERAS_VIT_PY = "keras-vit from_directory, PyDataset (Keras' adapter, 2 threads)"
 KERAS_IDFD = "keras.utils.image_dataset_from_directory (decode + resize only, float32)"
 TIMM = "timm ImageDataset + DataLoader(num_workers=2), uint8"
-
-
-# --------------------------------------------------------------------------
-# the folder
-# --------------------------------------------------------------------------
-def write_folder(root, n, seed=0):
-    """`n` JPEGs of 500x375 (quality 90), random crops of scikit-image's photographs, `n / 4` in each of the
-    class folders `root/<photograph>/`. Returns `root`."""
-    from PIL import Image
-    from skimage import data
-
-    rng = np.random.default_rng(seed)
-    photos = {name: getattr(data, name)() for name in PHOTOS}
-    for i in range(n):
-        name = PHOTOS[i % len(PHOTOS)]
-        photo = photos[name]
-        height, width = photo.shape[:2]
-        h = int(rng.uniform(0.6, 1.0) * height)
-        w = min(width, round(h * JPEG_SIZE[0] / JPEG_SIZE[1]))
-        top, left = rng.integers(0, height - h + 1), rng.integers(0, width - w + 1)
-        crop = Image.fromarray(photo[top:top + h, left:left + w]).resize(JPEG_SIZE, Image.BILINEAR)
-        if rng.uniform() < 0.5:
-            crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
-        os.makedirs(os.path.join(root, name), exist_ok=True)
-        crop.save(os.path.join(root, name, f"{i:05d}.jpg"), quality=90)
-    return root
-
-
-def cpu_name():
-    """The CPU as /proc/cpuinfo names it (with its family and model when the name is generic), and cores."""
-    facts = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                facts.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    name = facts.get("model name") or platform.processor() or platform.machine()
-    if "cpu family" in facts:
-        name += f" (family {facts['cpu family']}, model {facts.get('model', '?')})"
-    return f"{name}, {os.cpu_count()} cores"
-
-
-def load_average():
-    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
 # --------------------------------------------------------------------------
@@ -259,137 +214,6 @@ def pipeline_table(rates, timm_info):
         lines.append(f"| {TIMM} | not run: {timm_info['not_run']} | - | - |")
     return "\n".join(lines)
 
-
-# --------------------------------------------------------------------------
-# part 2: model.fit fed from the folder against from memory
-# --------------------------------------------------------------------------
-FEEDS = ("in memory", "folder, tf.data", "folder, PyDataset")
-
-
-def _time_fetches(backend, record):
-    """Makes `model.fit` call `record((when, seconds))` for each batch its loop takes from the feed (the wait for a
-    batch that is not ready), on JAX and torch, where the loop takes batches from a Python iterator (Keras' epoch
-    iterator's, patched here); TensorFlow takes them inside its compiled step: returns False there."""
-    if backend == "jax":
-        from keras.src.backend.jax.trainer import JAXEpochIterator as epoch_iterator
-    elif backend == "torch":
-        from keras.src.backend.torch.trainer import TorchEpochIterator as epoch_iterator
-    else:
-        return False
-    get_iterator = epoch_iterator._get_iterator
-
-    def timed(self):
-        batches = iter(get_iterator(self))
-        while True:
-            start = time.perf_counter()
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return
-            now = time.perf_counter()
-            record((now, now - start))
-            yield batch
-
-    epoch_iterator._get_iterator = timed
-    return True
-
-
-def fit_worker(args):
-    """Runs with KERAS_BACKEND set: one JSON line of the step times per feed and round."""
-    import keras
-
-    sys.path.insert(0, ROOT)
-    import keras_vit
-    from keras_vit import data
-
-    size, batch, steps = args.fit_image_size, args.fit_batch, args.fit_steps
-    if args.model == "tiny":
-        model = keras_vit.VisionTransformer(image_size=size, classes=len(PHOTOS), input_dtype="uint8", **TINY)
-    else:
-        model = getattr(keras_vit, args.model)(weights=None, image_size=size, classes=len(PHOTOS), input_dtype="uint8")
-    fits = args.fit_rounds * len(FEEDS) + 1
-    keras_vit.recipes.compile_for_finetuning(model, total_steps=fits * (steps + 1), base_lr=0.01, warmup_steps=steps,
-                                             batch_size=batch)
-    feeds = {}
-    for pipeline, name in (("tf.data", "folder, tf.data"), ("pydataset", "folder, PyDataset")):
-        feeds[name], _ = data.from_directory(args.fit_worker, size, batch, validation_split=0.0, pipeline=pipeline,
-                                             image_dtype="uint8")
-    cached = [b for _, b in zip(range(steps + 1), feeds["folder, tf.data"].as_numpy_iterator())]
-    x, y = np.concatenate([b[0] for b in cached]), np.concatenate([b[1] for b in cached])
-
-    class Clock(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            self.ends = []
-
-        def on_train_batch_end(self, batch, logs=None):
-            keras.tree.map_structure(np.asarray, logs or {})  # the step's results reached: JAX dispatches ahead
-            self.ends.append(time.perf_counter())
-
-    clock = Clock()
-    fetched = []  # (when, seconds waited) of each batch the loop took
-    fetches = _time_fetches(keras.backend.backend(), fetched.append)
-
-    def step_seconds(feed):
-        """(seconds per step, seconds per step the loop waited for its next batch, None where not seen)."""
-        fetched.clear()
-        if feed == "in memory":
-            model.fit(x, y, batch_size=batch, shuffle=False, epochs=1, verbose=0, callbacks=[clock])
-        else:
-            model.fit(feeds[feed], steps_per_epoch=steps + 1, epochs=1, verbose=0, callbacks=[clock])
-        assert len(clock.ends) == steps + 1
-        timed = [seconds for when, seconds in fetched if clock.ends[0] < when <= clock.ends[-1]]
-        assert not fetches or len(timed) == steps, (len(timed), steps)
-        wait = sum(timed) / steps if fetches else None
-        return (clock.ends[-1] - clock.ends[0]) / steps, wait
-
-    step_seconds("in memory")  # compiles
-    rounds, waits = [], []
-    for r in range(args.fit_rounds):
-        order = FEEDS if r % 2 == 0 else FEEDS[::-1]
-        times = {feed: step_seconds(feed) for feed in order}
-        rounds.append({feed: step for feed, (step, _) in times.items()})
-        waits.append({feed: wait for feed, (_, wait) in times.items()})
-    print(json.dumps({"backend": keras.backend.backend(), "rounds": rounds, "waits": waits}), flush=True)
-
-
-def measure_fits(args, folder):
-    """{backend: worker result or {"error": ...}}."""
-    out = {}
-    for backend in args.backends:
-        env = {**os.environ, "KERAS_BACKEND": backend}
-        command = [sys.executable, os.path.abspath(__file__), "--fit-worker", folder]
-        for key in ("model", "fit_image_size", "fit_batch", "fit_steps", "fit_rounds"):
-            command += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-        load = load_average()
-        proc = subprocess.run(command, env=env, capture_output=True, text=True, cwd=HERE)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-        if proc.returncode or not lines:
-            out[backend] = {"error": f"exit status {proc.returncode}: {proc.stderr.strip()[-1500:]}"}
-        else:
-            out[backend] = {**json.loads(lines[-1]), "load_average": [load, load_average()]}
-    return out
-
-
-def fit_table(fits, args):
-    lines = [f"| backend | step, {FEEDS[0]} (s) | " + " | ".join(f"step, {f} (s) | x in memory" for f in FEEDS[1:])
-             + " | ms per step taking the next batch: " + "; ".join(f.split(", ")[-1] for f in FEEDS) + " |",
-             "|---" * (3 + 2 * (len(FEEDS) - 1)) + "|"]
-    for backend, result in fits.items():
-        if "error" in result:
-            lines.append(f"| {backend} | not run: {result['error'].splitlines()[-1]} |")
-            continue
-        rounds = result["rounds"]
-        cells = [f"{statistics.median(r[FEEDS[0]] for r in rounds):.3f}"]
-        for feed in FEEDS[1:]:
-            ratio = statistics.median(r[feed] / r[FEEDS[0]] for r in rounds)
-            cells += [f"{statistics.median(r[feed] for r in rounds):.3f}", f"{ratio:.3f}x"]
-        if result["waits"][0][FEEDS[0]] is None:
-            cells.append("- (taken inside the compiled step)")
-        else:
-            waits = [statistics.median(r[feed] for r in result["waits"]) for feed in FEEDS]
-            cells.append("; ".join(f"{1e3 * wait:.1f}" for wait in waits))
-        lines.append(f"| {backend} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def versions():

@@ -26,344 +26,25 @@ limit hands over what it finished, and `--resume` runs the rest. On a GPU the se
 rewrites the GPU tables of README.md and benchmarks/README.md from the JSON. Per row: img/s, the
 ratio to each timm peer, peak device memory (the process's peak RSS on a CPU) and the model FLOP
 utilisation against the bfloat16 matrix rate measured first.
+
+Its modules: gpu_wheels.py installs, gpu_session.py plans and runs the parts (each a process of
+gpu_workers.py), gpu_tables.py renders the tables; this file is the command.
 """
 
 import argparse
-import datetime
-import glob
-import importlib.metadata
-import importlib.util
 import json
 import os
-import platform
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from gpu_workers import dump  # noqa: E402  (the standard library only: Keras may not be installed yet)
-
-BACKENDS = ("jax", "torch", "tensorflow")
-PEERS = ("timm", "timm-compile", "keras-hub")
-RECIPES = ("pretraining", "finetuning")
-LEVERS = {"flash attention": {"attention_implementation": "flash"}, "steps_per_execution=4": {"steps_per_execution": 4},
-          "float32 feed": {"input_dtype": "float32"}, "remat": {"remat": True}}
-FULL = dict(cases=[["ViT_B16", 256], ["ViT_L16", 128]], image_size=224, steps=20, warmup=3, infer_batch=256,
-            latency_repeats=30, budget=540)
-QUICK = dict(cases=[["tiny", 8]], image_size=32, steps=3, warmup=2, infer_batch=8, latency_repeats=3, budget=900)
-# module -> distribution, for what a part needs; WHEELS: what --fetch-wheels brings for a bare GPU machine
-DISTRIBUTIONS = {"keras": "keras", "jax": "jax", "torch": "torch", "tensorflow": "tensorflow", "keras_hub": "keras-hub",
-                 "timm": "timm"}
-WHEELS = ("keras", "namex", "optree", "keras-hub", "kagglehub", "kagglesdk")
-VERSIONS = ("keras", "jax", "jaxlib", "torch", "timm", "keras-hub", "tensorflow", "numpy")
-RESULTS = os.path.join(HERE, "results", "gpu-session.json")
-README_POLICY = "mixed_bfloat16"  # the README's table: a Keras row in another policy says so in its cell
-BEGIN, END = "<!-- gpu-session: begin", "<!-- gpu-session: end -->"
-
-
-# -- installing from the wheels folder ----------------------------------------------------------
-def _installed(dist):
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def install_wheels(folder, site):
-    """Installs into `site` each wheel of `folder` whose distribution is not installed here (pip, no
-    index, no dependencies: the folder brings them), and puts `site` on this process's path.
-    Returns one line per wheel."""
-    if not folder or not os.path.isdir(folder):
-        return [f"no wheels folder {folder!r}: nothing installed"]
-    os.makedirs(site, exist_ok=True)
-    sys.path.insert(0, site)
-    importlib.invalidate_caches()
-    lines = []
-    for path in sorted(glob.glob(os.path.join(folder, "*.whl"))):
-        name, version = os.path.basename(path).split("-")[:2]
-        name = re.sub(r"[-_.]+", "-", name).lower()
-        have = _installed(name)
-        if have:
-            lines.append(f"kept {name} {have} (already here; the folder's {version} not used)")
-            continue
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-                               "--no-compile", "--disable-pip-version-check", "--upgrade", "--target", site, path],
-                              capture_output=True, text=True)
-        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        done = f"installed {name} {version}"
-        lines.append(f"not {done}: {last[:200]}" if proc.returncode else done)
-        importlib.invalidate_caches()
-    return lines
-
-
-def fetch_wheels(folder, python_version):
-    """Downloads WHEELS for a Linux x86-64 CPython `python_version` machine into `folder`, at the
-    versions installed here where they are (what the tests ran); one line per wheel."""
-    os.makedirs(folder, exist_ok=True)
-    tags = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
-    lines = []
-    for dist in WHEELS:
-        version = _installed(dist)
-        pin = f"{dist}=={version}" if version else dist
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                               "--disable-pip-version-check", "--python-version", python_version, "--implementation",
-                               "cp", *[a for t in tags for a in ("--platform", t)], "-d", folder, pin],
-                              capture_output=True, text=True)
-        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        lines.append(f"not fetched {pin}: {last[:200]}" if proc.returncode else f"fetched {pin}")
-    return lines
-
-
-def _missing(modules, wheels):
-    """Why a part needing `modules` cannot run here, or None."""
-    absent = [DISTRIBUTIONS[m] for m in modules if importlib.util.find_spec(m) is None]
-    if not absent:
-        return None
-    where = ""
-    if wheels and os.path.isdir(wheels):
-        where = f" and {wheels} holds no wheel for {'it' if len(absent) == 1 else 'them'}"
-    return f"{', '.join(absent)} not installed{where}"
-
-
-# -- the parts -----------------------------------------------------------------------------------
-def plan(preset, backends, peers, recipes, levers):
-    """The session's parts, most telling first: per case keras-vit on the first backend, timm, the
-    other backends, the JAX levers (first case); then keras-hub."""
-    parts = []
-    timm = [p for p in ("timm", "timm-compile") if p in peers]
-    for i, (variant, batch) in enumerate(preset["cases"]):
-        case = dict(variant=variant, batch=batch)
-        ours = [dict(case, key=f"keras-vit/{b}/{variant}", kind="keras", library="keras-vit", backend=b,
-                     recipes=recipes, inference=True, needs=["keras", b]) for b in backends]
-        parts += ours[:1]
-        if timm:
-            parts.append(dict(case, key=f"timm/{variant}", kind="timm", backend="torch", library="timm", peers=timm,
-                              needs=["keras", "torch", "timm"]))  # keras: the configuration comes from keras_vit
-        parts += ours[1:]
-        if i == 0 and "jax" in backends:
-            parts += [dict(case, key=f"lever {name}/jax/{variant}", kind="keras", library="keras-vit", backend="jax",
-                           recipes=["pretraining"], inference=False, lever=LEVERS[name], lever_name=name,
-                           needs=["keras", "jax"]) for name in levers]
-    if "keras-hub" in peers:
-        parts += [dict(variant=v, batch=n, key=f"keras-hub/{b}/{v}", kind="keras", library="keras-hub", backend=b,
-                       recipes=recipes[:1], inference=True, needs=["keras", b, "keras_hub"])
-                  for v, n in preset["cases"] for b in backends]
-    return parts
-
-
-def _head(part):
-    keys = ("backend", "variant", "batch")
-    return {"library": part.get("library", part["key"]), **{k: part[k] for k in keys if k in part}, "mode": "",
-            "part": part["key"],
-            **({"lever": part["lever_name"]} if "lever_name" in part else {})}
-
-
-def run_part(part, spec, env, timeout):
-    """Runs one part in its own process; returns (rows, status). A part stopped at `timeout` keeps
-    the rows it wrote."""
-    with tempfile.TemporaryDirectory() as tmp:
-        spec_path, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "rows.json")
-        dump(spec_path, spec)
-        cmd = [sys.executable, os.path.join(HERE, "gpu_workers.py"), part["kind"], spec_path, out]
-        try:
-            proc = subprocess.run(cmd, env=dict(env, KERAS_BACKEND=part["backend"]), stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, timeout=timeout)
-            status, log = ("done" if proc.returncode == 0 else f"worker exit {proc.returncode}"), proc.stdout
-        except subprocess.TimeoutExpired as err:
-            status, log = "timed out", err.stdout or ""
-        log = log.decode(errors="replace") if isinstance(log, bytes) else log
-        rows = []
-        if os.path.exists(out):
-            with open(out) as f:
-                rows = json.load(f)
-    if status == "timed out":
-        rows.append({**_head(part), "not_run": "the session's time budget ran out during this part; --resume runs it"})
-    elif status != "done" and not rows:
-        tail = " | ".join(log.strip().splitlines()[-4:])
-        rows.append({**_head(part), "not_run": f"{status}: {tail[-400:]}"})
-    return [{**r, "part": part["key"]} for r in rows], status
-
-
-def derive(results):
-    """Each row's ratio to each timm peer of the same case, and each lever's to its base row."""
-    def kind(mode):  # timm trains with AdamW: the pretraining recipe's fit is its counterpart
-        return "fit" if mode in ("fit (AdamW)", "fit (pretraining)") else mode
-
-    done = [r for r in results if "images_per_s" in r]
-    timm = {(r["library"], r["variant"], kind(r["mode"]), r["batch"]): r["images_per_s"]
-            for r in done if r["library"].startswith("timm")}
-    base = {(r["backend"], r["variant"]): r["images_per_s"] for r in done
-            if r["library"] == "keras-vit" and r["mode"] == "fit (pretraining)" and "lever" not in r}
-    for r in done:
-        if "lever" in r:
-            if (r["backend"], r["variant"]) in base:
-                r["x_base"] = r["images_per_s"] / base[r["backend"], r["variant"]]
-            continue
-        for peer in ("timm", "timm-compile"):
-            ref = timm.get((peer, r["variant"], kind(r["mode"]), r["batch"]))
-            if ref and r["library"] != peer:
-                r[f"x_{peer}"] = r["images_per_s"] / ref
-    return results
-
-
-def session(args, preset, backends, peers, recipes, levers):
-    """Installs, runs every part not done yet within the budget, writes the JSON after each; returns it."""
-    budget = args.budget or preset["budget"]
-    deadline = time.monotonic() + budget
-    install = install_wheels(args.wheels, args.site)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(p for p in (ROOT, args.site, os.environ.get("PYTHONPATH")) if p))
-    prior = {}
-    if args.resume:
-        with open(args.resume) as f:
-            prior = json.load(f)
-    record = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"), quick=args.quick,
-                  command=" ".join(["python3 benchmarks/gpu.py", *sys.argv[1:]]), cases=preset["cases"],
-                  budget_s=budget, python=platform.python_version(), machine=platform.platform(),
-                  versions={d: _installed(d) for d in VERSIONS},
-                  install=prior.get("install", []) + install, rate=prior.get("rate"), parts={}, results=[])
-    parts = [dict(key="rate", kind="rate", backend="torch", needs=["torch"])]
-    parts += plan(preset, backends, peers, recipes, levers)
-    for n, part in enumerate(parts, 1):
-        key = part["key"]
-        if prior.get("parts", {}).get(key, {}).get("status") == "done":
-            record["parts"][key] = prior["parts"][key]
-            record["results"] += [r for r in prior["results"] if r.get("part") == key]
-            continue
-        reason, status, rows, start = _missing(part["needs"], args.wheels), None, [], time.monotonic()
-        if reason:
-            status, rows = "not installed", [{**_head(part), "not_run": reason}]
-        elif deadline - time.monotonic() <= 0:
-            status, rows = "budget", [{**_head(part), "not_run": f"the time budget ({budget:.0f} s) was spent "
-                                                               "before this part; --resume runs it"}]
-        else:
-            print(f"[{n}/{len(parts)}] {key} ...", flush=True)
-            spec = dict(preset, **part, policy=args.policy, quick=args.quick,
-                        rate_gflops=(record["rate"] or {}).get("gflops"))
-            rows, status = run_part(part, spec, env, deadline - time.monotonic())
-            print(f"    {status} in {time.monotonic() - start:.0f} s", flush=True)
-        if key == "rate":
-            record["rate"] = next((r for r in rows if "gflops" in r), None)
-            rows = [r for r in rows if "not_run" in r]
-        record["parts"][key] = {"status": status, "seconds": round(time.monotonic() - start, 1)}
-        record["results"] += rows
-        derive(record["results"])
-        if args.out:
-            dump(args.out, record)
-    return record
-
-
-# -- tables --------------------------------------------------------------------------------------
-def _on_gpu(record):
-    return not record.get("quick") and (record.get("rate") or {}).get("device", "").startswith("cuda")
-
-
-def _variant(name):
-    return re.sub(r"^ViT_(\w)(\d+)$", r"ViT-\1/\2", name)
-
-
-def _speed(r):
-    if "not_run" in r:
-        return "not run: " + r["not_run"].replace("|", "/")[:120]
-    latency = f" ({r['latency_ms']:.1f} ms)" if "latency_ms" in r else ""
-    return f"{r['images_per_s']:,.0f}{latency}"
-
-
-def _ratio(r, key):
-    return f"{r[key]:.2f}" if key in r else ""
-
-
-def results_table(record):
-    """The session's rows as one markdown table (the levers with their ratio to the base row)."""
-    head = "| library | backend | variant | batch | mode | policy | img/s | x timm | x timm compiled | peak GB | MFU |"
-    lines = [head, "|" + "---|" * 11]
-    for r in record["results"]:
-        lever = f"{r['lever']}" + (f" ({r['x_base']:.2f}x base)" if "x_base" in r else "") if "lever" in r else ""
-        mode = ", ".join(m for m in (r["mode"], lever) if m)
-        peak = f"{r['peak_mb'] / 1024:.1f}{'' if r.get('memory') == 'device' else ' (RSS)'}" if "peak_mb" in r else ""
-        mfu = f"{100 * r['mfu']:.0f}%" if r.get("mfu") else ""
-        lines.append(f"| {r['library']} | {r.get('backend', '')} | {r.get('variant', '')} | {r.get('batch', '')} | "
-                     f"{mode} | {r.get('policy', '')} | {_speed(r)} | {_ratio(r, 'x_timm')} | {_ratio(r, 'x_timm-compile')} | {peak} | {mfu} |")
-    return "\n".join(lines)
-
-
-def _describe(record):
-    rate = record["rate"] or {}
-    versions = ", ".join(f"{d} {v}" for d, v in record["versions"].items() if v)
-    note = f" {record['note']}" if record.get("note") else ""
-    return (f"{record['date']}, {rate.get('device', 'device not measured')}; bfloat16 matmul "
-            f"{rate.get('gflops', float('nan')) / 1e3:.0f} TFLOP/s; Python {record['python']}, {versions}.{note}")
-
-
-def render_benchmarks(record):
-    """The GPU-session block of benchmarks/README.md (`record` None: the block that waits for one)."""
-    if record is None:
-        return "No GPU session is recorded yet: every figure of this section waits for one (the steps below)."
-    parts = ", ".join(f"{k} {v['seconds']:.0f} s" for k, v in record["parts"].items() if v["status"] == "done")
-    return "\n".join([f"Measured {_describe(record)}", "", f"    {record['command']}", "", results_table(record), "",
-                      f"Wheels: {'; '.join(record['install'])}.", "", f"Parts (seconds): {parts}."])
-
-
-def render_readme(record):
-    """The README's GPU table: `model.fit` under the pretraining recipe (AdamW, timm's counterpart) per
-    library and backend, one column per case (`record` None: the rows a session fills, waiting)."""
-    cases = record["cases"] if record else FULL["cases"]
-    fits = {}
-    for r in record["results"] if record else []:
-        key = (r["library"], r["backend"], r["variant"])
-        # a part the budget stopped after its fit keeps the figure, not the line that says it was stopped
-        fit = r["mode"] in ("fit (pretraining)", "fit (AdamW)", "") and "lever" not in r
-        if fit and "images_per_s" not in fits.get(key, {}):
-            fits[key] = r
-    names = {"timm": "timm, eager", "timm-compile": "timm, `torch.compile`"}
-    lines = [f"| `model.fit`, `{README_POLICY}`, AdamW | " + " | ".join(f"{_variant(v)}, batch {b}" for v, b in cases)
-             + " |", "|---|" + "---|" * len(cases)]
-    order = [("keras-vit", b) for b in BACKENDS] + [("timm", "torch"), ("timm-compile", "torch")]
-    for library, backend in order + [("keras-hub", b) for b in BACKENDS]:
-        cells = []
-        for variant, _ in cases:
-            r = fits.get((library, backend, variant))
-            if r is None:
-                cells.append("waits" if record is None else "")
-            elif "images_per_s" in r:
-                peer = next((f" ({r[k]:.2f}x timm {name})" for k, name in (("x_timm-compile", "compiled"),
-                                                                         ("x_timm", "eager")) if k in r), "")
-                other = f" in {r['policy']}" if r.get("policy") in POLICIES and r["policy"] != README_POLICY else ""
-                cells.append(f"{r['images_per_s']:,.0f} img/s{other}{peer}")
-            else:
-                cells.append(_speed(r))
-        if any(cells):
-            lines.append(f"| {names.get(library) or f'{library}, {backend}'} | " + " | ".join(cells) + " |")
-    what = (f"Measured {_describe(record)}" if record else
-            "No GPU session is recorded yet: every cell waits for one.")
-    return what + "\n\n" + "\n".join(lines)
-
-
-def replace_block(text, block, where):
-    """`text` with the block between the gpu-session markers replaced by `block`."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"{where} has no '{BEGIN} ... {END}' block to rewrite")
-    start = text.index("-->", start) + 3
-    return text[:start] + "\n" + block + "\n" + text[end:]
-
-
-def update_tables(record, root=ROOT):
-    """Rewrites the GPU blocks of README.md and benchmarks/README.md under `root` from `record` (None:
-    the blocks that wait for a session)."""
-    for rel, render in (("README.md", render_readme), (os.path.join("benchmarks", "README.md"), render_benchmarks)):
-        path = os.path.join(root, rel)
-        with open(path) as f:
-            text = replace_block(f.read(), render(record), rel)
-        with open(path + ".part", "w") as f:
-            f.write(text)
-        os.replace(path + ".part", path)
+from gpu_session import BACKENDS, FULL, LEVERS, PEERS, POLICIES, QUICK, RECIPES, run_part, session  # noqa: E402
+from gpu_tables import RESULTS, on_gpu, results_table, update_tables  # noqa: E402
+from gpu_wheels import fetch_wheels  # noqa: E402
 
 
 def _positive(kind):
@@ -393,8 +74,6 @@ def _session_json(text):
         raise argparse.ArgumentTypeError(f"expected a session JSON object, {text!r} holds a {type(record).__name__}")
     return text
 
-
-POLICIES = ("float32", "mixed_bfloat16", "mixed_float16", "bfloat16", "float16")
 
 
 def main(argv=None):
@@ -428,7 +107,7 @@ def main(argv=None):
     if args.render:
         with open(args.render) as f:
             record = json.load(f)
-        if not _on_gpu(record):
+        if not on_gpu(record):
             parser.error(f"{args.render} is not a full session on a GPU (quick={record.get('quick')}, device "
                          f"{(record.get('rate') or {}).get('device')!r}): the README's GPU tables take only those")
         os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
@@ -458,7 +137,7 @@ def main(argv=None):
         return 0
     record = session(args, preset, chosen["backend"], chosen["peer"], chosen["recipe"], chosen["lever"])
     print(results_table(record))
-    if not _on_gpu(record):
+    if not on_gpu(record):
         print("no GPU: these figures only check that the command runs; the issue's figures need a GPU; "
               "the README tables are left as they are")
     else:

@@ -53,9 +53,9 @@ def _pipeline(x, y):
 
 def _device_peak(backend):
     """The device allocator's peak bytes (None on a CPU) and a reset for it."""
-    from workers import _gpu_memory
+    from timing import gpu_memory
 
-    mem = _gpu_memory(backend)
+    mem = gpu_memory(backend)
     return mem if mem else (lambda: None, lambda: None)
 
 
@@ -181,7 +181,7 @@ def timm_part(spec, emit):
     bfloat16 autocast, uint8 batches from host memory scaled on the device; then inference."""
     import torch
     from flops import arch_config
-    from workers import timm_model
+    from timm_peer import timm_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

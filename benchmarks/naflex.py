@@ -53,7 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples"))  # own_images (the folder), real_dinov2 (the weights)
 sys.path.insert(0, HERE)
-from folder_feed import cpu_name, load_average  # noqa: E402 (the machine, as the other feed benchmark reports it)
+from photo_folder import cpu_name, load_average  # noqa: E402 (the machine, as the other feed benchmark reports it)
 
 WAYS = ("square", "NaFlex")
 FULL = {"model": "dinov2", "tokens": 64, "per_class": 80, "validation_split": 0.25, "batch": 16,

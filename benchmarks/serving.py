@@ -81,10 +81,10 @@ def _runners(args, name, folder):
     import torch
 
     from keras_vit.export import export
-    from workers import _import_timm
+    from timm_peer import import_timm
 
     model = timm_like(name, args.image_size)
-    timm_model = _import_timm().create_model(TIMM_NAMES[name], pretrained=False, img_size=args.image_size).eval()
+    timm_model = import_timm().create_model(TIMM_NAMES[name], pretrained=False, img_size=args.image_size).eval()
     files = {"keras-vit": export(model, os.path.join(folder, name), "onnx"),
              "timm": os.path.join(folder, f"{name}_timm.onnx")}
     _timm_onnx(timm_model, files["timm"], args.image_size)

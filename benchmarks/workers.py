@@ -1,95 +1,24 @@
 """The timed workers of benchmark.py: each runs in its own process (one Keras backend, or timm),
-reads a spec and writes a list of results."""
+reads a spec and writes a list of results. How a call is timed and measured: timing.py; timm's
+model beside keras-vit's: timm_peer.py."""
 
 import contextlib
 import json
 import os
 import statistics
 import sys
-import threading
 import time
 
 import numpy as np
 
 from flops import arch_config, model_flops
+from timing import CLOCK, PeakRSS, gpu_memory, matmul_peak, measure, random_batch, summarise, time_calls
+from timm_peer import timm_callable
 
 from keras_vit.fileio import write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-def matmul_peak(n=2048, repeats=7, libraries=("numpy", "torch")):
-    """Measured float32 (n x n) @ (n x n) rate in GFLOP/s, per library, best of `repeats` after 2 warm-ups.
-
-    `gflops` is the best library's: the machine's float32 matmul peak. jax (XLA:CPU) and tensorflow
-    (oneDNN or Eigen) are measured when listed and importable: how fast each backend's own matmul
-    is bounds what it can reach.
-    """
-    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
-    b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
-    clock = CLOCK["fn"]
-
-    def best(fn):
-        fn(), fn()
-        times = []
-        for _ in range(repeats):
-            t0 = clock()
-            fn()
-            times.append(clock() - t0)
-        return 2 * n**3 / min(times) / 1e9
-
-    rates = {}
-    gpu = {}
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            for dtype, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
-                m = 8192
-                ga = torch.randn(m, m, device="cuda", dtype=dtype)
-                gb = torch.randn(m, m, device="cuda", dtype=dtype)
-                torch.backends.cuda.matmul.allow_tf32 = False
-
-                def run():
-                    for _ in range(10):
-                        ga @ gb
-                    torch.cuda.synchronize()
-
-                run()
-                t0 = time.perf_counter()
-                run()
-                gpu[f"cuda_{name}"] = 10 * 2 * m**3 / (time.perf_counter() - t0) / 1e9
-                del ga, gb
-    except ImportError:
-        pass
-    for lib in libraries:
-        try:
-            if lib == "numpy":
-                rates[lib] = best(lambda: a @ b)
-            elif lib == "torch":
-                import torch
-
-                ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-                rates[lib] = best(lambda: ta @ tb)
-            elif lib == "jax":
-                import jax
-
-                cpu = jax.devices("cpu")[0]  # the CPU's peak, also where a GPU is the default device
-                ja, jb = jax.device_put(a, cpu), jax.device_put(b, cpu)
-                mm = jax.jit(lambda x, y: x @ y)
-                rates[lib] = best(lambda: mm(ja, jb).block_until_ready())
-            elif lib == "tensorflow":
-                import tensorflow as tf
-
-                with tf.device("/CPU:0"):
-                    fa, fb = tf.constant(a), tf.constant(b)
-                    rates[lib] = best(lambda: tf.linalg.matmul(fa, fb).numpy())
-                    xla = tf.function(lambda x, y: tf.linalg.matmul(x, y), jit_compile=True)
-                    rates["tensorflow_xla"] = best(lambda: xla(fa, fb).numpy())
-        except ImportError:
-            pass
-    return {"gflops": max(rates.values()), "by_library": rates, "n": n, "gpu_gflops": gpu}
 
 
 def env_worker(spec):
@@ -153,109 +82,10 @@ def peak_worker(spec):
     return matmul_peak(libraries=tuple(spec["libraries"]))
 
 
-class PeakRSS:
-    """Samples this process's resident set size in a thread; `.peak` is the maximum seen (bytes)."""
-
-    def __init__(self, interval=0.002):
-        self.interval = interval
-        self.peak = 0
-        self._stop = threading.Event()
-
-    def _rss(self):
-        try:
-            import psutil
-
-            return psutil.Process().memory_info().rss
-        except ImportError:
-            with open("/proc/self/statm") as f:
-                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._rss())
-            time.sleep(self.interval)
-
-    def __enter__(self):
-        self.start = self._rss()
-        self.peak = self.start
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._rss())
-
-
-CLOCK = {"fn": time.perf_counter}
-
-
-def time_calls(fn, warmup, repeats):
-    """Runs `fn` `warmup` times untimed, then `repeats` times timed; returns seconds per call."""
-    for _ in range(warmup):
-        fn()
-    clock = CLOCK["fn"]
-    times = []
-    for _ in range(repeats):
-        t0 = clock()
-        fn()
-        times.append(clock() - t0)
-    return times
-
-
-def summarise(times, batch):
-    med = statistics.median(times)
-    return {"seconds_median": med, "seconds_min": min(times), "seconds_max": max(times), "repeats": len(times),
-            "images_per_s": batch / med, "images_per_s_best": batch / min(times)}
-
 
 # --------------------------------------------------------------------------------------------
 # workers: one process per backend (or timm); each reads a spec and writes a list of results
 # --------------------------------------------------------------------------------------------
-def _gpu_memory(backend):
-    """(reset, read) callables for the device allocator's peak in bytes, or None on CPU."""
-    try:
-        if backend == "torch":
-            import torch
-
-            if torch.cuda.is_available():
-                return torch.cuda.reset_peak_memory_stats, torch.cuda.max_memory_allocated
-        elif backend == "jax":
-            import jax
-
-            dev = jax.devices()[0]
-            if dev.platform == "gpu" and dev.memory_stats():
-                return (lambda: None), (lambda: dev.memory_stats().get("peak_bytes_in_use"))
-        elif backend == "tensorflow":
-            import tensorflow as tf
-
-            if tf.config.list_physical_devices("GPU"):
-                return (lambda: tf.config.experimental.reset_memory_stats("GPU:0"),
-                        lambda: tf.config.experimental.get_memory_info("GPU:0")["peak"])
-    except Exception:  # noqa: BLE001 - memory stats are best effort
-        pass
-    return None
-
-
-def _measure(case, fn, warmup, repeats, batch, gpu_mem):
-    if gpu_mem:
-        gpu_mem[0]()
-    with PeakRSS() as rss:
-        times = time_calls(fn, warmup, repeats)
-    out = {**case, **summarise(times, batch), "rss_start_mb": rss.start / 2**20, "rss_peak_mb": rss.peak / 2**20}
-    if gpu_mem:
-        out["gpu_peak_mb"] = gpu_mem[1]() / 2**20
-    return out
-
-
-def _inputs(batch, image_size, classes, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.uniform(-1, 1, (batch, image_size, image_size, 3)).astype("float32")
-    y = rng.integers(0, classes, (batch,)).astype("int32")
-    return x, y
-
-
 def keras_worker(spec):
     """Measures keras-vit on the backend of this process (KERAS_BACKEND) for every case of `spec`.
 
@@ -284,8 +114,8 @@ def keras_worker(spec):
         config = arch_config(case["variant"], case["image_size"], case.get("classes", 1000))
         kwargs = {"remat": True} if case.get("remat") else {}
         batch = case["batch"]
-        x, y = _inputs(batch, case["image_size"], config["classes"])
-        gpu_mem = _gpu_memory(backend)
+        x, y = random_batch(batch, case["image_size"], config["classes"])
+        gpu_mem = gpu_memory(backend)
         base = {"backend": backend, "library": label, **case}
         model = timm_fn = None
         try:
@@ -317,13 +147,13 @@ def keras_worker(spec):
                 fn = lambda: model.train_on_batch(x, y)  # noqa: E731
             paired = spec.get("paired") and config["resnet"] is None
             if not paired:
-                results.append(_measure(base, fn, spec["warmup"], spec["repeats"], batch, gpu_mem))
+                results.append(measure(base, fn, spec["warmup"], spec["repeats"], batch, gpu_mem))
             else:
                 # keras-vit alone first: its warm-up (compilation) and its memory
                 with PeakRSS() as rss:
                     time_calls(fn, spec["warmup"], 0)
                 timm_case = {**case, "mode": "train" if case["mode"] in ("train", "step") else "call"}
-                timm_fn, timm_info = _timm_fn(timm_case, config)
+                timm_fn, timm_info = timm_callable(timm_case, config)
                 with PeakRSS() as timm_rss:
                     time_calls(timm_fn, spec["warmup"], 0)
                 tk, tt = [], []
@@ -441,134 +271,20 @@ def _compiled_call(model, x, backend, case):
     return run, bool(case.get("torch_compile"))
 
 
-def _import_timm():
-    """Imports timm; without torchvision installed, stands in an empty `torchvision` module.
-
-    timm imports torchvision at module level in a few norm helpers that a ViT never uses; an empty
-    stand-in, there while timm imports and gone after (transformers would take it for an installed
-    torchvision), avoids installing torchvision (whose wheels pin another torch build).
-    """
-    import importlib.abc
-    import importlib.machinery
-    import types
-
-    try:
-        import torchvision  # noqa: F401
-    except ImportError:
-        class _Meta(type):
-            def __getattr__(cls, name):
-                if name.startswith("__"):
-                    raise AttributeError(name)
-                return f"{cls.__name__}.{name}"
-
-        class _Stub(types.ModuleType):
-            def __getattr__(self, name):
-                if name.startswith("__"):
-                    raise AttributeError(name)
-                return _Meta(name, (), {"__init__": lambda self, *a, **k: None})
-
-        class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-            def find_spec(self, fullname, path, target=None):
-                if fullname == "torchvision" or fullname.startswith("torchvision."):
-                    return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-                return None
-
-            def create_module(self, spec):
-                return _Stub(spec.name)
-
-            def exec_module(self, module):
-                module.__path__ = []
-
-        finder = _Finder()
-        sys.meta_path.insert(0, finder)
-        try:
-            import timm
-        finally:  # the stand-in lives only while timm imports: transformers must not find a torchvision
-            sys.meta_path.remove(finder)
-            for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-                del sys.modules[name]
-    import timm
-
-    return timm
-
-
-def timm_model(config):
-    """timm's VisionTransformer of the same configuration (tanh-GELU, LayerNorm eps 1e-6, qkv bias)."""
-    import functools
-
-    import torch
-
-    _import_timm()
-    from timm.models.vision_transformer import VisionTransformer
-
-    if config["resnet"]:
-        raise ValueError("no timm counterpart is built for hybrids here")
-    return VisionTransformer(
-        img_size=config["image_size"], patch_size=config["patch_size"], embed_dim=config["hidden_size"],
-        depth=config["num_layers"], num_heads=config["num_heads"], mlp_ratio=config["mlp_dim"] / config["hidden_size"],
-        num_classes=config["classes"], qkv_bias=True, class_token=True, global_pool="token",
-        act_layer=functools.partial(torch.nn.GELU, approximate="tanh"),
-        norm_layer=functools.partial(torch.nn.LayerNorm, eps=1e-6),
-    )
-
-
-def _timm_fn(case, config):
-    """A callable running timm's model for `case` (forward, or a training step), and its info."""
-    import torch
-
-    timm = _import_timm()
-    cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
-    torch.manual_seed(0)
-    model = timm_model(config).to(device)
-    x, y = _inputs(case["batch"], case["image_size"], config["classes"])
-    xt = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().to(device)
-    yt = torch.from_numpy(y).long().to(device)
-    bf16 = case["dtype"] == "mixed_bfloat16"
-    autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    fwd = torch.compile(model) if case.get("torch_compile") else model
-    if case["mode"] == "train":
-        model.train()
-        pretrain = case.get("recipe") == "pretrain"  # as compile_for_pretraining: decay 0.1, clipping at norm 1
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1 if pretrain else 0.004)
-
-        def fn():
-            opt.zero_grad(set_to_none=True)
-            with autocast():
-                loss = torch.nn.functional.cross_entropy(fwd(xt), yt)
-            loss.backward()
-            if pretrain:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sync()
-            return loss.item()
-    else:
-        model.eval()
-
-        def fn():
-            with torch.inference_mode(), autocast():
-                out = fwd(xt)
-            sync()
-            return out
-
-    return fn, {"library": f"timm {timm.__version__}", "backend": "torch"}
-
-
 def timm_worker(spec):
     import torch
 
     if spec.get("torch_threads"):
         torch.set_num_threads(spec["torch_threads"])
-    gpu_mem = _gpu_memory("torch")
+    gpu_mem = gpu_memory("torch")
     results = []
     for case in spec["cases"]:
         base = {"backend": "torch", "library": "timm", **case, "jit_compile": False}
         try:
             config = arch_config(case["variant"], case["image_size"], case.get("classes", 1000))
-            fn, info = _timm_fn(case, config)
+            fn, info = timm_callable(case, config)
             base.update(info)
-            results.append(_measure(base, fn, spec["warmup"], spec["repeats"], case["batch"], gpu_mem))
+            results.append(measure(base, fn, spec["warmup"], spec["repeats"], case["batch"], gpu_mem))
         except Exception as e:  # noqa: BLE001
             results.append({**base, "error": f"{type(e).__name__}: {str(e)[:300]}"})
         print(json.dumps(_short(results[-1])), flush=True)

@@ -17,9 +17,9 @@ torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from workers import _import_timm  # noqa: E402
+from timm_peer import import_timm  # noqa: E402
 
-timm = _import_timm()
+timm = import_timm()
 from timm.layers import LayerNorm, SwiGLUPacked  # noqa: E402
 from timm.models.deit import VisionTransformerDistilled  # noqa: E402
 from timm.models.vision_transformer import VisionTransformer as TimmViT  # noqa: E402

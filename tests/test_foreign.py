@@ -20,9 +20,9 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 transformers = pytest.importorskip("transformers")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from workers import _import_timm  # noqa: E402
+from timm_peer import import_timm  # noqa: E402
 
-timm = _import_timm()
+timm = import_timm()
 from timm.models.vision_transformer import VisionTransformer as TimmViT  # noqa: E402
 
 ARCH = dict(patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)

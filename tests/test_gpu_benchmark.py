@@ -23,6 +23,8 @@ GPU = os.path.join(ROOT, "benchmarks", "gpu.py")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import gpu  # noqa: E402  (the standard library only)
+import gpu_session  # noqa: E402
+import gpu_tables  # noqa: E402
 
 # what a bare GPU machine lacks: Keras and what needs it, TensorFlow
 HIDDEN = re.compile(r"^(keras|tensorflow|tf_keras)([-_.].*)?$", re.IGNORECASE)
@@ -118,7 +120,7 @@ def test_every_part_is_figures_or_one_line_saying_why_not(rehearsal):
         assert {r["policy"] for r in ours.values() if r["mode"] != "latency"} == {"mixed_bfloat16"}, ours
     assert {r["mode"] for r in rows if r["library"] == "timm"} == {"fit (AdamW)", "predict", "latency"}
     levers = {r["lever"]: r for r in rows if "lever" in r}
-    assert set(levers) == set(gpu.LEVERS)
+    assert set(levers) == set(gpu_session.LEVERS)
     assert "attention_implementation='flash' cannot run here" in levers["flash attention"]["not_run"]
     assert all(r["x_base"] > 0 for name, r in levers.items() if name != "flash attention"), levers
     missing = {r["part"]: r["not_run"] for r in rows if r["part"].startswith(("keras-vit/tensorflow", "keras-hub"))}
@@ -135,18 +137,18 @@ def test_the_tables_are_rewritten_from_the_json_and_a_cpu_session_is_refused(reh
     (tmp / "repo" / "benchmarks").mkdir(parents=True)
     for rel in ("README.md", "benchmarks/README.md"):
         shutil.copyfile(os.path.join(ROOT, rel), tmp / "repo" / rel)
-    gpu.update_tables(second, root=tmp / "repo")
+    gpu_tables.update_tables(second, root=tmp / "repo")
     readme = (tmp / "repo" / "README.md").read_text()
     fit = next(r for r in second["results"] if r["part"] == "keras-vit/jax/tiny" and r["mode"] == "fit (pretraining)")
     assert f"| keras-vit, jax | {fit['images_per_s']:,.0f} img/s (" in readme
     assert "| keras-vit, tensorflow | not run: tensorflow not installed" in readme
     bench = (tmp / "repo" / "benchmarks" / "README.md").read_text()
-    assert gpu.results_table(second) in bench and "Wheels: installed keras" in bench
+    assert gpu_tables.results_table(second) in bench and "Wheels: installed keras" in bench
     for rel, text in (("README.md", readme), ("benchmarks/README.md", bench)):  # nothing outside the block moved
         with open(os.path.join(ROOT, rel)) as f:
             original = f.read()
-        assert text.split(gpu.BEGIN)[0] == original.split(gpu.BEGIN)[0]
-        assert text.split(gpu.END)[1] == original.split(gpu.END)[1]
+        assert text.split(gpu_tables.BEGIN)[0] == original.split(gpu_tables.BEGIN)[0]
+        assert text.split(gpu_tables.END)[1] == original.split(gpu_tables.END)[1]
     with pytest.raises(SystemExit):
         gpu.main(["--render", str(tmp / "second.json")])
 
@@ -154,13 +156,14 @@ def test_the_tables_are_rewritten_from_the_json_and_a_cpu_session_is_refused(reh
 @pytest.mark.backend_independent
 def test_the_committed_tables_are_those_of_the_recorded_session():
     record = None
-    if os.path.exists(gpu.RESULTS):
-        with open(gpu.RESULTS) as f:
+    if os.path.exists(gpu_tables.RESULTS):
+        with open(gpu_tables.RESULTS) as f:
             record = json.load(f)
-    for rel, render in (("README.md", gpu.render_readme), ("benchmarks/README.md", gpu.render_benchmarks)):
+    for rel, render in (("README.md", gpu_tables.render_readme),
+                        ("benchmarks/README.md", gpu_tables.render_benchmarks)):
         with open(os.path.join(ROOT, rel)) as f:
             text = f.read()
-        assert gpu.replace_block(text, render(record), rel) == text, f"{rel}: run benchmarks/gpu.py --render"
+        assert gpu_tables.replace_block(text, render(record), rel) == text, f"{rel}: run benchmarks/gpu.py --render"
 
 
 @pytest.mark.backend_independent

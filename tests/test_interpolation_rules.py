@@ -46,9 +46,9 @@ def _torch_resize(grid, size, method, dtype):
 def _timm_resample():
     pytest.importorskip("torch")
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from workers import _import_timm  # timm without torchvision installed
+    from timm_peer import import_timm  # timm without torchvision installed
 
-    _import_timm()
+    import_timm()
     from timm.layers import resample_abs_pos_embed
 
     return resample_abs_pos_embed

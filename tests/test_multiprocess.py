@@ -269,11 +269,12 @@ def test_process_rows_cuts_each_global_batch(monkeypatch):
     """Process i of 2 keeps rows [2i, 2i + 2) of every batch of 4 and its half of a last batch of 2; the
     processes' rows put side by side are the global batches; what does not divide is refused."""
     from keras_vit import distribute
+    from keras_vit.distribute import hosts  # process_rows asks its own module's process_shard
 
     x = {"images": np.arange(10) * 10, "labels": np.arange(10)}
     parts = []
     for index in range(2):
-        monkeypatch.setattr(distribute, "process_shard", lambda index=index: (index, 2))
+        monkeypatch.setattr(hosts, "process_shard", lambda index=index: (index, 2))
         parts.append(distribute.process_rows(x, 4))
     assert parts[0]["labels"].tolist() == [0, 1, 4, 5, 8] and parts[1]["labels"].tolist() == [2, 3, 6, 7, 9]
     assert parts[1]["images"].tolist() == [20, 30, 60, 70, 90]

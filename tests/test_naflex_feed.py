@@ -33,9 +33,9 @@ SMALL = dict(patch_size=16, seq_lens=(64, 16, 36), max_tokens_per_batch=256, eva
 def _timm():
     pytest.importorskip("torch")
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from workers import _import_timm  # timm without torchvision installed
+    from timm_peer import import_timm  # timm without torchvision installed
 
-    return _import_timm()
+    return import_timm()
 
 
 @functools.lru_cache(maxsize=1)

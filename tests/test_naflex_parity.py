@@ -27,9 +27,9 @@ BUDGET = 24
 
 def _timm():
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from workers import _import_timm  # timm without torchvision installed
+    from timm_peer import import_timm  # timm without torchvision installed
 
-    _import_timm()
+    import_timm()
     import timm
 
     return timm

@@ -107,9 +107,9 @@ def _timm():
     import sys
 
     sys.path.insert(0, os.path.join(os.path.dirname(README), "benchmarks"))
-    from workers import _import_timm
+    from timm_peer import import_timm
 
-    return _import_timm()
+    return import_timm()
 
 
 def run(code, **inputs):

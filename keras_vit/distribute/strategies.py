@@ -1,0 +1,103 @@
+"""TensorFlow's `tf.distribute` strategy for the machine: what `tf_strategy` looks at (`Machine`,
+`probe_machine`), the kind it picks (`strategy_kind`: TPU, several workers, several GPUs or one
+device), and a `MultiWorkerMirroredStrategy` whose `reduce` takes what Keras' `fit` gives it."""
+
+import collections
+import glob
+import json
+import os
+
+import keras
+
+Machine = collections.namedtuple("Machine", ["tpu", "gpus", "tf_config"])
+Machine.__doc__ = """What `tf_strategy` looks at: `tpu` a TPUClusterResolver address ("local" on a TPU VM,
+the TPU name on a TPU node) or None; `gpus` the local GPU count; `tf_config` the parsed TF_CONFIG or None."""
+
+
+def probe_machine():
+    """The `Machine` this process runs on (no device is initialised)."""
+    tpu = os.environ.get("TPU_NAME") or ("local" if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") else None)
+    import tensorflow as tf
+
+    text = os.environ.get("TF_CONFIG")
+    return Machine(tpu, len(tf.config.list_physical_devices("GPU")), json.loads(text) if text else None)
+
+
+def strategy_kind(machine):
+    """"tpu", "multi_worker", "mirrored" or "default": the tf.distribute strategy for `machine`."""
+    if machine.tpu:
+        return "tpu"
+    if machine.tf_config and machine.tf_config.get("cluster", {}).get("worker"):
+        return "multi_worker"
+    if machine.gpus > 1:
+        return "mirrored"
+    return "default"
+
+
+def tf_strategy(machine=None):
+    """The `tf.distribute` strategy for this machine, to build and compile a model in its scope.
+
+    - a TPU (a TPU VM, or TPU_NAME set): `TPUStrategy` over a connected `TPUClusterResolver`;
+    - TF_CONFIG naming a worker cluster: `MultiWorkerMirroredStrategy`;
+    - several GPUs: `MirroredStrategy`;
+    - otherwise the default strategy (one device).
+
+    Args:
+        machine: a `Machine` to decide for (tests pass a fake); None probes this one.
+    Example:
+        strategy = keras_vit.distribute.tf_strategy()
+        with strategy.scope():
+            model = keras_vit.ViT_B16(weights="imagenet21k", classes=10)
+            keras_vit.recipes.compile_for_finetuning(model, total_steps=10_000, steps_per_execution=32)
+    """
+    if keras.backend.backend() != "tensorflow":
+        raise NotImplementedError(
+            f"tf_strategy() is for the tensorflow backend, got {keras.backend.backend()!r}; use data_parallel() "
+            "or model_parallel()"
+        )
+    import tensorflow as tf
+
+    machine = probe_machine() if machine is None else machine
+    kind = strategy_kind(machine)
+    if kind == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=machine.tpu)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    if kind == "multi_worker":
+        return _multi_worker_strategy()
+    if kind == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+def _multi_worker_strategy():
+    """`MultiWorkerMirroredStrategy` whose `reduce` takes what Keras' TensorFlow `fit` gives it.
+
+    Keras reduces its first (x, y) batch with `strategy.reduce` to build the model symbolically, and
+    each step's logs (scalars) with `strategy.reduce("MEAN", value, axis=0)`; the multi-worker
+    strategy's collective reduce takes one value only ("Attempt to convert a value (PerReplica ...) to a
+    Tensor") and no axis of a scalar ("Invalid reduction dimension 0 for input with 0 dimensions").
+    Here each value of a nest is reduced on its own, in the same order on every worker, a scalar over the
+    replicas (its mean or sum, as `MirroredStrategy` gives it), and a type the collectives do not take
+    (uint8 images) as float32."""
+    import tensorflow as tf
+
+    collective = (tf.bfloat16, tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
+
+    class MultiWorkerMirroredStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+        def reduce(self, reduce_op, value, axis):
+            def one(v):
+                local = self.experimental_local_results(v)[0]
+                rank = getattr(getattr(local, "shape", None), "rank", None)
+                axis_ = None if rank == 0 else axis
+                reduce = super(MultiWorkerMirroredStrategy, self).reduce
+                dtype = getattr(local, "dtype", None)
+                if dtype is None or dtype in collective:
+                    return reduce(reduce_op, v, axis_)
+                # uint8 images (the recipes' default input): the collectives take no such type
+                return tf.cast(reduce(reduce_op, self.run(lambda t: tf.cast(t, tf.float32), args=(v,)), axis_), dtype)
+
+            return tf.nest.map_structure(one, value)
+
+    return MultiWorkerMirroredStrategy()
