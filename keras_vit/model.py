@@ -104,6 +104,7 @@ def build_vit(
     head="classifier",
     position_aspect_preserving=False,
     naflex=False,
+    drop_path_rate=0.0,
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -122,6 +123,11 @@ def build_vit(
         representation_size: None, or the width of the pre-logits Dense + tanh layer.
         resnet: None, or a dict `{"num_layers": (3, 4, 9), "width_factor": 1}` for a hybrid.
         dropout_rate, attention_dropout_rate: as the paper's Appendix B.1.
+        drop_path_rate: stochastic depth (DeiT's and timm's `drop_path_rate`), in [0, 1): in training
+            each block's two residual branches are dropped for whole samples, block i of L at rate
+            i * drop_path_rate / (L - 1) (timm's linear rule; one block gets 0), kept ones scaled by
+            1 / keep; 0 (the paper's) or evaluation computes exactly the model without it. Saved in
+            the blocks' config (see `keras_vit.layers.TransformerBlock`).
         include_top: with the head; without it the model returns what `pooling` says.
         input_tensor: optional Keras tensor to build the model on (None height/width: any size).
         classifier_activation: activation of the head; None gives logits.
@@ -272,6 +278,7 @@ def _encoder(config, x, posembed, grid):
     """The blocks (position embeddings again before each but the first, for the every_layer placements)
     and the final LayerNorm, unless fc_norm moves it after pooling."""
     block = L.RelativeTransformerBlock if config.position_embedding == "relative" else L.TransformerBlock
+    drop_path_rates = L.drop_path_rates(config.drop_path_rate, config.num_layers)
     for i in range(config.num_layers):
         if i and config.position_placement == "every_layer_shared":
             x = posembed(x)
@@ -281,7 +288,8 @@ def _encoder(config, x, posembed, grid):
                   remat=config.remat, approximate_gelu=config.approximate_gelu,
                   layer_norm_epsilon=config.layer_norm_epsilon,
                   attention_implementation=config.attention_implementation,
-                  mlp_activation=config.mlp_activation, layer_scale=config.layer_scale, name=f"encoderblock_{i}")(x)
+                  mlp_activation=config.mlp_activation, layer_scale=config.layer_scale,
+                  drop_path_rate=drop_path_rates[i], name=f"encoderblock_{i}")(x)
     if not config.fc_norm:
         x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="encoder_norm")(x)
     return x

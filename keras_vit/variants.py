@@ -93,9 +93,9 @@ def _npz_image_size(peek, stride):
 def resolve_build_args(variant, weights, image_size, classes, include_top, representation_size="auto",
                        classifier=None):
     """Fills `image_size`, `classes`, `representation_size` and `classifier` from the weights when
-    not given, and the numerics (`approximate_gelu`, `layer_norm_epsilon`) and family options
-    (layer scale, registers, ...) of timm / Hugging Face files; `head` is "projection" for a file's
-    projection kept as it is (`keras_vit.weights.heads`), else "classifier"."""
+    not given, and the numerics (`approximate_gelu`, `layer_norm_epsilon`), family options
+    (layer scale, registers, ...) and recorded `drop_path_rate` of timm / Hugging Face files; `head`
+    is "projection" for a file's projection kept as it is (`keras_vit.weights.heads`), else "classifier"."""
     config = get_variant(variant)
     if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 1):
         raise ValueError(f"classes must be a positive int (or None for the weights' classes), got {classes!r}")
@@ -135,6 +135,9 @@ _DOC = """Builds {checkpoint} ({arch}), the `{name}` variant of the paper.
         image_size: int or (h, w); None takes the weights' resolution (224 without weights).
         classifier: "token" or "gap"; None takes the weights' ("token" without weights).
         dropout_rate, attention_dropout_rate: dropout for fine-tuning or pre-training.
+        drop_path_rate: stochastic depth for training, in [0, 1): each block's residual branches
+            dropped per sample, the rate rising linearly from 0 (first block) to this (last block),
+            timm's rule; None takes the weights' (a Hugging Face DINOv2 config's), else 0.
         representation_size: pre-logits width; "auto" keeps the file's pre-logits when the model
             keeps its head and classes, None drops them.
         remat: recompute each encoder block in the backward pass instead of keeping its
@@ -168,12 +171,15 @@ def _factory(variant):
     def build(include_top=True, weights=None, input_tensor=None, classes=None,
               classifier_activation="auto", name=None, image_size=None, classifier=None,
               dropout_rate=0.0, attention_dropout_rate=0.0, representation_size="auto", remat=False,
-              input_shape=None, pooling="representation", patch_size=None, input_dtype="float32"):
+              input_shape=None, pooling="representation", patch_size=None, input_dtype="float32",
+              drop_path_rate=None):
         if image_size is None and input_shape is not None and len(input_shape) == 3 and None not in input_shape[:2]:
             image_size = tuple(input_shape[:2])
         if isinstance(weights, (str, os.PathLike)) and is_foreign(os.fspath(weights)) and os.path.exists(weights):
             weights = read(weights)  # once: its facts shape the model, then its tensors load into it
         args = resolve_build_args(variant, weights, image_size, classes, include_top, representation_size, classifier)
+        if drop_path_rate is not None:
+            args["drop_path_rate"] = drop_path_rate  # else the file's, if it names one
         arch = get_variant(variant).build_args()
         if patch_size is not None and patch_size != arch["patch_size"]:
             arch["patch_size"] = patch_size  # the builder checks it; a registry tag names the file to resize

@@ -7,6 +7,7 @@ import keras
 from keras_vit.configs import resnet_stride
 from keras_vit.interpolation import check_interpolation
 from keras_vit.layers.attention import check_attention_implementation
+from keras_vit.layers.drop_path import check_drop_path_rate
 from keras_vit.layers.mlp import check_mlp_activation
 from keras_vit.preprocessing import NORMALIZATIONS
 
@@ -72,6 +73,7 @@ class ViTConfig:
     head: str = "classifier"
     position_aspect_preserving: bool = False
     naflex: bool = False
+    drop_path_rate: float = 0.0
 
     def __post_init__(self):
         # In this order, the builder's: of several bad options, the same one is named.
@@ -80,6 +82,7 @@ class ViTConfig:
         check_attention_implementation(self.attention_implementation)
         _check_head(self)
         _check_numbers(self)
+        check_drop_path_rate(self.drop_path_rate)
         _check_pooling(self)
         check_mlp_activation(self.mlp_activation)
         check_interpolation(self.position_interpolation, "position_interpolation")

@@ -32,12 +32,13 @@ class StepLosses(keras.callbacks.Callback):
         self.losses.append(float(logs["loss"]))
 
 
-def train(setup, step_batch=BATCH, layer_decay=None):
-    """4 updates of the fine-tuning recipe (SGD, momentum, clipping) on the same global batches."""
+def train(setup, step_batch=BATCH, layer_decay=None, **options):
+    """4 updates of the fine-tuning recipe (SGD, momentum, clipping) on the same global batches; `options`:
+    builder arguments beside CONFIG."""
     keras.distribution.set_distribution(None)
     setup()
     keras.utils.set_random_seed(0)
-    model = keras_vit.VisionTransformer(**CONFIG)
+    model = keras_vit.VisionTransformer(**CONFIG, **options)
     recipes.compile_for_finetuning(model, total_steps=4, base_lr=0.1, warmup_steps=1, batch_size=BATCH,
                                    device_batch_size=step_batch, layer_decay=layer_decay)
     losses = StepLosses()
@@ -84,7 +85,14 @@ model, model_losses = train(lambda: distribute.model_parallel((2, 4)))
 out["model"] = compare(model, single, model_losses, single_losses)
 out["model"]["replicas"] = distribute.num_replicas()
 
-# 1b. layer-wise learning-rate decay: the same trajectory on one device, data parallel and model parallel
+# 1b. stochastic depth: the same seed draws the same per-image masks on one device and data parallel over 8
+dropped, dropped_losses = train(lambda: None, drop_path_rate=0.3)
+out["drop_path_effect"] = compare(dropped, single, dropped_losses, single_losses)["max_rel"]
+parallel, parallel_losses = train(distribute.data_parallel, drop_path_rate=0.3)
+out["drop_path_data"] = compare(parallel, dropped, parallel_losses, dropped_losses)
+
+# 1c. layer-wise learning-rate decay: the same trajectory on one device, data parallel and model parallel
+# (model parallel last: sections 2 and 3 read its model and distribution)
 decayed, decayed_losses = train(lambda: None, layer_decay=0.5)
 out["decay_effect"] = compare(decayed, single, decayed_losses, single_losses)["max_rel"]
 for name, setup in (("data", distribute.data_parallel), ("model", lambda: distribute.model_parallel((2, 4)))):

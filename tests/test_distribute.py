@@ -56,6 +56,16 @@ def test_layer_decay_under_the_distribution_api(jax8, mode):
 
 @pytest.mark.backend_independent
 @pytest.mark.slow
+def test_stochastic_depth_under_data_parallel(jax8):
+    """4 updates with drop_path_rate=0.3, data parallel over 8 devices: one device's trajectory (the
+    per-image masks drawn from the same seed whatever the sharding), which differs from the one without."""
+    assert jax8["drop_path_effect"] > 1e-3
+    assert jax8["drop_path_data"]["weights_allclose"] and jax8["drop_path_data"]["max_rel"] <= 1e-5
+    assert jax8["drop_path_data"]["loss_max_rel"] <= 1e-5
+
+
+@pytest.mark.backend_independent
+@pytest.mark.slow
 def test_gradient_accumulation_matches_the_whole_batch(jax8):
     """One device accumulating 2 micro-batches of 8 updates as one batch of 16 (the global batch
     kept when devices are few)."""

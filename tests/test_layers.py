@@ -19,7 +19,7 @@ def _layer_cases():
         (L.AddPositionEmbs((2, 3), num_prefix_tokens=1), (2, 7, 8)),
         (L.AddPositionEmbs((2, 3), num_prefix_tokens=0), (2, 6, 8)),
         (L.MultiHeadDotProductAttention(2, dropout_rate=0.1), (2, 5, 8)),
-        (L.TransformerBlock(2, 16, dropout_rate=0.1, attention_dropout_rate=0.2), (2, 5, 8)),
+        (L.TransformerBlock(2, 16, dropout_rate=0.1, attention_dropout_rate=0.2, drop_path_rate=0.1), (2, 5, 8)),
         (L.SequencePooling("gap"), (2, 5, 8)),
         (L.StdConv2D(32, 3, 2), (1, 8, 8, 3)),
         (L.BottleneckUnit(32, strides=2), (1, 8, 8, 32)),

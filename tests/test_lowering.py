@@ -1,10 +1,11 @@
 """The accelerator code paths, checked without an accelerator: the training and inference steps of a
 ViT-B/16 configuration, jitted as Keras' `fit` and `predict` jit them (the recipes' optimizers and
-gradient accumulation, mixed_bfloat16, dropout, remat), lowered on this CPU for TPU and CUDA with
-`jax.jit(...).trace(...).lower(lowering_platforms=...)`. The computations keras-vit picks for a CPU
-(the gradient fusion barrier, the attention layout, the remat that saves something on XLA:CPU) are
-chosen per lowered platform (`runtime.per_platform`, the CPU branch under `runtime.CPU_ONLY_SCOPE`):
-a CPU lowering holds them, a TPU or CUDA lowering none, and no lowering calls back to the host.
+gradient accumulation, mixed_bfloat16, dropout, stochastic depth, remat), lowered on this CPU for TPU
+and CUDA with `jax.jit(...).trace(...).lower(lowering_platforms=...)`. The computations keras-vit
+picks for a CPU (the gradient fusion barrier, the attention layout, the remat that saves something on
+XLA:CPU) are chosen per lowered platform (`runtime.per_platform`, the CPU branch under
+`runtime.CPU_ONLY_SCOPE`): a CPU lowering holds them, a TPU or CUDA lowering none, and no lowering
+calls back to the host.
 Only shapes are used: the model's and the optimizer's variables are declared, never computed."""
 
 import contextlib
@@ -26,10 +27,12 @@ ACCELERATORS = ("tpu", "cuda")
 BATCH = 2  # the images' shapes are what matters: 224 px, 197 tokens
 # a host callback (jax.pure_callback, io_callback, jax.debug.print) or a host transfer in lowered code
 HOST_CALLBACK = re.compile(r"custom_call @\w*callback|stablehlo\.(send|recv|infeed|outfeed)\b")
+DROP_PATH_MASK = re.compile(rf"tensor<{BATCH}x1x1xi1>")
 # recipe -> (compile function, model arguments): fine-tuning's SGD with momentum, pre-training's AdamW
-# with remat; both accumulate the gradients of two device batches
-RECIPES = {"finetuning": (recipes.compile_for_finetuning, {}),
-           "pretraining": (recipes.compile_for_pretraining, {"remat": True})}
+# with remat (its drop-path masks drawn outside the recomputation); both accumulate the gradients of two
+# device batches, both with stochastic depth (DeiT's recipes)
+RECIPES = {"finetuning": (recipes.compile_for_finetuning, {"drop_path_rate": 0.1}),
+           "pretraining": (recipes.compile_for_pretraining, {"remat": True, "drop_path_rate": 0.1})}
 
 
 @contextlib.contextmanager
@@ -64,6 +67,7 @@ def steps(request):
     try:
         with _declared_only():
             model = keras_vit.ViT_B16(classes=10, dropout_rate=0.1, **options)
+        assert model.get_layer("encoderblock_11").drop_path_rate == 0.1
         compile_recipe(model, total_steps=10_000, batch_size=2 * BATCH, device_batch_size=BATCH)
         with _declared_only():
             model._symbolic_build(data_batch=(keras.KerasTensor(images.shape, "float32"),
@@ -111,6 +115,8 @@ def test_accelerator_lowerings_hold_no_cpu_only_branch_and_no_host_callback(step
         assert CPU_ONLY_SCOPE not in text, platform
         assert not HOST_CALLBACK.search(text), (platform, HOST_CALLBACK.search(text).group())
         assert "stablehlo.dot_general" in text and "bf16" in text, platform  # the step itself, in bfloat16
+        # training: the per-image drop-path masks (BATCH, 1, 1) are drawn in the step
+        assert (DROP_PATH_MASK.search(text) is not None) == (step == "train"), platform
 
 
 @pytest.mark.parametrize("steps", ["pretraining"], indirect=True)  # remat: every choice keras-vit makes

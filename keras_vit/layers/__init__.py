@@ -2,6 +2,7 @@
 
 from keras_vit.layers.attention import MultiHeadDotProductAttention
 from keras_vit.layers.class_token import ClassToken
+from keras_vit.layers.drop_path import drop_path, drop_path_keep, drop_path_rates
 from keras_vit.layers.factorized_position_embedding import AddFactorizedPositionEmbs
 from keras_vit.layers.feature_map import TokensToMap
 from keras_vit.layers.map_head import MAPHead
@@ -43,6 +44,9 @@ __all__ = [
     "TokensToMap",
     "TopK",
     "TransformerBlock",
+    "drop_path",
+    "drop_path_keep",
+    "drop_path_rates",
     "resize_position_embeddings",
     "standardize_kernel",
 ]

@@ -4,6 +4,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, check_attention_implementation, dense
+from keras_vit.layers.drop_path import check_drop_path_rate, drop_path, drop_path_keep
 from keras_vit.layers.mlp import activate, check_mlp_activation, hidden_width
 from keras_vit.layers.quantized import with_sublayer_policies
 from keras_vit.runtime import per_platform
@@ -72,9 +73,10 @@ def _jax_cpu_remat(fn, variables, x, keep=()):
     `jax.checkpoint` (what `keras.remat` is on JAX) saves nothing there: XLA:CPU expands the
     optimization barriers that keep the recomputation apart before common-subexpression
     elimination, which then merges the recomputation back into the forward pass. Here the forward
-    keeps only the input, the dropout masks `keep` and the weights (`variables`' current values,
-    passed explicitly so their gradients flow), and the backward recomputes from the input passed
-    through a conditional, a value XLA cannot identify with the forward's, so nothing merges.
+    keeps only the input, the dropout and drop-path masks `keep` and the weights (`variables`'
+    current values, passed explicitly so their gradients flow), and the backward recomputes from the
+    input passed through a conditional, a value XLA cannot identify with the forward's, so nothing
+    merges.
     `fn` closes over no traced value: the backward is traced later, where none would be in scope
     (inside `per_platform`'s conditional, JAX fails to lower one).
     """
@@ -105,7 +107,8 @@ def _norm_params(layer):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class TransformerBlock(keras.layers.Layer):
-    """`x + Dropout(MSA(LN(x)))`, then `x + MLP(LN(x))`; as the official `encoderblock_i`.
+    """`x + Dropout(MSA(LN(x)))`, then `x + MLP(LN(x))`; as the official `encoderblock_i`, each residual
+    branch optionally dropped per sample in training (stochastic depth, `drop_path_rate`).
 
     Numerics follow the official model by default: LayerNorm epsilon 1e-6, tanh-approximate GELU,
     biases on every projection, dropout after every dense layer except q/k/v, dropout on the
@@ -127,12 +130,18 @@ class TransformerBlock(keras.layers.Layer):
             `LayerScale_0/scale` (attention) and `LayerScale_1/scale` (MLP).
         remat: in training, recompute the block's activations in the backward pass instead of
             keeping them (gradient checkpointing: `keras.remat`; with JAX on a CPU, where that
-            saves nothing, a custom gradient that does). The dropout masks are drawn
+            saves nothing, a custom gradient that does). The dropout and drop-path masks are drawn
             outside the recomputed part, so the recomputation sees the same masks; attention-weight
             dropout is not supported with it.
         attention_implementation: "auto" (a GPU's fused kernel where backend, device, dtype and
             head size allow it, else the standard path), "flash" (the fused kernel, or a
             ValueError where it cannot run) or "standard".
+        drop_path_rate: stochastic depth: in training, each residual branch (attention, MLP) is
+            dropped for a whole sample with this probability and kept ones are scaled by
+            1 / (1 - rate) (timm's `drop_path`; `keras_vit.layers.drop_path`), masks drawn per sample
+            from the block's seed generator; 0 (the default) or evaluation computes exactly the
+            block without it. In [0, 1); the builder gives each block its rate
+            (`keras_vit.layers.drop_path_rates`).
     Call args:
         x: tokens (B, T, D).
         return_attention: also return the softmax attention weights (B, heads, T, T).
@@ -141,8 +150,9 @@ class TransformerBlock(keras.layers.Layer):
 
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, remat=False,
                  approximate_gelu=True, layer_norm_epsilon=LAYER_NORM_EPSILON, attention_implementation="auto",
-                 mlp_activation="gelu", layer_scale=None, **kwargs):
+                 mlp_activation="gelu", layer_scale=None, drop_path_rate=0.0, **kwargs):
         super().__init__(**kwargs)
+        self.drop_path_rate = check_drop_path_rate(drop_path_rate, f"{type(self).__name__}: drop_path_rate")
         self.mlp_activation = check_mlp_activation(mlp_activation)
         if layer_scale is not None and (isinstance(layer_scale, bool) or not isinstance(layer_scale, (int, float))):
             raise ValueError(f"layer_scale must be None or a float (the initial scale), got {layer_scale!r}")
@@ -173,6 +183,8 @@ class TransformerBlock(keras.layers.Layer):
                                         **init)
         self.mlp_1 = keras.layers.Dense(dim, name="Dense_1", dtype=policy, **init)
         self.dropout = keras.layers.Dropout(self.dropout_rate)
+        # its own generator, made only with a rate: a model without stochastic depth has the state it had
+        self.drop_path_seed = keras.random.SeedGenerator(name="drop_path_seed") if self.drop_path_rate else None
         for layer in (self.norm_0, self.attention, self.norm_2, self.mlp_0):
             layer.build(input_shape)
         self.mlp_1.build((*input_shape[:-1], self.mlp_dim))
@@ -191,16 +203,18 @@ class TransformerBlock(keras.layers.Layer):
 
     def call(self, x, training=None, return_attention=False, valid=None):
         x = _cotangent_barrier(x)
+        paths = self._path_masks(x) if training else ()  # drawn once: a recomputation reuses them
         if self.remat and training and not return_attention:
-            # the mask travels with the dropout masks: the recomputation may close over no traced value
-            keep = (self._keep_masks(x), valid)
-            forward = lambda x, keep: self._forward(x, training, keep=keep[0], valid=keep[1])  # noqa: E731
+            # the masks travel with the dropout masks: the recomputation may close over no traced value
+            keep = (self._keep_masks(x), paths, valid)
+            forward = lambda x, keep: self._forward(  # noqa: E731
+                x, training, keep=keep[0], paths=keep[1], valid=keep[2])
             if keras.backend.backend() != "jax":
                 return keras.remat(lambda x: forward(x, keep))(x)
             # chosen for the platform the step is lowered for: `jax.checkpoint` on a GPU or TPU
             return per_platform(x, keep, cpu=lambda x, keep: _jax_cpu_remat(forward, self.variables, x, keep),
                                 default=keras.remat(forward))
-        return self._forward(x, training, return_attention=return_attention, valid=valid)
+        return self._forward(x, training, return_attention=return_attention, valid=valid, paths=paths)
 
     def _keep_masks(self, x):
         """Dropout keep-masks for the three dropouts of a training step (none without dropout)."""
@@ -210,6 +224,15 @@ class TransformerBlock(keras.layers.Layer):
         shape = ops.shape(x)
         hidden = (*shape[:-1], self.mlp_dim)
         return tuple(keras.random.uniform(s, seed=gen) >= self.dropout_rate for s in (shape, hidden, shape))
+
+    def _path_masks(self, x):
+        """Per-sample keep-masks (B, 1, 1) of the two residual branches (none without stochastic depth)."""
+        if not self.drop_path_rate:
+            return ()
+        return tuple(drop_path_keep(x, self.drop_path_rate, self.drop_path_seed) for _ in range(2))
+
+    def _drop_branch(self, y, paths, i):
+        return drop_path(y, paths[i], self.drop_path_rate) if paths else y
 
     def _drop(self, y, training, keep, i):
         if not keep:
@@ -230,14 +253,14 @@ class TransformerBlock(keras.layers.Layer):
     def _scaled(self, y, i):
         return y * ops.cast(self.scales[i], y.dtype) if self.scales else y
 
-    def _forward(self, x, training, return_attention=False, keep=(), valid=None):
+    def _forward(self, x, training, return_attention=False, keep=(), valid=None, paths=()):
         y = self.attention(self.norm_0(x), training=training, return_attention=return_attention, valid=valid)
         if return_attention:
             y, weights = y
-        x = x + self._drop(self._scaled(y, 0), training, keep, 0)
+        x = x + self._drop_branch(self._drop(self._scaled(y, 0), training, keep, 0), paths, 0)
         y = self._dense(self.mlp_0, self.norm_2(x), activation=True)
         y = self._dense(self.mlp_1, self._drop(y, training, keep, 1))
-        x = x + self._drop(self._scaled(y, 1), training, keep, 2)
+        x = x + self._drop_branch(self._drop(self._scaled(y, 1), training, keep, 2), paths, 1)
         return (x, weights) if return_attention else x
 
     def compute_output_shape(self, input_shape):
@@ -265,4 +288,5 @@ class TransformerBlock(keras.layers.Layer):
             "attention_implementation": self.attention_implementation,
             "mlp_activation": self.mlp_activation,
             "layer_scale": self.layer_scale,
+            "drop_path_rate": self.drop_path_rate,
         }

@@ -76,9 +76,11 @@ def _refuse(path, tensors):
         raise ValueError(f"{path} holds another architecture than the paper's ViT: " + "; ".join(found))
 
 
-# what a timm file / Hugging Face folder dictates beyond the dimensions: numerics, family options, resize rule
+# what a timm file / Hugging Face folder dictates beyond the dimensions: numerics, family options, resize rule,
+# and the stochastic depth its config records (Hugging Face's DINOv2; a timm state dict records none)
 FILE_OPTIONS = ("approximate_gelu", "layer_norm_epsilon", "position_interpolation", *FAMILY_DEFAULTS,
-                "position_embedding", "position_aspect_preserving")  # the last two: timm's NaFlex models
+                "position_embedding", "position_aspect_preserving",  # these two: timm's NaFlex models
+                "drop_path_rate")
 
 
 def file_options(arch):

@@ -63,7 +63,7 @@ _VIT = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, inter
             layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3, qkv_bias=True, pooler_act="tanh")
 _DINOV2 = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, mlp_ratio=4, hidden_act="gelu",
                layer_norm_eps=1e-6, image_size=224, patch_size=14, num_channels=3, qkv_bias=True,
-               layerscale_value=1.0, use_swiglu_ffn=False)
+               layerscale_value=1.0, use_swiglu_ffn=False, drop_path_rate=0.0)
 _TOWER = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, image_size=224,
               num_channels=3)
 # torch's F.interpolate as each model's interpolate_pos_encoding calls it (transformers 5): bicubic with
@@ -290,7 +290,9 @@ def architecture(config, tensors):
     position embeddings: "bicubic" is torch's bicubic with align_corners=False), `source_head` (what the
     class returns by default: `keras_vit.weights.heads`), `input_mode` (its image processor's
     scaling, a `keras_vit.preprocess_input` mode), and for SigLIP 2 `naflex` (True: the model takes a NaFlex
-    batch; `image_size` is then its position table's grid in pixels).
+    batch; `image_size` is then its position table's grid in pixels). Of the training options, DINOv2's
+    config records `drop_path_rate` (transformers drops every block at that rate; keras-vit's rate rises
+    linearly to it); the other families' configs record none.
     """
     kind, cfg = vision_config(config)
     local = _local(tensors)
@@ -329,7 +331,7 @@ def architecture(config, tensors):
                              "of the patch tokens side by side (2 x hidden); the builder has no such head. "
                              "Save its Dinov2Model (model.dinov2) to load the backbone")
         registers = local.get("embeddings.register_tokens")
-        arch.update(layer_scale=float(cfg["layerscale_value"]),
+        arch.update(layer_scale=float(cfg["layerscale_value"]), drop_path_rate=_drop_path_rate(cfg, name),
                     num_register_tokens=0 if kind == "dinov2" else int(
                         cfg["num_register_tokens"] if registers is None else registers.shape[1]))
     elif kind == "clip_vision_model":
@@ -348,6 +350,15 @@ def architecture(config, tensors):
     built = None if arch["classes"] is None else PROJECTION if kind == "clip_vision_model" else CLASSIFIER
     arch["source_head"] = hf_head((config.get("architectures") or [None])[0], built)
     return arch
+
+
+def _drop_path_rate(cfg, name):
+    """The stochastic depth a DINOv2 config records, kept as keras-vit's `drop_path_rate`."""
+    rate = float(cfg["drop_path_rate"])
+    if rate:
+        logger.info("keras_vit: %s records drop_path_rate=%g, which transformers applies to every block; "
+                    "keras-vit's rate rises linearly over the blocks to it (timm's rule)", name, rate)
+    return rate
 
 
 def to_official(tensors, num_heads):

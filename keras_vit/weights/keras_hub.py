@@ -297,7 +297,7 @@ def architecture(backbone, task, tensors):
 
 def _family_arguments(kind, cfg):
     """The builder arguments that the backbone class `kind` (of config `cfg`) sets its own way: the MLP, the
-    LayerNorms, the pooling, DINOv2's layer scale, registers and position interpolation."""
+    LayerNorms, the pooling, DINOv2's layer scale, registers, position interpolation and drop_path_rate."""
     if kind == "ViTBackbone":
         return dict(mlp_dim=int(cfg["mlp_dim"]), approximate_gelu=False,
                     layer_norm_epsilon=float(cfg.get("layer_norm_epsilon", 1e-6)), pre_norm=False,
@@ -320,6 +320,7 @@ def _family_arguments(kind, cfg):
                     layer_norm_epsilon=1e-6, pre_norm=False, mlp_activation="swiglu" if swiglu else "gelu",
                     layer_scale=float(cfg.get("layer_scale_init_value", 1.0)),
                     num_register_tokens=int(cfg.get("num_register_tokens", 0)),
+                    drop_path_rate=float(cfg.get("drop_path_rate", 0.0)),  # keras-hub's every block's
                     position_interpolation="bicubic")  # keras-vit's (torch's); keras-hub resizes with Keras' bicubic
     # CLIPVisionEncoder
     act = cfg.get("intermediate_activation", "quick_gelu")
