@@ -135,6 +135,15 @@ def backend():
     return os.environ.get("KERAS_BACKEND", "tensorflow")
 
 
+def tensorflows_file(format, **kwargs):
+    """Whether this lane's backend hands `format` (with `writer`'s options: any_size, naflex, batch_size) to
+    TensorFlow, which writes it in a fresh process: the one rule behind every export test that leaves such
+    a file's full checks to the tensorflow lane."""
+    from keras_vit.export import writer
+
+    return backend() != "tensorflow" and writer(backend(), format, **kwargs) == "tensorflow"
+
+
 def once_on_tensorflow(why):
     """The mark of a test that runs once, on the tensorflow lane of `make test` (beside the jax lane, which
     carries the backend_independent and one_backend tests): `why` the other lanes need not run it."""

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import keras_vit
-from conftest import TINY
-from keras_vit.export import FORMATS, export, read_class_names, run, serving_model, takes_any_size, writer
+from conftest import TINY, tensorflows_file
+from keras_vit.export import FORMATS, export, read_class_names, run, serving_model, takes_any_size
 
 BACKEND = keras.backend.backend()
 RUNTIMES = {"tf_saved_model": "tensorflow", "onnx": "onnxruntime", "litert": "ai_edge_litert"}
@@ -26,13 +26,13 @@ RULE = {"tf_saved_model": "bilinear", "onnx": "bicubic_antialias", "litert": "bi
 
 # this backend's any-size ONNX is TensorFlow's file, written in a fresh process: the tensorflow lane checks that
 # writer's graphs; here the hand-off is checked once (test_any_size_artefact_equals_keras_at_six_sizes[onnx])
-TENSORFLOWS_ONNX = pytest.mark.skipif(BACKEND != "tensorflow" and writer(BACKEND, "onnx", any_size=True) == "tensorflow",
+TENSORFLOWS_ONNX = pytest.mark.skipif(tensorflows_file("onnx", any_size=True),
                                       reason=f"{BACKEND}'s any-size ONNX is written by TensorFlow: checked on its lane")
 
 
 def _runtime_or_skip(format, any_size=True):
     pytest.importorskip(RUNTIMES[format])
-    if writer(BACKEND, format, any_size=any_size) != BACKEND:
+    if tensorflows_file(format, any_size=any_size):
         pytest.importorskip("tensorflow")  # writes it in a fresh process
 
 

@@ -10,7 +10,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from conftest import once_on_tensorflow
+from conftest import once_on_tensorflow, tensorflows_file
 
 from keras_vit.export import (NAFLEX_REFUSED, THROUGH_TENSORFLOW_NAFLEX, check_format, compare, export,
                               read_class_names, run, writer)
@@ -57,7 +57,7 @@ def _batch(sizes, seq_len, dtype, seed=0):
 
 def _writes_or_skip(format, config):
     pytest.importorskip(RUNTIMES[format])
-    if writer(BACKEND, format, naflex=True) != BACKEND:
+    if tensorflows_file(format, naflex=True):
         pytest.importorskip("tensorflow")  # writes it in a fresh process
         if config != "token":
             pytest.skip("written by the TensorFlow backend in a fresh process, as the tensorflow lane writes every "
