@@ -7,7 +7,7 @@ of mixed aspect ratios (issue 37, item 4): held-out accuracy and images per seco
 
 The photographs: `examples/own_images.py`'s folder (scikit-image's brick, grass and gravel textures cut into
 `--per-class` pieces each that do not overlap, of different sizes and aspect ratios, each with its own
-exposure and white balance, JPEG and PNG), split per class by `keras_vit.image_folder.scan` (`--validation-
+exposure and white balance, JPEG and PNG), split per class by `keras_vit.data.folder.scan` (`--validation-
 split` held out). Both ways spend the same token budget T (`--tokens`, a square number) on every image:
 
   square: each image resized (bilinear, antialiased) to sqrt(T) * 14 px square, into the plain model built at
@@ -69,7 +69,7 @@ TINY = {"patch_size": 8, "hidden_size": 32, "mlp_dim": 64, "num_heads": 2, "num_
 def read_split(folder, plan, validation_split):
     """(train images, train labels, held-out images, held-out labels, class names): the folder split by
     `plan.seed` as `naflex_feed.folder_batches` splits it, every image read once into memory."""
-    from keras_vit import naflex_feed
+    from keras_vit.data import naflex_feed
 
     train, held_out = naflex_feed.folder_batches(folder, plan, validation_split)
     if held_out is None:
@@ -81,13 +81,13 @@ def read_split(folder, plan, validation_split):
 
 def feeds(images, labels, plan, training, mode):
     """{way: a PyDataset} over the same batch plan: NaFlex sequences, or the same images and flips squared."""
-    from keras_vit import naflex_feed
+    from keras_vit.data import naflex_feed
 
     class SquareBatches(naflex_feed.NaFlexBatches):
         """The batches of `NaFlexBatches` (images, flips, order), each image resized to sqrt(T) patches a side."""
 
         def __getitem__(self, index):
-            from keras_vit.naflex_feed import _resize
+            from keras_vit.data.naflex_sequence import resize_antialiased
             from keras_vit.preprocessing import preprocess_input
 
             seq_len, rows, flips = self.batch_plan(index)
@@ -204,13 +204,13 @@ def feature_probe(args, models, images, labels, mode):
     from sklearn.model_selection import StratifiedShuffleSplit
     from tqdm import tqdm
 
-    from keras_vit import naflex_feed
+    from keras_vit.data import naflex_feed
     from keras_vit.preprocessing import preprocess_input
 
     side = round(args.tokens ** 0.5) * args.patch
 
     def square(image):
-        return np.asarray(preprocess_input(naflex_feed._resize(np.asarray(image), (side, side)), mode), np.float32)
+        return np.asarray(preprocess_input(naflex_sequence.resize_antialiased(np.asarray(image), (side, side)), mode), np.float32)
 
     def sequence(image):
         return naflex_feed.patchify(image, args.patch, args.tokens, args.tokens, mode=mode)
@@ -291,7 +291,7 @@ def time_inference(args, models, held_batches):
 def run(args, folder):
     import keras
 
-    from keras_vit.naflex_feed import NaFlexPlan
+    from keras_vit.data.naflex_feed import NaFlexPlan
 
     plan = NaFlexPlan(patch_size=args.patch, seq_lens=(args.tokens,), eval_seq_len=args.tokens,
                       max_tokens_per_batch=args.tokens * args.batch, seed=args.seed)

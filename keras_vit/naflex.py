@@ -32,7 +32,7 @@ def _check_convertible(model, parts):
 def naflex(model):
     """A copy of `model` (a keras-vit model, any size, its weights and class names) that takes a NaFlex
     batch: a dict of "patches" (B, N, P * P * C), each patch flattened row-major with the channels
-    fastest (`keras_vit.naflex_feed` cuts them), "patch_coord" (B, N, 2) int32, the (row, col) of each
+    fastest (`keras_vit.data.naflex_feed` cuts them), "patch_coord" (B, N, 2) int32, the (row, col) of each
     patch in its image's grid, and "patch_valid" (B, N) bool, False on the padding after an image's
     patches. Each patch takes the position embedding of its place in its own image's grid, by the
     model's rule; the padding is masked in every block's attention and in the pooling. An image
@@ -86,8 +86,8 @@ def naflex(model):
 
 def patchify_images(images, patch_size):
     """(B, H, W, C) `images` -> the NaFlex dict of their whole grids of `patch_size` patches, no padding,
-    no resize (numpy; images of one size: `keras_vit.naflex_feed.patchify` resizes to a budget and pads)."""
-    from keras_vit.naflex_feed import cut
+    no resize (numpy; images of one size: `keras_vit.data.naflex_feed.patchify` resizes to a budget and pads)."""
+    from keras_vit.data.naflex_feed import cut
 
     patches, coord = cut(np.asarray(images), patch_size)
     return {"patches": patches, "patch_coord": np.repeat(coord[None], len(patches), 0),

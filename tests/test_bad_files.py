@@ -17,7 +17,7 @@ from conftest import TINY
 
 import keras_vit
 from keras_vit.fileio import load_image
-from keras_vit.image_folder import read_image
+from keras_vit.data.folder import read_image
 from keras_vit.weights import save_npz
 from keras_vit.weights.keras_files import load_keras_model
 from keras_vit.weights.keras_hub_save import save_keras_hub_preset

@@ -17,6 +17,7 @@ from PIL import Image
 import keras_vit
 from conftest import photos
 from keras_vit import cli
+from keras_vit.cli.model_args import default_weights
 from keras_vit.preprocessing import decode_predictions, load_image, preprocess_input
 from keras_vit.weights import save_npz
 
@@ -112,10 +113,10 @@ def test_default_weights_exist_for_every_variant(command):
     for name in keras_vit.VARIANTS:
         args = cli.parser().parse_args([*command, "--model", name])
         assert args.weights is None
-        record = get_weights(name, cli.default_weights(name))  # raises on a tag the variant lacks
+        record = get_weights(name, default_weights(name))  # raises on a tag the variant lacks
         assert record.classes == 1000 or not any(r.classes == 1000 for r in keras_vit.list_weights(name))
-    assert cli.default_weights("ViT_Ti16") == "augreg-imagenet21k+imagenet2012"
-    assert cli.default_weights("ViT_B16") == "imagenet21k+imagenet2012"
+    assert default_weights("ViT_Ti16") == "augreg-imagenet21k+imagenet2012"
+    assert default_weights("ViT_B16") == "imagenet21k+imagenet2012"
 
 
 # a fine-tuned model of one's own: 3 classes, one name with a comma (the CSV quotes it)

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.backend_independent
 ROOT = pathlib.Path(__file__).parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 PUBLIC_MODULES = ["keras_vit", "keras_vit.layers", "keras_vit.recipes", "keras_vit.inspection", "keras_vit.distribute",
-                  "keras_vit.export", "keras_vit.data", "keras_vit.launch", "keras_vit.naflex", "keras_vit.naflex_feed"]
+                  "keras_vit.export", "keras_vit.data", "keras_vit.launch", "keras_vit.naflex", "keras_vit.data.naflex_feed"]
 # Arguments a docstring may leave out for now, by qualified name (e.g. while its file is being rewritten
 # by its owner); test_the_allowance_is_not_stale keeps it from outliving the gap. Empty: none.
 UNDOCUMENTED_ELSEWHERE = {}

@@ -13,7 +13,8 @@ import pytest
 from conftest import photo_folder
 
 from keras_vit import cli
-from keras_vit.image_folder import read_image, resize_bilinear
+from keras_vit.data.folder import read_image
+from keras_vit.data.preprocess import resize_bilinear
 from keras_vit.recipes import folder_plan, own_images
 
 

@@ -1,4 +1,4 @@
-"""A folder of one's own images as a dataset (keras_vit.data.from_directory, keras_vit.image_folder)."""
+"""A folder of one's own images as a dataset (keras_vit.data.from_directory, keras_vit.data.folder)."""
 
 import json
 import os
@@ -11,7 +11,9 @@ import pytest
 from conftest import photo_folder, python_without
 
 from keras_vit import data
-from keras_vit import image_folder as F
+from keras_vit.data import folder as F
+from keras_vit.data.preprocess import resize_bilinear
+from keras_vit.data.stream import crop_boxes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the data is numpy, Pillow and tf.data, the same on every Keras backend: its tests run once (the jax lane),
@@ -112,7 +114,7 @@ def test_numpy_resize_is_tensorflows_bilinear_resize():
     rng = np.random.default_rng(1)
     for shape, size in (((37, 53, 3), (24, 24)), ((10, 7, 3), (31, 40)), ((224, 224, 3), (224, 224))):
         image = rng.integers(0, 256, shape, dtype=np.uint8)
-        ours = F.resize_bilinear(image, size)
+        ours = resize_bilinear(image, size)
         np.testing.assert_allclose(ours, tf.image.resize(image, size, "bilinear").numpy(), atol=2e-4, rtol=0)
 
 
@@ -120,7 +122,7 @@ def test_numpy_resize_is_tensorflows_bilinear_resize():
 def test_inception_crops_keep_to_the_area_and_aspect_ranges():
     rng = np.random.default_rng(0)
     heights, widths = rng.integers(300, 400, 2000), rng.integers(300, 400, 2000)
-    boxes = F.crop_boxes(heights, widths, rng)
+    boxes = crop_boxes(heights, widths, rng)
     top, left, h, w = boxes.T
     assert (top >= 0).all() and (left >= 0).all() and (top + h <= heights).all() and (left + w <= widths).all()
     area = h * w / (heights * widths)
@@ -128,7 +130,7 @@ def test_inception_crops_keep_to_the_area_and_aspect_ranges():
     whole = (h == heights) & (w == widths)
     ratio = w[~whole] / h[~whole]
     assert ratio.min() > 0.7 and ratio.max() < 1.4  # 3/4 to 4/3, up to rounding
-    np.testing.assert_array_equal(F.crop_boxes([1], [1], rng), [[0, 0, 1, 1]])  # nothing smaller fits
+    np.testing.assert_array_equal(crop_boxes([1], [1], rng), [[0, 0, 1, 1]])  # nothing smaller fits
 
 
 @independent

@@ -1,4 +1,4 @@
-"""The NaFlex feed (issue 37, item 3; keras_vit.naflex_feed): the size rule against timm's and Hugging
+"""The NaFlex feed (issue 37, item 3; keras_vit.data.naflex_feed): the size rule against timm's and Hugging
 Face's, the patch layout and padding against timm's batch_patchify, Patchify and NaFlexCollator, the
 resize against the project's antialiased bilinear rule and tf.image.resize, the bucketed plan (batch
 sizes, schedule, determinism), the tf.data and PyDataset feeds (one shape per bucket, labels and flips
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from conftest import backend, photo_folder
 
-from keras_vit import naflex_feed as nf
+from keras_vit.data import naflex_feed as nf
+from keras_vit.data import naflex_sequence
 from keras_vit.interpolation import resize_matrix
-from keras_vit.naflex_feed import NaFlexBatches, NaFlexPlan, naflex_grid, patchify
+from keras_vit.data.naflex_feed import NaFlexBatches, NaFlexPlan, naflex_grid, patchify
 from keras_vit.preprocessing import preprocess_input
 
 try:  # before timm's torchvision stand-in: transformers notes torchvision's presence on import
@@ -130,7 +131,7 @@ def test_resize_is_the_antialiased_bilinear_rule():
     tf = pytest.importorskip("tensorflow")
     for image in _photos()[:4]:
         for size in ((224, 288), (48, 64), (700, 900)):
-            mine = nf._resize(image, size)
+            mine = naflex_sequence.resize_antialiased(image, size)
             assert mine.dtype == np.float32 and mine.shape == (*size, 3)
             # the project's rule, keras_vit.interpolation's matrices
             rows, cols = (resize_matrix(n, m, "bilinear_antialias") for n, m in zip(image.shape, size))
@@ -210,7 +211,7 @@ def test_plan_schedule_passes_and_determinism():
 # --------------------------------------------------------------------------
 def _expected(image, plan, seq_len, flip):
     grid = naflex_grid(image.shape[0], image.shape[1], plan.patch_size, seq_len)
-    return nf._sequence(image, plan.patch_size, grid, seq_len, flip)
+    return naflex_sequence.image_sequence(image, plan.patch_size, grid, seq_len, flip)
 
 
 @independent

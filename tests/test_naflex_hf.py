@@ -11,7 +11,7 @@ import pytest
 
 import keras_vit
 from keras_vit.naflex import is_naflex, patchify_images
-from keras_vit.naflex_feed import patchify
+from keras_vit.data.naflex_feed import patchify
 from keras_vit.weights import hf
 
 torch = pytest.importorskip("torch")

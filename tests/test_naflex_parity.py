@@ -10,7 +10,7 @@ import pytest
 
 import keras_vit
 from keras_vit.naflex import naflex
-from keras_vit.naflex_feed import patchify
+from keras_vit.data.naflex_feed import patchify
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")

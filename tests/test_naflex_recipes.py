@@ -10,8 +10,9 @@ import pytest
 from conftest import photo_folder
 from PIL import Image
 
-from keras_vit import cli, naflex_feed
-from keras_vit.image_folder import read_image
+from keras_vit import cli
+from keras_vit.data import naflex_feed
+from keras_vit.data.folder import read_image
 from keras_vit.naflex import is_naflex
 from keras_vit.recipes import own_images
 

@@ -92,7 +92,7 @@ def check_naflex_serving(model, input_mode="vit", resize_to=None):
     if resize_to is not None:
         raise ValueError(f"resize_to={resize_to!r}: model {model.name!r} is a NaFlex model, whose artefact takes "
                          "patches of any number (patches, patch_coord, patch_valid), not images; resize each image "
-                         "before cutting it into patches (keras_vit.naflex_feed)")
+                         "before cutting it into patches (keras_vit.data.naflex_feed)")
     if input_mode != "vit":
         raise ValueError(f"input_mode={input_mode!r}: model {model.name!r} is a NaFlex model, whose artefact takes the "
                          "patches as the model does (scaled as they are fed to it, or uint8 for a model built with "

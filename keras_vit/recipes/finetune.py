@@ -25,7 +25,8 @@ with the data stream positioned where it stopped, and ends with the same
 weights as an uninterrupted run. A folder holding another run (other flags,
 or a finished run) is refused unless ``--overwrite``.
 
-The flags are parsed and checked in ``keras_vit.recipes.finetune_args``.
+The flags are parsed and checked in ``keras_vit.recipes.finetune_args``; where the run goes (several
+processes, ``--distribute``, the images per step) is ``keras_vit.recipes.finetune_devices``.
 """
 
 import contextlib
@@ -39,7 +40,7 @@ from keras_vit import writer_lock
 from keras_vit.configs import get_variant
 from keras_vit.extras import require_or_exit
 from keras_vit.fileio import atomic_write, write_json
-from keras_vit.recipes import run_folder
+from keras_vit.recipes import finetune_devices, run_folder
 from keras_vit.recipes.finetune_args import PRETRAINED_TAGS, parse_args, run_flags  # noqa: F401  (read from here)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -64,108 +65,14 @@ def prepare_output_dir(out, flags, overwrite):
     return resuming
 
 
-# --------------------------------------------------------------------------
-# devices
-# --------------------------------------------------------------------------
-def _join_processes():
-    """Join a run of several processes (`python -m keras_vit.launch`, a cluster's launcher) before anything
-    touches the devices; returns this process's index (0 for a run of one)."""
-    from keras_vit.recipes.finetune_args import several_processes
-
-    if not several_processes():
-        return 0
-    import keras
-
-    if keras.backend.backend() == "jax":
-        from keras_vit import distribute
-
-        return distribute.initialize_multihost()[0]
-    return int(json.loads(os.environ["TF_CONFIG"]).get("task", {}).get("index", 0))
-
-
-@contextlib.contextmanager
-def _saving_alone():
-    """Lets one process of several save: Keras' saving builds a throwaway optimizer, whose variables a JAX
-    distribution over several processes would create with a check that takes every process; without the
-    distribution they are this process's own. The model's own variables, replicated, are read as they are."""
-    import keras
-
-    from keras_vit.recipes.finetune_args import several_processes
-
-    if not (several_processes() and keras.backend.backend() == "jax"):
-        yield
-        return
-    distribution = keras.distribution.distribution()
-    keras.distribution.set_distribution(None)
-    try:
-        yield
-    finally:
-        keras.distribution.set_distribution(distribution)
-
-
-def _wait_for_every_process(what):
-    """A barrier of the JAX processes of a several-process run (nothing otherwise)."""
-    import keras
-
-    from keras_vit.recipes.finetune_args import several_processes
-
-    if several_processes() and keras.backend.backend() == "jax":
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(what)
-
-
-def _distribution(args):
-    """The context to build and compile in for --distribute (refusing a mesh that does not fit)."""
-    from keras_vit import distribute
-
-    if args.distribute == "none":
-        return contextlib.nullcontext()
-    try:
-        if args.distribute == "model":
-            mesh = distribute.parse_mesh(args.mesh) if args.mesh else None
-            return distribute.model_parallel(mesh, auto_shard_dataset=False)
-        import keras
-
-        if keras.backend.backend() == "tensorflow":
-            return distribute.tf_strategy().scope()
-        return distribute.data_parallel()
-    except ValueError as e:
-        raise SystemExit(f"error: --distribute {args.distribute}: {e}") from None
-
-
-def _step_batch(args):
-    """Images per train step over all replicas; sets args.accumulation (refuses what does not divide)."""
-    from keras_vit import distribute, recipes
-
-    replicas = distribute.num_replicas()
-    per_device = args.device_batch_size
-    args.replicas = replicas
-    if per_device is None:
-        try:
-            distribute.check_batch_size(args.batch_size, "--batch-size")
-        except ValueError as e:
-            raise SystemExit(f"error: {e}") from None
-        step_batch = args.batch_size
-    else:
-        step_batch = per_device * replicas
-    try:
-        args.accumulation = recipes.gradient_accumulation_steps(args.batch_size, step_batch)
-    except ValueError as e:
-        raise SystemExit(
-            f"error: --batch-size {args.batch_size} is not a multiple of --device-batch-size {per_device} x "
-            f"{replicas} replicas = {step_batch} images per step: {e}") from None
-    return step_batch
-
-
 def _backup(folder):
     """The recipe's `TrainingBackup` into `folder`, kept at the end; on several processes process 0 alone
-    writes it (see `_saving_alone`)."""
+    writes it (see `finetune_devices.saving_alone`)."""
     from keras_vit import recipes
 
     class Backup(recipes.TrainingBackup):
         def on_epoch_end(self, epoch, logs=None):
-            with _saving_alone():
+            with finetune_devices.saving_alone():
                 super().on_epoch_end(epoch, logs)
 
     return Backup(folder, delete_on_end=False)
@@ -237,7 +144,7 @@ def main(dataset, argv=None, callbacks=()):
     args = parse_args(dataset, argv)
     require_or_exit("reading a TFDS dataset (keras_vit.data)")  # before the output folder is made
     # on several processes process 0 alone writes the folder (all read the backup from it), holding its lock
-    writer = _join_processes() == 0
+    writer = finetune_devices.join_processes() == 0
     try:
         with writer_lock.hold(args.output_dir) if writer else contextlib.nullcontext():
             return _run(dataset, args, writer, callbacks)
@@ -254,7 +161,7 @@ def _run(dataset, args, writer, callbacks):
     flags = run_flags(args)
     out = args.output_dir
     resuming = prepare_output_dir(out, flags, args.overwrite) if writer else False
-    _wait_for_every_process("the output folder is ready")
+    finetune_devices.wait_for_every_process("the output folder is ready")
 
     info, step_batch, model = _build_and_compile(dataset, args)
     # kept until metrics.json is written, so a run killed after training
@@ -274,7 +181,7 @@ def _run(dataset, args, writer, callbacks):
     if not writer:
         return {"test_accuracy": float(result.get("accuracy", float("nan"))), "test_loss": float(result["loss"])}
 
-    with atomic_write(os.path.join(out, "model.keras")) as tmp, _saving_alone():
+    with atomic_write(os.path.join(out, "model.keras")) as tmp, finetune_devices.saving_alone():
         model.save(tmp)
     plot_curves(os.path.join(out, "curves.png"), history, args.eval_every,
                 f"{args.model if not args.model.startswith('{') else 'ViT'} on {dataset}")
@@ -295,8 +202,8 @@ def _build_and_compile(dataset, args):
 
     info = data.dataset_info(dataset, data_dir=args.data_dir)
     keras.utils.set_random_seed(args.seed)
-    with _distribution(args):
-        step_batch = _step_batch(args)
+    with finetune_devices.distribution(args):
+        step_batch = finetune_devices.step_batch(args)
         model = build_model(args, info.num_classes)
         if args.naflex:
             from keras_vit.naflex import naflex
@@ -330,19 +237,20 @@ def _load_data(dataset, args, step_batch, done):
 
 
 def _naflex_data(dataset, args, setup, step_batch, done):
-    """(train, test) NaFlex batches of the recipe's splits (`keras_vit.naflex_feed.tf_dataset`): one bucket of
+    """(train, test) NaFlex batches of the recipe's splits (`keras_vit.data.naflex_feed.tf_dataset`): one bucket of
     --naflex tokens, `step_batch` images a step, the train stream starting after the `done` train steps."""
     import tensorflow as tf
     import tensorflow_datasets as tfds
 
-    from keras_vit import data, naflex_feed
+    from keras_vit.data import naflex_feed
+    from keras_vit.data.tfds import split_reader
 
     patch = json.loads(args.model)["patch_size"] if args.model.strip().startswith("{") \
         else get_variant(args.model).patch_size
     plan = naflex_feed.NaFlexPlan(patch_size=patch, seq_lens=(args.naflex,), eval_seq_len=args.naflex,
                                   max_tokens_per_batch=args.naflex * step_batch, seed=args.seed)
     try:
-        read = data._split_reader(tf, tfds, dataset, args.data_dir, download=True)
+        read = split_reader(tf, tfds, dataset, args.data_dir, download=True)
         train = naflex_feed.tf_dataset(read(setup.train_split), plan, shuffle_buffer=args.shuffle_buffer,
                                        image_dtype=args.input_dtype)
         test = naflex_feed.tf_dataset(read(setup.test_split), plan, training=False, image_dtype=args.input_dtype)

@@ -100,7 +100,7 @@ def _add_model_arguments(parser, setup):
                         "the position embeddings are laid out for")
     parser.add_argument("--naflex", type=_positive_int, default=None, metavar="TOKENS",
                         help="fine-tune a NaFlex model: each image at its own aspect ratio, resized to fit TOKENS "
-                        "patches and fed as patches with their coordinates (keras_vit.naflex_feed); model.keras "
+                        "patches and fed as patches with their coordinates (keras_vit.data.naflex_feed); model.keras "
                         "then takes {'patches', 'patch_coord', 'patch_valid'}; one process, not with "
                         "--distribute (default: square images)")
 

@@ -19,7 +19,7 @@
 
 With `--naflex TOKENS` the model is trained and saved as a NaFlex model (`keras_vit.naflex.naflex` of
 the model of step 2): each image keeps its aspect ratio and is resized to fit TOKENS patches
-(`keras_vit.naflex_feed.folder_batches`, a PyDataset on every backend, flips in training), and
+(`keras_vit.data.naflex_feed.folder_batches`, a PyDataset on every backend, flips in training), and
 model.keras takes {"patches", "patch_coord", "patch_valid"} batches of uint8 patches and records TOKENS
 (`model.naflex_tokens`, what `keras-vit predict` cuts images to). The schedule is the square run's (`folder_plan.plan`:
 both feeds stream endlessly, so an epoch is a whole number of updates and `--resume` is exact), and so are
@@ -251,7 +251,7 @@ def _naflex_batches(model, folder, tokens, device_batch, seed, done):
     """(train, validation) NaFlex batches of the scanned `folder` for the NaFlex `model`: `device_batch`
     images of `tokens` patches each (uint8: the model scales them itself), the training stream endless
     from batch `done` on."""
-    from keras_vit import naflex_feed
+    from keras_vit.data import naflex_feed
     from keras_vit.structure import find_vit
 
     plan = naflex_feed.NaFlexPlan(patch_size=find_vit(model).embedding.patch_size, seq_lens=(tokens,),
@@ -261,7 +261,7 @@ def _naflex_batches(model, folder, tokens, device_batch, seed, done):
 
 def _read_folder(args):
     """The scanned --directory (its split by --validation-split and --seed), its counts said."""
-    from keras_vit.image_folder import scan
+    from keras_vit.data.folder import scan
 
     print(f"reading {args.directory} ...", flush=True)
     folder = scan(args.directory, args.validation_split, args.seed, labels_csv=args.labels_csv, strict=args.strict,

@@ -73,7 +73,7 @@ def add_parser(sub):
     p.add_argument("--naflex", type=_positive(int), default=None, metavar="TOKENS",
                    help="train and save a NaFlex model: each image at its own aspect ratio, resized to fit TOKENS "
                    "patches (e.g. 256), fed as patches with their coordinates; model.keras then takes "
-                   "{'patches', 'patch_coord', 'patch_valid'} (keras_vit.naflex_feed cuts them; keras-vit predict "
+                   "{'patches', 'patch_coord', 'patch_valid'} (keras_vit.data.naflex_feed cuts them; keras-vit predict "
                    "too). Not with --export or --lora; --pipeline is not used (default: square images)")
     p.add_argument("--out", default=None, help="output folder (default: runs/finetune-<DIR's name>)")
     what = p.add_mutually_exclusive_group()

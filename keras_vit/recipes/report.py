@@ -86,7 +86,7 @@ def write_figures(out, history, result, folder):
 
     from PIL import Image
 
-    from keras_vit.image_folder import read_image
+    from keras_vit.data.folder import read_image
 
     worst = worst_mistakes(result["labels"], result["probabilities"])
     columns = min(4, max(1, len(worst)))

@@ -1,53 +1,35 @@
-"""Input pipelines with the ViT paper's preprocessing: TensorFlow Datasets, or a folder of your own images.
+"""TensorFlow Datasets with the ViT paper's preprocessing: `load` (the official fine-tuning input
+pipeline, per-host shards), `dataset_info`, `dev_splits`.
 
-    from keras_vit import data
-    train, test = data.load("cifar10", image_size=384, batch_size=512)
-    train, validation = data.from_directory("photos", image_size=224, batch_size=32)  # photos/<class>/*.jpg
-    model.fit(train, steps_per_epoch=..., epochs=..., validation_data=test)
+Both splits yield ``(images, labels)``: float32 NHWC images in [-1, 1] (``(x - 127.5) / 127.5``), or with
+``image_dtype="uint8"`` uint8 images in [0, 255] for a model built with ``input_dtype="uint8"`` (a quarter
+of the bytes to the device, scaled there), and int32 labels, for ``model.fit`` on every Keras backend
+(Keras converts tf.data batches for JAX and PyTorch). The images go through `keras_vit.data.preprocess`.
 
-`from_directory` runs without TensorFlow too (a `keras.utils.PyDataset` giving the same batches, see
-`keras_vit.image_folder`); what follows is about `load`.
+Determinism: every random choice (the shuffle order of each pass over the data and the crop and flip of
+each image) is a pure function of ``seed``, the pass index and the position in that pass. The same call
+therefore yields the same batches in every process, and ``skip_batches`` starts the stream at any batch
+without decoding the images skipped, which is what an exact resume of an interrupted run needs.
 
-Both datasets yield ``(images, labels)``: float32 NHWC images in [-1, 1]
-(``(x - 127.5) / 127.5``), or with ``image_dtype="uint8"`` uint8 images in [0, 255] for a model
-built with ``input_dtype="uint8"`` (a quarter of the bytes to the device, scaled there), and int32
-labels. They feed ``model.fit`` on every
-Keras backend (Keras converts tf.data batches for JAX and PyTorch).
-
-Preprocessing (as the official fine-tuning input pipeline, vit_jax `input_pipeline.py`):
-- train: a random crop from ``sample_distorted_bounding_box`` with area range
-  (0.05, 1) and no object constraint, resized to the square training size,
-  then a random horizontal flip;
-- eval: a plain resize to the size, no centre crop.
-
-Determinism: every random choice (the shuffle order of each pass over the data
-and the crop and flip of each image) is a pure function of ``seed``, the pass
-index and the position in that pass. The same call therefore yields the same
-batches in every process, and ``skip_batches`` starts the stream at any batch
-without decoding the images skipped, which is what an exact resume of an
-interrupted run needs.
-
-`load` requires TensorFlow and tensorflow-datasets (the ``tensorflow`` extra), whatever
-the Keras backend.
+`load` requires TensorFlow and tensorflow-datasets (the ``tensorflow`` extra), whatever the Keras backend.
 """
 
 import contextlib
 import dataclasses
 import difflib
 
-from keras_vit import image_folder
 from keras_vit.configs import pair
+from keras_vit.data.preprocess import (
+    check_image_dtype,
+    decode_image,
+    eval_preprocess,
+    train_preprocess,
+)
+from keras_vit.data.stream import check_stream, positive_int, this_process
 from keras_vit.extras import require
-from keras_vit.image_folder import ImageFolder
 from keras_vit.startup import import_quietly
 
-__all__ = ["ImageDatasetInfo", "ImageFolder", "dataset_info", "load", "from_directory", "dev_splits",
-           "train_preprocess", "eval_preprocess"]
-
 _AUTOTUNE = -1  # tf.data.AUTOTUNE
-# (0.05, 1) area and the default 3/4 - 4/3 aspect ratios: the official crop.
-AREA_RANGE = (0.05, 1.0)
-ASPECT_RATIO_RANGE = (3.0 / 4.0, 4.0 / 3.0)
 
 
 def _tf():
@@ -215,101 +197,6 @@ def dev_splits(split, dev_fraction):
     return f"{split}[:{cut}%]", f"{split}[{cut}%:]"
 
 
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
-    return value
-
-
-def _check_stream(batch_size, eval_batch_size, skip_batches, seed, repeat, drop_remainder, process_index,
-                  process_count):
-    """The checks of the arguments `load` and `from_directory` share; returns (batch_size, eval_batch_size)."""
-    batch_size = _positive_int("batch_size", batch_size)
-    eval_batch_size = _positive_int("eval_batch_size", eval_batch_size or batch_size)
-    if isinstance(skip_batches, bool) or not isinstance(skip_batches, int) or skip_batches < 0:
-        raise ValueError(f"`skip_batches` must be an integer >= 0; got {skip_batches!r}.")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"`seed` must be an integer; got {seed!r}.")
-    process_count = _positive_int("process_count", process_count)
-    if isinstance(process_index, bool) or not isinstance(process_index, int) or not 0 <= process_index < process_count:
-        raise ValueError(f"`process_index` must be an integer in [0, {process_count}); got {process_index!r}.")
-    for what, count in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
-        if count % process_count:
-            raise ValueError(
-                f"`{what}` ({count}) must be divisible by `process_count` ({process_count}): each host "
-                f"reads an equal part of every batch; expected a multiple of {process_count}.")
-    if process_count > 1 and not (repeat or drop_remainder):
-        raise ValueError("Several processes need equal batches on every host: pass repeat=True or "
-                         "drop_remainder=True.")
-    return batch_size, eval_batch_size
-
-
-def _decode(tf, encoded):
-    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
-    image.set_shape([None, None, 3])
-    return image
-
-
-IMAGE_DTYPES = ("float32", "uint8")
-
-
-def _finish(tf, image, dtype):
-    """A resized float image as `dtype`: scaled to [-1, 1], or rounded to uint8 [0, 255]."""
-    if dtype == "uint8":
-        return tf.cast(tf.round(tf.clip_by_value(image, 0.0, 255.0)), tf.uint8)
-    return (tf.cast(image, tf.float32) - 127.5) / 127.5
-
-
-def _check_image_dtype(dtype):
-    if dtype not in IMAGE_DTYPES:
-        raise ValueError(f"`image_dtype` must be one of {IMAGE_DTYPES}; got {dtype!r}.")
-    return dtype
-
-
-def train_preprocess(image, image_size, seed, image_dtype="float32"):
-    """The paper's training augmentation of one decoded uint8 HWC image.
-
-    Random crop with ``stateless_sample_distorted_bounding_box`` (area 5-100%
-    of the image, aspect ratio 3/4-4/3, no object constraint), bilinear resize
-    to ``image_size``, random left-right flip, scaling to [-1, 1] (with
-    ``image_dtype="uint8"``: rounding to uint8 instead). ``seed`` is
-    a shape-[2] integer tensor: the same seed gives the same crop and flip.
-    """
-    tf, _ = _tf()
-    _check_image_dtype(image_dtype)
-    size = pair(image_size, "image_size")
-    image = tf.convert_to_tensor(image)
-    seed = tf.convert_to_tensor(seed)
-    crop_seed = tf.random.experimental.stateless_fold_in(seed, 0)
-    flip_seed = tf.random.experimental.stateless_fold_in(seed, 1)
-    begin, crop, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.shape(image),
-        bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
-        seed=crop_seed,
-        min_object_covered=0.0,
-        aspect_ratio_range=ASPECT_RATIO_RANGE,
-        area_range=AREA_RANGE,
-        max_attempts=100,
-        use_image_if_no_bounding_boxes=True,
-    )
-    image = tf.slice(image, begin, crop)
-    image = tf.image.resize(image, size, method="bilinear")
-    image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-    image.set_shape([size[0], size[1], 3])
-    return _finish(tf, image, image_dtype)
-
-
-def eval_preprocess(image, image_size, image_dtype="float32"):
-    """The paper's evaluation preprocessing of one decoded ``image`` (uint8 HWC): bilinear resize to
-    ``image_size``, scale to [-1, 1] (with ``image_dtype="uint8"``: round to uint8 instead)."""
-    tf, _ = _tf()
-    _check_image_dtype(image_dtype)
-    size = pair(image_size, "image_size")
-    image = tf.image.resize(tf.convert_to_tensor(image), size, method="bilinear")
-    image.set_shape([size[0], size[1], 3])
-    return _finish(tf, image, image_dtype)
-
-
 def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *,
          dev_fraction=None, shuffle_buffer=10_000, seed=0, repeat=True, skip_batches=0,
          eval_batch_size=None, download=True, drop_remainder=True, process_index=0, process_count=1,
@@ -361,9 +248,9 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
     """
     tf, tfds = _tf()
     size = pair(image_size, "image_size")
-    _check_image_dtype(image_dtype)
-    shuffle_buffer = _positive_int("shuffle_buffer", shuffle_buffer)
-    batch_size, eval_batch_size = _check_stream(batch_size, eval_batch_size, skip_batches, seed, repeat,
+    check_image_dtype(image_dtype)
+    shuffle_buffer = positive_int("shuffle_buffer", shuffle_buffer)
+    batch_size, eval_batch_size = check_stream(batch_size, eval_batch_size, skip_batches, seed, repeat,
                                                 drop_remainder, process_index, process_count)
     if isinstance(split, str) or len(split) != 2:
         raise ValueError(f"`split` must be a pair (train split, eval split); got {split!r}.")
@@ -371,20 +258,20 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
     if dev_fraction is not None:
         train_split, eval_split = dev_splits(train_split, dev_fraction)
 
-    read = _split_reader(tf, tfds, name, data_dir, download)
+    read = split_reader(tf, tfds, name, data_dir, download)
     train_raw = read(train_split)
     num_train = _count_train(train_raw, name, train_split, batch_size, repeat, drop_remainder)
     train = _train_stream(tf, train_raw, num_train, size, batch_size, shuffle_buffer, seed, repeat, skip_batches,
                           drop_remainder, process_index, process_count, image_dtype)
 
-    evaluation = _this_process(read(eval_split), eval_batch_size, process_index, process_count).map(
-        lambda encoded, label: (eval_preprocess(_decode(tf, encoded), size, image_dtype), label),
+    evaluation = this_process(read(eval_split), eval_batch_size, process_index, process_count).map(
+        lambda encoded, label: (eval_preprocess(decode_image(tf, encoded), size, image_dtype), label),
         num_parallel_calls=_AUTOTUNE, deterministic=True)
     evaluation = evaluation.batch(eval_batch_size // process_count).prefetch(_AUTOTUNE)
     return train, evaluation
 
 
-def _split_reader(tf, tfds, name, data_dir, download):
+def split_reader(tf, tfds, name, data_dir, download):
     """read(split_name): the (encoded image, int32 label) examples of a split of TFDS dataset `name`,
     prepared first (downloaded, if `download`) when it is not."""
     builder = _builder(name, data_dir)
@@ -456,11 +343,11 @@ def _train_stream(tf, train_raw, num_train, size, batch_size, shuffle_buffer, se
     train = tf.data.Dataset.range(first_pass, last).flat_map(one_pass)
     if not repeat and process_count > 1:  # whole global batches only, so every host has as many
         train = train.take((num_train - offset) // batch_size * batch_size)
-    train = _this_process(train, batch_size, process_index, process_count)
+    train = this_process(train, batch_size, process_index, process_count)
 
     def train_map(pass_index, index, encoded, label):
         image_seed = tf.stack([seed_base, pass_index * (num_train + 1) + index])
-        return train_preprocess(_decode(tf, encoded), size, image_seed, image_dtype), label
+        return train_preprocess(decode_image(tf, encoded), size, image_seed, image_dtype), label
 
     train = train.map(train_map, num_parallel_calls=_AUTOTUNE, deterministic=True)
     train = train.batch(batch_size // process_count, drop_remainder=drop_remainder)
@@ -473,84 +360,3 @@ def _train_stream(tf, train_raw, num_train, size, batch_size, shuffle_buffer, se
     train = train.apply(tf.data.experimental.assert_cardinality(cardinality))
     train = train.prefetch(_AUTOTUNE)
     return train
-
-
-def _this_process(ds, batch_size, process_index, process_count):
-    """The examples of `ds` (a stream starting at a batch boundary) in this process's rows of each batch."""
-    if process_count == 1:
-        return ds
-    rows = batch_size // process_count
-    ds = ds.enumerate().filter(lambda n, _: (n % batch_size) // rows == process_index)
-    return ds.map(lambda n, example: example)
-
-
-def from_directory(directory, image_size, batch_size, validation_split=0.1, seed=0, *, labels_csv=None,
-                   strict=False, repeat=True, skip_batches=0, eval_batch_size=None, drop_remainder=True,
-                   process_index=0, process_count=1, image_dtype="float32", pipeline="auto", workers=None,
-                   max_pixels=image_folder.MAX_PIXELS, verbose=False):
-    """Training and validation pipelines of a folder of your own images.
-
-    The folder holds one subfolder of images per class (``photos/cat/*.jpg``; nested folders are read, the
-    sorted subfolder names are the classes), or a ``labels.csv`` of (relative path, class name) rows.
-    JPEG, PNG, BMP, GIF (first frame) and WebP files are read, their EXIF orientation applied, grayscale,
-    palette, RGBA, CMYK and 16-bit images converted to RGB. Files that cannot be used (not images, empty,
-    truncated, larger than ``max_pixels``) are skipped and listed (``strict=True`` refuses them instead).
-    ``ceil(n * validation_split)`` of each class's ``n`` images (a shuffle seeded by ``seed``) validate.
-
-    Training images get the paper's preprocessing as ``load`` does (Inception crop of 5-100% of the area,
-    bilinear resize, random flip) from a plan that is a pure function of ``seed`` and the pass over the
-    data, so ``skip_batches`` resumes a run exactly; validation images are resized. Images are decoded
-    from disk in parallel as the batches are drawn (the folder is never held in memory).
-
-    Args:
-        directory: the folder, or an ``ImageFolder`` already scanned (``keras_vit.image_folder.scan``).
-        image_size, batch_size, seed, repeat, skip_batches: as in :func:`load`.
-        eval_batch_size, drop_remainder, process_index, process_count, image_dtype: as in :func:`load`.
-        validation_split: fraction of each class held out, in [0, 1) (0: no validation set).
-        labels_csv: a CSV of (path relative to the folder, class name); default ``labels.csv`` in the
-            folder when it exists.
-        strict: refuse a folder with unusable files instead of skipping them.
-        pipeline: "tf.data" (TensorFlow's threads decode), "pydataset" (a ``keras.utils.PyDataset``, no
-            TensorFlow needed; ``workers`` threads) or "auto": tf.data when TensorFlow is installed.
-        max_pixels: larger images are skipped (refused with ``strict``).
-        verbose: a progress bar while the folder is checked.
-
-    Returns:
-        ``(train, validation)``: datasets of ``(images, labels)`` batches (``validation`` is None with
-        ``validation_split=0``), each with ``class_names`` and ``image_folder`` (the ``ImageFolder``:
-        which file went where, what was skipped; ``image_folder.save(path)`` writes it) attributes.
-        ``repeat=True`` streams forever: give ``model.fit`` a ``steps_per_epoch``.
-
-    Raises:
-        ValueError: one message naming the folder or file (see ``keras_vit.image_folder.scan``), or bad
-            arguments.
-    """
-    size = pair(image_size, "image_size")
-    _check_image_dtype(image_dtype)
-    batch_size, eval_batch_size = _check_stream(batch_size, eval_batch_size, skip_batches, seed, repeat,
-                                                drop_remainder, process_index, process_count)
-    if pipeline not in image_folder.PIPELINES:
-        raise ValueError(f"`pipeline` must be one of {image_folder.PIPELINES}; got {pipeline!r}.")
-    folder = directory if isinstance(directory, ImageFolder) else image_folder.scan(
-        directory, validation_split, seed, labels_csv=labels_csv, strict=strict, max_pixels=max_pixels,
-        verbose=verbose)
-    n = len(folder.train)
-    start = skip_batches * batch_size
-    if not repeat and start >= n:
-        raise ValueError(f"`skip_batches` ({skip_batches}) goes past the single pass of {n} training images; "
-                         "use repeat=True.")
-    if drop_remainder and not repeat and n - start < batch_size:
-        raise ValueError(f"{folder.root!r} has {n - start} training images, fewer than one batch of {batch_size}; "
-                         "lower batch_size or pass drop_remainder=False.")
-    stream = image_folder.Stream(batch_size, start, repeat, drop_remainder, process_index, process_count)
-    if pipeline == "auto":
-        pipeline = "tf.data" if image_folder.tensorflow_available() else "pydataset"
-    if pipeline == "tf.data":
-        require("the tf.data pipeline of an image folder")
-        train, validation = image_folder.tf_datasets(folder, size, stream, eval_batch_size, image_dtype)
-    else:
-        train, validation = image_folder.pydatasets(folder, size, stream, eval_batch_size, image_dtype, workers)
-    for ds in (train, validation):
-        if ds is not None:
-            ds.class_names, ds.image_folder = folder.class_names, folder
-    return train, validation

@@ -1,0 +1,27 @@
+"""The input side: every way images reach `model.fit`, each file one concept.
+
+    from keras_vit import data
+    train, test = data.load("cifar10", image_size=384, batch_size=512)
+    train, validation = data.from_directory("photos", image_size=224, batch_size=32)  # photos/<class>/*.jpg
+    model.fit(train, steps_per_epoch=..., epochs=..., validation_data=test)
+
+- `tfds`: TensorFlow Datasets through the paper's pipeline (`load`, `dataset_info`, `dev_splits`);
+- `preprocess`: the images' crop, flip, resize and scaling, in TensorFlow and in numpy;
+- `stream`: the seeded plan every feed follows (which examples, which process's rows, each pass's order,
+  crops and flips from (seed, pass)), so that tf.data and the TensorFlow-free `PyDataset` give the same
+  batches and `skip_batches` resumes exactly;
+- `folder`: a folder of one's own images scanned and split (`scan`, `ImageFolder`, `read_image`);
+- `folder_feed`: a folder as batches (`from_directory`: tf.data, or a `PyDataset` without TensorFlow);
+- `naflex_sequence`, `naflex_plan`, `naflex_feed`: NaFlex batches (one image as patches, the buckets and
+  their plan, the tf.data and `PyDataset` feeds).
+
+Augmentations that a training recipe adds to a feed belong here too, each a file.
+"""
+
+from keras_vit.data.folder import ImageFolder
+from keras_vit.data.folder_feed import from_directory
+from keras_vit.data.preprocess import eval_preprocess, train_preprocess
+from keras_vit.data.tfds import ImageDatasetInfo, dataset_info, dev_splits, load
+
+__all__ = ["ImageDatasetInfo", "ImageFolder", "dataset_info", "load", "from_directory", "dev_splits",
+           "train_preprocess", "eval_preprocess"]
