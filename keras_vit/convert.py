@@ -5,7 +5,7 @@ import os
 
 from keras_vit.configs import VARIANTS, find_variant, get_variant, pair, resnet_stride
 from keras_vit.extras import require
-from keras_vit.fileio import atomic_write
+from keras_vit.fileio import atomic_write, check_free_space, weights_file_bytes
 from keras_vit.variants import VisionTransformer
 from keras_vit.weights.foreign import file_image_size, file_options, is_foreign, load_foreign, read, settle_layout
 from keras_vit.weights.heads import CLASSIFIER, PROJECTION, default_activation
@@ -192,6 +192,7 @@ def save_keras(model, out):
     out = os.fspath(out)
     if not out.endswith(".keras"):
         raise ValueError(f"output must be a .keras file, got {out!r}")
+    check_free_space(out, weights_file_bytes(model), out)  # a full disk refused before h5py writes
     with atomic_write(out) as tmp:
         model.save(tmp)
     return out

@@ -7,6 +7,7 @@ cannot, so the next write of the same target removes the temporaries of it that 
 wrote and that is gone (another host's are left alone: its processes cannot be seen from here)."""
 
 import contextlib
+import errno
 import json
 import os
 import pathlib
@@ -165,6 +166,46 @@ def atomic_folder(path, replaceable=None):
                 os.replace(tmp, path)
                 return
     # exchanged: the old folder is at `tmp`, removed as the temporary folder it now is
+
+
+# a Keras weights file of n bytes of arrays takes about n * this + H5_OVERHEAD (names, attributes, alignment)
+H5_FACTOR, H5_OVERHEAD = 1.1, 256 * 1024
+
+
+def variables_bytes(variables):
+    """Bytes of the arrays of `variables` (Keras variables, or anything with shape and dtype)."""
+    return int(sum(int(np.prod(v.shape)) * np.dtype(str(getattr(v.dtype, "name", v.dtype))).itemsize
+                   for v in variables))
+
+
+def weights_file_bytes(model, optimizer=False):
+    """About the bytes of `model`'s weights file (`save_weights`, or the weights inside a `.keras`), with its
+    optimizer's state when `optimizer` (what a training backup holds)."""
+    variables = list(model.weights)
+    if optimizer and getattr(model, "optimizer", None) is not None:
+        variables += list(model.optimizer.variables)
+    return int(variables_bytes(variables) * H5_FACTOR) + H5_OVERHEAD
+
+
+def _filesystem(path):
+    """The mount point of the filesystem that holds `path` (or would, for a path not made yet)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    while not os.path.ismount(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def check_free_space(path, needed, what=None):
+    """Raises OSError(ENOSPC) naming `path`, its filesystem and the space `needed` (bytes) and free, when
+    the filesystem that holds (or will hold) `path` has less free: checked before a write whose size is
+    known, so a full disk refuses it instead of failing inside a writer (h5py ends the process then)."""
+    mount = _filesystem(path)
+    free = shutil.disk_usage(mount).free
+    if free < needed:
+        raise OSError(errno.ENOSPC, f"no space left for {what or path}: it needs about {needed / 2**20:.1f} MiB, "
+                                    f"{free / 2**20:.1f} MiB are free on the filesystem at {mount}")
 
 
 def not_npz(path):

@@ -200,3 +200,43 @@ def test_weights_of_another_architecture_than_model_are_refused_naming_both(phot
     err = capsys.readouterr().err
     assert "tiny_vit holds a ViT (patch_size 8, hidden_size 32" in err and "not ViT_S16 (patch_size 16" in err
     assert not out.exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 8 MiB filesystem (a tmpfs: root, as CI runs; skipped where it cannot be mounted)."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)],
+                                           capture_output=True).returncode:
+        pytest.skip("a tmpfs cannot be mounted here (not root)")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+@pytest.mark.one_backend
+def test_a_full_disk_is_refused_in_one_line_and_the_last_backup_resumes(photos, start, small_disk, capsys):
+    out = small_disk / "run"
+    (small_disk / "filler").write_bytes(b"\0" * (8 * 2**20 - 64 * 1024))  # full before the run
+    assert cli.main(_argv(photos, start, out)) == 1
+    err = capsys.readouterr().err
+    assert f"no space left for the run in {out}: it needs about" in err and f"free on the filesystem at {small_disk}" in err
+    assert not out.exists() and os.listdir(small_disk) == ["filler"]  # refused before anything was written
+    (small_disk / "filler").unlink()
+
+    class FillTheDisk(keras.callbacks.Callback):  # after epoch 1's backup, the disk fills up
+        def on_epoch_end(self, epoch, logs=None):
+            free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+            (small_disk / "filler").write_bytes(b"\0" * (free - 32 * 1024))
+
+    with pytest.raises(OSError, match=r"no space left for the (training backup|best epoch's weights)") as failed:
+        _run(_argv(photos, start, out), [FillTheDisk()])
+    assert failed.value.errno == 28
+    assert sorted(os.listdir(out / "backup")) == ["best.weights.h5", "history.json", "latest.weights.h5"]
+    (small_disk / "filler").unlink()
+    resumed = _run(["finetune", str(photos), "--out", str(out), "--resume", "--quiet"])
+    assert resumed["resumed_from_epoch"] == 1 and (out / "model.keras").exists()

@@ -15,6 +15,7 @@ backend); each sub-command is a module of this package (its arguments and its ru
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
 import sys
@@ -79,8 +80,9 @@ def parser():
 
 def main(argv=None):
     """`keras-vit ARGV` (default sys.argv[1:]); returns the exit status: 0, 1 when an optional package the
-    command needs is not installed (one line naming it and its extra, before anything is built), 2 for
-    another error (one line), 130 on Ctrl-C."""
+    command needs is not installed (one line naming it and its extra, before anything is built) or the disk
+    is full (one line naming the file, the filesystem, the space needed and free), 2 for another error (one
+    line), 130 on Ctrl-C."""
     args = parser().parse_args(argv)
     quiet = args.command in MODEL_COMMANDS and not args.verbose
     try:
@@ -94,7 +96,7 @@ def main(argv=None):
         return 1
     except (ValueError, FileNotFoundError, OSError) as err:
         print(f"keras-vit {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        return 1 if getattr(err, "errno", None) == errno.ENOSPC else 2
     except KeyboardInterrupt as err:  # Ctrl-C: one line, what was kept, a shell's exit status
         print(f"keras-vit {args.command}: interrupted: {err or INTERRUPTED}", file=sys.stderr)
         return INTERRUPTED_STATUS

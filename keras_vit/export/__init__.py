@@ -46,7 +46,7 @@ from keras_vit.export.runtimes import compare, run
 from keras_vit.export.serving import CLASS_OUTPUTS, check_naflex_serving, check_resize_to, output_name, serving_model
 from keras_vit.export.through_tensorflow import _through_tensorflow
 from keras_vit.export.writers import _write
-from keras_vit.fileio import atomic_folder
+from keras_vit.fileio import atomic_folder, check_free_space, weights_file_bytes
 from keras_vit.naflex import is_naflex
 
 __all__ = [
@@ -163,6 +163,8 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     out = os.path.abspath(os.fspath(out))
     if os.path.exists(out):
         raise FileExistsError(f"{out} already exists; export writes a new folder (remove it or pick another)")
+    # an artefact holds the weights (a quantized one less): a full disk refused before any writer starts
+    check_free_space(out, weights_file_bytes(model), f"the {format} artefact {out}")
     # written in a temporary folder beside `out`, renamed into place when complete, removed on failure (and,
     # if this process is killed, by the next export to `out`)
     with atomic_folder(out) as tmp:

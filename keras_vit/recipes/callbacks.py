@@ -8,7 +8,8 @@ import zipfile
 import keras
 import numpy as np
 
-from keras_vit.fileio import atomic_write, not_npz
+from keras_vit.fileio import (H5_OVERHEAD, atomic_write, check_free_space, not_npz, variables_bytes,
+                              weights_file_bytes)
 from keras_vit.lora import lora_layers
 from keras_vit.weights import _restore, _snapshot
 from keras_vit.weights.keras_files import check_dtypes
@@ -159,10 +160,13 @@ class TrainingBackup(keras.callbacks.Callback):
         if loss is not None and not math.isfinite(float(loss)):
             return
         if lora_layers(self.model):
-            values = [keras.ops.convert_to_numpy(v) for v in _state_variables(self.model)]
+            variables = _state_variables(self.model)
+            check_free_space(self.lora_path, variables_bytes(variables) + H5_OVERHEAD, "the training backup")
+            values = [keras.ops.convert_to_numpy(v) for v in variables]
             with atomic_write(self.lora_path) as tmp, open(tmp, "wb") as f:
                 np.savez(f, *values)
-        else:
+        else:  # a full disk refused before h5py writes (it would end the process); the last backup is kept
+            check_free_space(self.path, weights_file_bytes(self.model, optimizer=True), "the training backup")
             with atomic_write(self.path) as tmp:
                 self.model.save_weights(tmp, overwrite=True)
 

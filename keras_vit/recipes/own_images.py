@@ -35,12 +35,13 @@ import time
 
 from keras_vit import writer_lock
 from keras_vit.configs import get_variant, none_or
-from keras_vit.fileio import atomic_write, write_json
+from keras_vit.fileio import atomic_write, check_free_space, weights_file_bytes, write_json
 from keras_vit.recipes import own_images_args, run_folder
 from keras_vit.recipes.folder_plan import plan
 from keras_vit.recipes.own_images_args import FLAGS
 
 MARKER, REPORT, BACKUP, SPLIT = "run.json", "report.json", "backup", "split.json"
+FIGURES_BYTES = 4 * 2**20  # about what the figures, per_class.csv, split.json and report.json take
 
 
 def add_parser(sub):
@@ -141,6 +142,7 @@ def _callbacks(out, history, epochs, start_epoch):
         def on_epoch_end(self, epoch, logs=None):
             scores = history.get("val_accuracy", [])
             if scores and scores[-1] >= max(scores):  # ties: the later epoch
+                check_free_space(best_path, weights_file_bytes(self.model, optimizer=True), "the best epoch's weights")
                 with atomic_write(best_path) as tmp:
                     self.model.save_weights(tmp, overwrite=True)
 
@@ -202,6 +204,10 @@ def _run(args, callbacks):
     backup = recipes.TrainingBackup(os.path.join(out, BACKUP), delete_on_end=False)
     done = backup.restore(model) if resuming else 0  # train steps done before an interruption
     train, validation = _feeds(model, args, folder, sched, done)
+    # a full disk refused now, not at the first backup: the backup and the best epoch (weights and optimizer),
+    # model.keras, the figures and the report
+    check_free_space(out, 2 * weights_file_bytes(model, optimizer=True) + weights_file_bytes(model) + FIGURES_BYTES,
+                     f"the run in {out}")
     _start_out(args, flags, resuming, folder)
     print(f"batch {sched.batch_size} ({sched.accumulation} x {sched.device_batch_size} on the device), "
           f"{sched.epochs} epochs of {sched.updates_per_epoch} updates, {sched.warmup} warm-up, base learning rate "
