@@ -157,6 +157,13 @@ REFUSALS = {  # flags -> what the message says
     ("--batch-size", "8", "--device-batch-size", "3"): "must be a multiple of `device_batch_size` (3)",
     ("--batch-size", "8", "--device-batch-size", "16"): "`device_batch_size` (16) must not exceed",
     ("--image-size", "48"): "finetune continues a model that takes uint8 images of --image-size 48",
+    ("--drop-path", "1.5"): "--drop-path must be in [0, 1), got 1.5",
+    ("--drop-path", "0.1"): "--drop-path: --weights",  # a .keras model keeps its own rate
+    ("--mixup", "-1"): "--mixup must be >= 0 (0: off), got -1.0",
+    ("--cutmix", "-0.5"): "--cutmix must be >= 0 (0: off), got -0.5",
+    ("--mixup", "0.8", "--mixup-switch-prob", "2"): "--mixup-switch-prob must be in [0, 1], got 2.0",
+    ("--smoothing", "1"): "--smoothing must be in [0, 1), got 1.0",
+    ("--naflex", "4", "--cutmix", "1"): "--naflex 4 cannot be combined with --mixup or --cutmix",
 }
 
 
@@ -240,3 +247,21 @@ def test_a_full_disk_is_refused_in_one_line_and_the_last_backup_resumes(photos, 
     (small_disk / "filler").unlink()
     resumed = _run(["finetune", str(photos), "--out", str(out), "--resume", "--quiet"])
     assert resumed["resumed_from_epoch"] == 1 and (out / "model.keras").exists()
+
+
+@pytest.mark.one_backend  # the flags' plumbing; drop path and MixUp are tested per backend and against timm
+def test_deits_regularisers_by_timms_flags(photos, tmp_path):
+    from keras_vit.layers import TransformerBlock
+
+    out = tmp_path / "deit"
+    argv = ["finetune", str(photos), "--model", "ViT_Ti16", "--weights", "none", "--image-size", "32", "--steps", "2",
+            "--batch-size", "8", "--validation-split", "0.34", "--drop-path", "0.1", "--mixup", "0.8", "--cutmix", "1.0",
+            "--smoothing", "0.1", "--pipeline", "pydataset", "--out", str(out), "--quiet"]
+    assert cli.main(argv) == 0
+    flags = json.loads((out / "run.json").read_text())
+    assert (flags["drop_path"], flags["mixup"], flags["cutmix"], flags["smoothing"]) == (0.1, 0.8, 1.0, 0.1)
+    model = keras.saving.load_model(out / "model.keras", safe_mode=True)
+    rates = [layer.drop_path_rate for layer in model.layers if isinstance(layer, TransformerBlock)]
+    np.testing.assert_allclose(rates, np.linspace(0, 0.1, 12), atol=1e-7)  # timm's linear rule over ViT-Ti's 12
+    report = json.loads((out / "report.json").read_text())
+    assert np.isfinite(report["history"]["loss"]).all() and 0 <= report["validation_accuracy"] <= 1

@@ -96,6 +96,8 @@ def build_model(args, classes):
     from keras_vit.weights.registry import default_tag
 
     common = dict(classes=len(classes), classifier_activation="softmax", input_dtype="uint8")
+    if getattr(args, "drop_path", None):
+        common["drop_path_rate"] = args.drop_path
     weights = args.weights
     if weights is not None and weights.endswith(".keras"):
         from keras_vit.weights.keras_files import load_keras_model
@@ -241,6 +243,17 @@ def _run(args, callbacks):
     return summary
 
 
+def _mixup(args, classes):
+    """The `keras_vit.data.mixup.MixUp` of --mixup / --cutmix (seeded by --seed), or None."""
+    if not (getattr(args, "mixup", None) or getattr(args, "cutmix", None)):
+        return None
+    from keras_vit.data.mixup import MixUp
+
+    return MixUp(num_classes=classes, mixup_alpha=args.mixup or 0.0, cutmix_alpha=args.cutmix or 0.0,
+                 switch_prob=own_images_args.SWITCH_PROB if args.mixup_switch_prob is None else args.mixup_switch_prob,
+                 label_smoothing=args.smoothing or 0.0, seed=args.seed)
+
+
 def _feeds(model, args, folder, sched, done):
     """(train, validation) of the scanned `folder` for `model`: endless training streams from device step
     `done` on, `sched.device_batch_size` uint8 images a step (the model scales them itself), square
@@ -249,8 +262,14 @@ def _feeds(model, args, folder, sched, done):
         return _naflex_batches(model, folder, args.naflex, sched.device_batch_size, args.seed, done)
     from keras_vit import data
 
-    return data.from_directory(folder, args.image_size, sched.device_batch_size, skip_batches=done,
-                               image_dtype="uint8", pipeline=args.pipeline)
+    train, validation = data.from_directory(folder, args.image_size, sched.device_batch_size, skip_batches=done,
+                                            image_dtype="uint8", pipeline=args.pipeline)
+    mix = _mixup(args, len(folder.class_names))
+    if mix is None:
+        return train, validation
+    from keras_vit.data.mixup import mixed_feeds
+
+    return mixed_feeds(train, validation, mix, skip_batches=done)
 
 
 def _naflex_batches(model, folder, tokens, device_batch, seed, done):
@@ -295,9 +314,12 @@ def _build_and_compile(args, class_names, sched):
         from keras_vit.lora import enable_lora
 
         enable_lora(model, args.lora)
+    mixing = _mixup(args, len(class_names)) is not None  # MixUp's soft targets hold the smoothing
     recipes.compile_for_finetuning(model, total_steps=sched.updates_per_epoch * sched.epochs, base_lr=args.lr,
                                    warmup_steps=sched.warmup, batch_size=sched.batch_size,
-                                   device_batch_size=sched.device_batch_size, layer_decay=args.layer_decay)
+                                   device_batch_size=sched.device_batch_size, layer_decay=args.layer_decay,
+                                   label_smoothing=0.0 if mixing else getattr(args, "smoothing", None) or 0.0,
+                                   sparse_labels=not mixing)
     return model
 
 

@@ -7,8 +7,11 @@ import os
 
 from keras_vit.recipes.folder_plan import DEFAULT_EPOCHS, DEVICE_BATCH, PAPER_BATCH
 
+SWITCH_PROB = 0.5  # --mixup-switch-prob's default, timm's
+
 FLAGS = ("directory", "model", "weights", "image_size", "epochs", "steps", "batch_size", "device_batch_size", "lr",
-         "lora", "layer_decay", "validation_split", "labels_csv", "seed", "strict", "pipeline", "naflex")
+         "lora", "layer_decay", "validation_split", "labels_csv", "seed", "strict", "pipeline", "naflex",
+         "drop_path", "mixup", "cutmix", "mixup_switch_prob", "smoothing")
 
 
 # --------------------------------------------------------------------------
@@ -75,6 +78,7 @@ def add_parser(sub):
                    "patches (e.g. 256), fed as patches with their coordinates; model.keras then takes "
                    "{'patches', 'patch_coord', 'patch_valid'} (keras_vit.data.naflex_feed cuts them; keras-vit predict "
                    "too). Not with --export or --lora; --pipeline is not used (default: square images)")
+    _add_regularisation(p)
     p.add_argument("--out", default=None, help="output folder (default: runs/finetune-<DIR's name>)")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--overwrite", action="store_true", help="replace the run in --out")
@@ -83,6 +87,48 @@ def add_parser(sub):
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(flag_defaults={k: p.get_default(k) for k in FLAGS})
     return p
+
+
+def _number(text):
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _add_regularisation(p):
+    """DeiT's and AugReg's regularisers, spelled as timm's train.py spells them (check_args checks ranges)."""
+    p.add_argument("--drop-path", type=_number, default=None, metavar="RATE",
+                   help="stochastic depth: each block's branches dropped per image, the rate rising linearly to "
+                   "RATE over the blocks (timm's --drop-path; DeiT-B 0.1; default: off)")
+    p.add_argument("--mixup", type=_number, default=None, metavar="ALPHA",
+                   help="MixUp of each batch with itself reversed, lam ~ Beta(ALPHA, ALPHA) (timm's --mixup; DeiT 0.8)")
+    p.add_argument("--cutmix", type=_number, default=None, metavar="ALPHA",
+                   help="CutMix, lam ~ Beta(ALPHA, ALPHA) (timm's --cutmix; DeiT 1.0); with --mixup one or the "
+                   "other per batch")
+    p.add_argument("--mixup-switch-prob", type=_number, default=None, metavar="P",
+                   help=f"with --mixup and --cutmix, the probability of CutMix (default {SWITCH_PROB})")
+    p.add_argument("--smoothing", type=_number, default=None, metavar="S",
+                   help="label smoothing in [0, 1) (timm's --smoothing; DeiT 0.1; default: none)")
+
+
+def _check_regularisation(args):
+    """The ranges of the regularisers' flags, and what they cannot be combined with."""
+    if args.drop_path is not None and not 0 <= args.drop_path < 1:
+        raise ValueError(f"--drop-path must be in [0, 1), got {args.drop_path}")
+    for flag, value in (("--mixup", args.mixup), ("--cutmix", args.cutmix)):
+        if value is not None and not value >= 0:
+            raise ValueError(f"{flag} must be >= 0 (0: off), got {value}")
+    if args.mixup_switch_prob is not None and not 0 <= args.mixup_switch_prob <= 1:
+        raise ValueError(f"--mixup-switch-prob must be in [0, 1], got {args.mixup_switch_prob}")
+    if args.smoothing is not None and not 0 <= args.smoothing < 1:
+        raise ValueError(f"--smoothing must be in [0, 1), got {args.smoothing}")
+    if getattr(args, "naflex", None) and (args.mixup or args.cutmix):
+        raise ValueError(f"--naflex {args.naflex} cannot be combined with --mixup or --cutmix: MixUp and CutMix mix "
+                         "whole images, a NaFlex batch holds patch sequences of different shapes")
+    if args.drop_path and args.weights is not None and args.weights.endswith(".keras"):
+        raise ValueError(f"--drop-path: --weights {args.weights} is a whole model, which keeps the rate it was built "
+                         "with; build from a weights file (--model and --weights TAG/.npz/timm/Hugging Face) instead")
 
 
 def check_args(args):
@@ -99,6 +145,7 @@ def check_args(args):
             raise ValueError(f"--naflex {naflex} cannot be combined with {flag}: a NaFlex run is not exported or "
                              "trained with LoRA by finetune (leave one of them out; keras-vit export --weights "
                              "OUT/model.keras exports its model)")
+    _check_regularisation(args)
     args.directory = os.path.abspath(args.directory)  # the run's folder, however a resume spells it
     if args.out is None:
         args.out = os.path.join("runs", f"finetune-{os.path.basename(os.path.normpath(args.directory)) or 'images'}")
@@ -106,4 +153,4 @@ def check_args(args):
         raise ValueError(f"--weights {args.weights} is a whole model; --model {args.model} is not used with it")
 
 
-__all__ = ["FLAGS", "add_parser", "check_args"]
+__all__ = ["FLAGS", "SWITCH_PROB", "add_parser", "check_args"]
