@@ -94,7 +94,7 @@ def feeds(images, labels, plan, training, mode):
             side = round(seq_len ** 0.5) * self.plan.patch_size
             out = []
             for row, flip in zip(rows, flips):
-                image = _resize(np.asarray(self.images[row]), (side, side))
+                image = resize_antialiased(np.asarray(self.images[row]), (side, side))
                 out.append(image[:, ::-1] if flip else image)
             pixels = np.asarray(preprocess_input(np.stack(out), self.mode), np.float32)
             return pixels, np.asarray([self.labels[row] for row in rows], np.int32)
@@ -205,12 +205,13 @@ def feature_probe(args, models, images, labels, mode):
     from tqdm import tqdm
 
     from keras_vit.data import naflex_feed
+    from keras_vit.data.naflex_sequence import resize_antialiased
     from keras_vit.preprocessing import preprocess_input
 
     side = round(args.tokens ** 0.5) * args.patch
 
     def square(image):
-        return np.asarray(preprocess_input(naflex_sequence.resize_antialiased(np.asarray(image), (side, side)), mode), np.float32)
+        return np.asarray(preprocess_input(resize_antialiased(np.asarray(image), (side, side)), mode), np.float32)
 
     def sequence(image):
         return naflex_feed.patchify(image, args.patch, args.tokens, args.tokens, mode=mode)

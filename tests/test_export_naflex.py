@@ -14,6 +14,7 @@ from conftest import once_on_tensorflow, tensorflows_file
 
 from keras_vit.export import (NAFLEX_REFUSED, THROUGH_TENSORFLOW_NAFLEX, check_format, compare, export,
                               read_class_names, run, writer)
+from keras_vit.extras import MissingPackageError
 from keras_vit.model import build_vit
 from keras_vit.naflex import naflex, patchify_images
 
@@ -142,9 +143,9 @@ def test_litert_and_the_options_on_images_are_refused_before_writing(tmp_path, m
     assert set(THROUGH_TENSORFLOW_NAFLEX) == {("jax", "onnx")} and writer("jax", "onnx") == "jax"
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorflow" else real(name, *a))
-    with pytest.raises(ValueError, match=r"^onnx from the jax backend of a NaFlex model is written from the TensorFlow "
-                                         r"backend in a separate process \(jax2onnx 0.17 .*\), and tensorflow is not "
-                                         r"installed"):
+    with pytest.raises(MissingPackageError, match=r"^onnx from the jax backend of a NaFlex model, written from the "
+                       r"TensorFlow backend in a separate process \(jax2onnx 0.17 .*\), needs tensorflow, which is not "
+                       r"installed: pip install \"keras-vit\[tensorflow\]\""):
         check_format("jax", "onnx", naflex=True)
     check_format("torch", "onnx", naflex=True)
 
