@@ -45,8 +45,9 @@ def _check_fraction(name, value, low=0.0, high=1.0):
 
 
 def rand_box(rng, height, width, lam):
-    """timm's `rand_bbox` (no margin): (top, bottom, left, right) of a box of (1 - lam) of the area at its
-    ratio, centred uniformly in the image and clipped at its borders."""
+    """timm's `rand_bbox` (no margin): (top, bottom, left, right) of a box of (1 - `lam`) of the area of a
+    `height` x `width` image at its ratio, centred uniformly (two `rng.randint` draws, `rng` a
+    `numpy.random.RandomState`) and clipped at its borders."""
     ratio = np.sqrt(1 - lam)
     cut_h, cut_w = int(height * ratio), int(width * ratio)
     cy, cx = rng.randint(0, height), rng.randint(0, width)
@@ -229,8 +230,9 @@ class MixedBatches(keras.utils.PyDataset):
 
 
 class OneHotBatches(keras.utils.PyDataset):
-    """A `keras.utils.PyDataset` of (images, integer labels) batches with the labels one-hot (float32): the
-    validation feed of a model trained on MixUp's soft targets, whose loss and accuracy take one-hot targets."""
+    """A `keras.utils.PyDataset` of the (images, integer labels) `batches` with the labels one-hot over
+    `num_classes` (float32): the validation feed of a model trained on MixUp's soft targets, whose loss and
+    accuracy take one-hot targets."""
 
     def __init__(self, batches, num_classes, **kwargs):
         super().__init__(**kwargs)
@@ -247,8 +249,8 @@ class OneHotBatches(keras.utils.PyDataset):
 
 def mixed_feeds(train, validation, mixup, skip_batches=0):
     """(train, validation) of a feed (`keras_vit.data.from_directory`'s tf.data datasets or PyDatasets) for
-    training on MixUp's soft targets: the training batches mixed, batch k at step `skip_batches + k`, and the
-    validation labels one-hot (validation None stays None)."""
+    training on MixUp's soft targets: the `train` batches mixed by `mixup` (a `MixUp`), batch k at step
+    `skip_batches + k`, and the `validation` labels one-hot (None stays None)."""
     if isinstance(train, keras.utils.PyDataset):
         train = MixedBatches(train, mixup, skip_batches)
         return train, validation if validation is None else OneHotBatches(validation, mixup.num_classes)
