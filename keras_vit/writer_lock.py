@@ -22,6 +22,7 @@ from keras_vit.fileio import _alive, _host, temporary_folder
 SUFFIX = ".lock"
 STALE_AFTER = 24 * 3600  # seconds: another host's lock older than this is taken over
 _UNREADABLE_AFTER = 60  # seconds: an unreadable lock older than this is a writer killed while writing it
+_POLL = 0.2  # seconds between looks at a lock waited for
 
 
 class FolderLockedError(FileExistsError):
@@ -76,14 +77,23 @@ def _create(path):
         os.link(mine, path)
 
 
-def _take(path):
-    """Creates the lock at `path` for this process; raises FolderLockedError naming its holder."""
-    for _ in range(2):
+def _take(path, wait):
+    """Creates the lock at `path` for this process; with `wait`, waits (saying so once) while its holder
+    lives, else raises FolderLockedError naming it."""
+    said, tries = False, 0
+    while tries < 2:
         try:
             _create(path)
         except FileExistsError:
             holder = _read(path)
             why = None if holder is None else _stale(path, holder)
+            if holder is not None and why is None and wait:
+                if not said:
+                    print(f"waiting for {_describe(holder)}, which writes {path[:-len(SUFFIX)]}", file=sys.stderr)
+                    said = True
+                time.sleep(_POLL)
+                continue
+            tries += not (wait and holder is None)  # a waiter keeps trying while others take and release it
             if holder is not None and why is None:
                 raise FolderLockedError(
                     f"{path[:-len(SUFFIX)]!r} is being written by {_describe(holder)}; wait for it to end or "
@@ -98,8 +108,9 @@ def _take(path):
 
 
 @contextlib.contextmanager
-def hold(folder):
+def hold(folder, wait=False):
     """Holds `folder`'s lock (`lock_path`) while the block runs; its parent folder is made when missing.
+    `wait`: wait for a live holder to end instead of refusing (a download another process has begun).
 
     Raises:
         FolderLockedError: another live writer holds it (named in the message).
@@ -107,7 +118,7 @@ def hold(folder):
     """
     path = lock_path(folder)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    _take(path)
+    _take(path, wait)
     try:
         yield path
     finally:

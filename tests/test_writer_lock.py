@@ -80,3 +80,51 @@ def test_finetune_and_the_examples_refuse_a_folder_another_run_writes(tmp_path, 
         with pytest.raises(SystemExit, match=f"--output-dir '{out}' is being written by process {os.getpid()}"):
             finetune.main("cifar10", ["--output-dir", str(out), "--steps", "1"])
     assert not out.exists()  # refused before anything was written
+
+
+def test_two_fetches_of_one_checkpoint_download_it_once(tmp_path, capsys):
+    """The weights cache: of two threads fetching one file from a loopback server, one downloads and the
+    other waits for it (said once), then reads the finished file."""
+    import zipfile
+
+    from conftest import LoopbackServer
+
+    from keras_vit.weights import download
+
+    served = tmp_path / "served"
+    served.mkdir()
+    with zipfile.ZipFile(served / "w.npz", "w") as archive:
+        archive.writestr("a.npy", b"\0" * (4 << 20))
+    server = LoopbackServer(served)
+    results, barrier = [], threading.Barrier(2)
+
+    def fetch():
+        barrier.wait()
+        results.append(download.fetch(f"{server.url}/w.npz", "w.npz", str(tmp_path / "cache")))
+
+    try:
+        threads = [threading.Thread(target=fetch) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        server.close()
+    assert results == [str(tmp_path / "cache" / "w.npz")] * 2
+    assert server.requests.count("/w.npz") == 1  # downloaded once
+    assert os.listdir(tmp_path / "cache") == ["w.npz"]  # no lock or temporary left
+    err = capsys.readouterr().err
+    assert err.count("waiting for process") <= 1
+
+
+def test_a_second_export_to_one_folder_is_refused_by_the_first_ones_name(tmp_path):
+    from conftest import TINY
+
+    import keras_vit
+    from keras_vit.export import export
+
+    model = keras_vit.VisionTransformer(**TINY)
+    with writer_lock.hold(tmp_path / "served"):
+        with pytest.raises(writer_lock.FolderLockedError, match=f"is being written by process {os.getpid()}"):
+            export(model, tmp_path / "served", "onnx")
+    assert not (tmp_path / "served").exists()

@@ -46,6 +46,7 @@ from keras_vit.export.runtimes import compare, run
 from keras_vit.export.serving import CLASS_OUTPUTS, check_naflex_serving, check_resize_to, output_name, serving_model
 from keras_vit.export.through_tensorflow import _through_tensorflow
 from keras_vit.export.writers import _write
+from keras_vit import writer_lock
 from keras_vit.fileio import atomic_folder, check_free_space, weights_file_bytes
 from keras_vit.naflex import is_naflex
 
@@ -165,9 +166,9 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
         raise FileExistsError(f"{out} already exists; export writes a new folder (remove it or pick another)")
     # an artefact holds the weights (a quantized one less): a full disk refused before any writer starts
     check_free_space(out, weights_file_bytes(model), f"the {format} artefact {out}")
-    # written in a temporary folder beside `out`, renamed into place when complete, removed on failure (and,
-    # if this process is killed, by the next export to `out`)
-    with atomic_folder(out) as tmp:
+    # one export writes `out` at a time (its lock beside it); written in a temporary folder beside `out`,
+    # renamed into place when complete, removed on failure (and, if this process is killed, by the next export)
+    with writer_lock.hold(out), atomic_folder(out) as tmp:
         path = artefact(tmp, format)
         if writer(backend, format, batch_size, any_size, flex) == backend:
             _write(model, path, format, top_k, batch_size, input_mode, resize_to)

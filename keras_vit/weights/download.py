@@ -4,6 +4,7 @@ taken for a good one."""
 import os
 import zipfile
 
+from keras_vit import writer_lock
 from keras_vit.fileio import temporary_folder
 from keras_vit.weights.registry import BUCKET_URL as DEFAULT_BASE_URL
 
@@ -45,11 +46,22 @@ def fetch(url, filename, directory=None):
     """The local path of `url`, downloaded once into the cache.
 
     A cached file is trusted only when it is a complete zip archive; a download goes to a
-    temporary file beside the cache and is moved into place only once it checks out.
+    temporary file beside the cache and is moved into place only once it checks out. Processes that
+    fetch the same file at once take turns (`keras_vit.writer_lock`): one downloads, the others wait and
+    read its file.
     """
     directory = directory or cache_dir()
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, filename)
+    if os.path.exists(path) and is_complete_zip(path):  # cached: no lock (the cache may be read-only)
+        return path
+    # one process downloads a file: another waits for it (said once), then finds the finished file
+    with writer_lock.hold(path, wait=True):
+        return _fetch(url, filename, path)
+
+
+def _fetch(url, filename, path):
+    """`fetch` holding the file's lock."""
     if os.path.exists(path):
         if is_complete_zip(path):
             return path
