@@ -21,7 +21,7 @@ import numpy as np
 from keras_vit.configs import pair
 
 
-def _host():
+def host_name():
     return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
 
 
@@ -30,10 +30,10 @@ def _temporaries(path):
     8 random characters)."""
     base = f".{os.path.basename(path)}."
     pattern = re.compile(re.escape(base) + r"(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)\.[a-z0-9_]{8}\.tmp")
-    return f"{base}{_host()}-{os.getpid()}.", pattern
+    return f"{base}{host_name()}-{os.getpid()}.", pattern
 
 
-def _alive(pid):
+def process_alive(pid):
     if os.name == "nt":  # os.kill(pid, 0) would end the process there: no cleaning on Windows
         return True
     try:
@@ -53,10 +53,10 @@ def remove_stale_temporaries(path):
     removed = []
     if not os.path.isdir(folder):
         return removed
-    host = _host()
+    host = host_name()
     for name in os.listdir(folder):
         match = pattern.match(name)
-        if not match or match.group("host") != host or _alive(int(match.group("pid"))):
+        if not match or match.group("host") != host or process_alive(int(match.group("pid"))):
             continue
         stale = os.path.join(folder, name)
         try:

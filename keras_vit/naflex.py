@@ -87,7 +87,7 @@ def naflex(model):
 def patchify_images(images, patch_size):
     """(B, H, W, C) `images` -> the NaFlex dict of their whole grids of `patch_size` patches, no padding,
     no resize (numpy; images of one size: `keras_vit.data.naflex_feed.patchify` resizes to a budget and pads)."""
-    from keras_vit.data.naflex_feed import cut
+    from keras_vit.data.naflex_sequence import cut
 
     patches, coord = cut(np.asarray(images), patch_size)
     return {"patches": patches, "patch_coord": np.repeat(coord[None], len(patches), 0),

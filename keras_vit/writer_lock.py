@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from keras_vit.fileio import _alive, _host, temporary_folder
+from keras_vit.fileio import process_alive, host_name, temporary_folder
 
 SUFFIX = ".lock"
 STALE_AFTER = 24 * 3600  # seconds: another host's lock older than this is taken over
@@ -61,8 +61,8 @@ def _stale(path, holder):
         except OSError:
             return None
         return f"unreadable and {age:.0f} s old" if age > _UNREADABLE_AFTER else None
-    if holder.get("host") == _host():
-        return None if _alive(int(holder.get("pid", 0))) else f"its process {holder.get('pid')} is gone"
+    if holder.get("host") == host_name():
+        return None if process_alive(int(holder.get("pid", 0))) else f"its process {holder.get('pid')} is gone"
     age = time.time() - float(holder.get("started", 0))
     return f"another host's, {age / 3600:.0f} h old" if age > STALE_AFTER else None
 
@@ -73,7 +73,7 @@ def _create(path):
     with temporary_folder(path) as tmp:
         mine = os.path.join(tmp, "lock")
         with open(mine, "w") as f:
-            json.dump({"pid": os.getpid(), "host": _host(), "started": time.time(), "command": " ".join(sys.argv)}, f)
+            json.dump({"pid": os.getpid(), "host": host_name(), "started": time.time(), "command": " ".join(sys.argv)}, f)
         os.link(mine, path)
 
 
@@ -123,7 +123,7 @@ def hold(folder, wait=False):
         yield path
     finally:
         holder = _read(path)
-        if holder and holder.get("pid") == os.getpid() and holder.get("host") == _host():
+        if holder and holder.get("pid") == os.getpid() and holder.get("host") == host_name():
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
 

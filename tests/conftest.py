@@ -135,6 +135,22 @@ def backend():
     return os.environ.get("KERAS_BACKEND", "tensorflow")
 
 
+def assert_resumed_equals_whole(whole, cut, resumed):
+    """The run resumed in `cut` (its report `resumed`) ends as the uninterrupted run in `whole` did: the
+    weights of model.keras and every metric of the history, within 1e-6."""
+    import json
+
+    import keras
+
+    uninterrupted, resumed_model = (keras.saving.load_model(d / "model.keras") for d in (whole, cut))
+    for a, b in zip(uninterrupted.weights, resumed_model.weights):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(b), keras.ops.convert_to_numpy(a), atol=1e-6)
+    history = json.loads((whole / "report.json").read_text())["history"]
+    assert set(resumed["history"]) == set(history)
+    for key, values in history.items():
+        np.testing.assert_allclose(resumed["history"][key], values, atol=1e-6)
+
+
 def tensorflows_file(format, **kwargs):
     """Whether this lane's backend hands `format` (with `writer`'s options: any_size, naflex, batch_size) to
     TensorFlow, which writes it in a fresh process: the one rule behind every export test that leaves such

@@ -10,7 +10,7 @@ import h5py
 import keras
 import numpy as np
 import pytest
-from conftest import photo_folder
+from conftest import assert_resumed_equals_whole, photo_folder
 
 from keras_vit import cli
 from keras_vit.data.folder import read_image
@@ -89,13 +89,7 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(photo
         _run([*_argv(photos, start, tmp_path / "cut"), "--resume", "--lr", "0.1"])
     resumed = _run(["finetune", str(photos), "--out", str(tmp_path / "cut"), "--resume", "--quiet"])  # its flags
     assert resumed["resumed_from_epoch"] == 1
-    uninterrupted, cut = (keras.saving.load_model(d / "model.keras") for d in (whole, tmp_path / "cut"))
-    for a, b in zip(uninterrupted.weights, cut.weights):
-        np.testing.assert_allclose(keras.ops.convert_to_numpy(b), keras.ops.convert_to_numpy(a), atol=1e-6)
-    history = json.loads((whole / "report.json").read_text())["history"]
-    assert set(resumed["history"]) == set(history)
-    for key, values in history.items():
-        np.testing.assert_allclose(resumed["history"][key], values, atol=1e-6)
+    assert_resumed_equals_whole(whole, tmp_path / "cut", resumed)
 
 
 @pytest.mark.one_backend  # the command's plumbing; LoRA's resume is tested per backend in test_lora.py

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from keras_vit import cli, writer_lock
-from keras_vit.fileio import _host
+from keras_vit.fileio import host_name
 
 pytestmark = pytest.mark.backend_independent
 
@@ -35,14 +35,14 @@ def test_of_two_writers_started_together_exactly_one_gets_the_lock(tmp_path):
         t.join()
     assert results.count("held") == 1
     refusals = [r for r in results if r != "held"]
-    assert all(f"is being written by process {os.getpid()} on {_host()}" in r for r in refusals)
+    assert all(f"is being written by process {os.getpid()} on {host_name()}" in r for r in refusals)
     assert not os.path.exists(writer_lock.lock_path(tmp_path / "out"))  # gone when the writer ended
 
 
 def _lock(tmp_path, **holder):
     path = writer_lock.lock_path(tmp_path / "out")
     with open(path, "w") as f:
-        json.dump({"pid": 1, "host": _host(), "started": time.time(), "command": "keras-vit finetune x", **holder}, f)
+        json.dump({"pid": 1, "host": host_name(), "started": time.time(), "command": "keras-vit finetune x", **holder}, f)
     return path
 
 
