@@ -44,7 +44,7 @@ def _temporary(folder, target, host, pid):
 def test_only_temporaries_of_dead_writers_of_this_host_are_removed(tmp_path):
     """A live writer's temporary (this process) and another host's (on a shared folder, whose processes
     cannot be seen from here) stay; a dead writer's of this host goes, and so do its temporary folders."""
-    host = fileio._host()
+    host = fileio.host_name()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
     live = _temporary(tmp_path, "vit.npz", host, os.getpid())
