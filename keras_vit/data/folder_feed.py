@@ -40,7 +40,7 @@ PIPELINES = ("auto", "tf.data", "pydataset")
 def from_directory(directory, image_size, batch_size, validation_split=0.1, seed=0, *, labels_csv=None,
                    strict=False, repeat=True, skip_batches=0, eval_batch_size=None, drop_remainder=True,
                    process_index=0, process_count=1, image_dtype="float32", pipeline="auto", workers=None,
-                   max_pixels=MAX_PIXELS, verbose=False):
+                   max_pixels=MAX_PIXELS, verbose=False, verify="full"):
     """Training and validation pipelines of a folder of your own images.
 
     The folder holds one subfolder of images per class (``photos/cat/*.jpg``; nested folders are read, the
@@ -67,6 +67,9 @@ def from_directory(directory, image_size, batch_size, validation_split=0.1, seed
             TensorFlow needed; ``workers`` threads) or "auto": tf.data when TensorFlow is installed.
         max_pixels: larger images are skipped (refused with ``strict``).
         verbose: a progress bar while the folder is checked.
+        verify: "full" (decode each file once before training; its result cached, so the next start reads
+            only new or changed files) or "header" (read headers only: much faster the first time); see
+            ``keras_vit.scan``.
 
     Returns:
         ``(train, validation)``: datasets of ``(images, labels)`` batches (``validation`` is None with
@@ -86,7 +89,7 @@ def from_directory(directory, image_size, batch_size, validation_split=0.1, seed
         raise ValueError(f"`pipeline` must be one of {PIPELINES}; got {pipeline!r}.")
     folder = directory if isinstance(directory, ImageFolder) else scan(
         directory, validation_split, seed, labels_csv=labels_csv, strict=strict, max_pixels=max_pixels,
-        verbose=verbose)
+        verbose=verbose, verify=verify)
     n = len(folder.train)
     start = skip_batches * batch_size
     if not repeat and start >= n:

@@ -341,7 +341,7 @@ def folder_batches(directory, plan, validation_split=0.1, *, mode="vit", image_d
         workers: threads reading and resizing images (default: the machine's cores).
         repeat, skip_batches: the training stream endless, from this batch on (see `NaFlexBatches`).
         **scan_options: `keras_vit.scan`'s keyword options (labels_csv, strict,
-            max_pixels, threads, verbose).
+            max_pixels, threads, verbose, verify, cache).
 
     Returns:
         (train, validation): `NaFlexBatches` with `class_names` and `image_folder` attributes;

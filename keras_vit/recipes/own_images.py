@@ -290,7 +290,7 @@ def _read_folder(args):
 
     print(f"reading {args.directory} ...", flush=True)
     folder = scan(args.directory, args.validation_split, args.seed, labels_csv=args.labels_csv, strict=args.strict,
-                  verbose=not args.quiet)
+                  verbose=not args.quiet, verify=getattr(args, "verify", "full"))
     print(f"{len(folder.class_names)} classes, {len(folder.train)} training and {len(folder.validation)} validation "
           f"images" + (f"; {len(folder.skipped)} file(s) skipped (listed in {SPLIT})" if folder.skipped else ""))
     return folder

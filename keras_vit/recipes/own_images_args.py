@@ -5,12 +5,13 @@ import argparse
 import math
 import os
 
+from keras_vit.data.folder import VERIFY_LEVELS
 from keras_vit.recipes.folder_plan import DEFAULT_EPOCHS, DEVICE_BATCH, PAPER_BATCH
 
 SWITCH_PROB = 0.5  # --mixup-switch-prob's default, timm's
 
 FLAGS = ("directory", "model", "weights", "image_size", "epochs", "steps", "batch_size", "device_batch_size", "lr",
-         "lora", "layer_decay", "validation_split", "labels_csv", "seed", "strict", "pipeline", "naflex",
+         "lora", "layer_decay", "validation_split", "labels_csv", "seed", "strict", "verify", "pipeline", "naflex",
          "drop_path", "mixup", "cutmix", "mixup_switch_prob", "smoothing")
 
 
@@ -71,6 +72,10 @@ def add_parser(sub):
                    "DIR/labels.csv when it exists, else the class subfolders)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the data order and augmentation")
     p.add_argument("--strict", action="store_true", help="refuse a folder with unusable files (default: skip them)")
+    p.add_argument("--verify", default="full", choices=VERIFY_LEVELS,
+                   help="full: decode every file once before training, to skip bad ones (its result cached: the next "
+                   "start reads only new or changed files); header: read headers only, much faster the first time, "
+                   "a bad file then stops training with its name (default: full)")
     p.add_argument("--pipeline", default="auto", choices=("auto", "tf.data", "pydataset"),
                    help="the input pipeline (default: tf.data where TensorFlow is installed)")
     p.add_argument("--naflex", type=_positive(int), default=None, metavar="TOKENS",
