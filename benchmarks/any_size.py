@@ -34,6 +34,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 SIZES = ((224, 224), (160, 320), (384, 384), (96, 512), (448, 448))
 
 
+# the Keras backend it runs on unless KERAS_BACKEND names another (set before Keras is imported)
+BACKEND = "tensorflow"
+
+
 def _keras_vit_files(name, sizes, folder):
     """{"any": path, (h, w): path}: one any-size file and one fixed file per size, the same weights."""
     import keras_vit
@@ -115,7 +119,7 @@ def main(argv=None):
         parser.error(f"--sizes: expected HxW, e.g. 224x224, got {' '.join(args.sizes)}")
     if any(len(hw) != 2 or min(hw) < 16 or hw[0] % 16 or hw[1] % 16 for hw in sizes):
         parser.error(f"--sizes: expected HxW, multiples of 16 (the patch), got {' '.join(args.sizes)}")
-    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    os.environ.setdefault("KERAS_BACKEND", BACKEND)
     import keras
     import onnxruntime as ort
 
@@ -168,4 +172,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    os.environ.setdefault("KERAS_BACKEND", BACKEND)  # before keras_vit imports Keras
+    from keras_vit.startup import run_main
+
+    run_main(main)

@@ -76,4 +76,6 @@ def main():
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    main()
+    from keras_vit.startup import run_main
+
+    run_main(main)

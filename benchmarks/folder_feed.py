@@ -291,9 +291,10 @@ def main(argv=None):
                                                                   if not k.endswith("_worker")},
               "pipelines": rates, **info, "fits": fits}
     print(f"\nversions: {json.dumps(report['versions'])}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+    if args.out:  # written whole, then moved into place: a Ctrl-C leaves no half file
+        from keras_vit.fileio import write_json
+
+        write_json(args.out, report)
     return report
 
 

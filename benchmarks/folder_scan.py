@@ -106,4 +106,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    from keras_vit.startup import run_main
+
+    run_main(main)

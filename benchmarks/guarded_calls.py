@@ -57,4 +57,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from keras_vit.startup import run_main
+
+    run_main(main)

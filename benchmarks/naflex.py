@@ -418,11 +418,14 @@ def main(argv=None):
                                         f"{probe[way]['min']:.3f})" for way in WAYS)
               + f"; NaFlex - square {gain['mean']:+.3f}: better on {gain['wins']}, equal on {gain['ties']}, worse on "
                 f"{gain['losses']} splits")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({**info, "args": vars(args), "ways": result}, f, indent=1)
+    if args.out:  # written whole, then moved into place: a Ctrl-C leaves no half file
+        from keras_vit.fileio import write_json
+
+        write_json(args.out, {**info, "args": vars(args), "ways": result})
     return result
 
 
 if __name__ == "__main__":
-    main()
+    from keras_vit.startup import run_main
+
+    run_main(main)

@@ -37,6 +37,10 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 
+# the Keras backend it runs on unless KERAS_BACKEND names another (set before Keras is imported)
+BACKEND = "torch"
+
+
 def _files(model, folder, name, calibration):
     from keras_vit.export import export
 
@@ -183,7 +187,7 @@ def main(argv=None):
                         help="onnxruntime intra-op threads (0: its default); with 1, the per-call CPU time is the "
                         "compute itself on a shared machine")
     args = parser.parse_args(argv)
-    os.environ.setdefault("KERAS_BACKEND", "torch")
+    os.environ.setdefault("KERAS_BACKEND", BACKEND)
     import keras
     import onnxruntime as ort
 
@@ -246,4 +250,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    os.environ.setdefault("KERAS_BACKEND", BACKEND)  # before keras_vit imports Keras
+    from keras_vit.startup import run_main
+
+    run_main(main)

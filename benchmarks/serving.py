@@ -37,6 +37,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 TIMM_NAMES = {"ViT_B16": "vit_base_patch16_224", "ViT_S16": "vit_small_patch16_224", "ViT_Ti16": "vit_tiny_patch16_224"}
 
 
+# the Keras backend it runs on unless KERAS_BACKEND names another (set before Keras is imported)
+BACKEND = "torch"
+
+
 def timm_like(name, image_size):
     """keras-vit's variant `name` as a timm checkpoint converts to (exact GELU), random weights."""
     import keras_vit
@@ -130,7 +134,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=0,
                         help="threads of every runtime (onnxruntime intra-op, OpenVINO, torch); 0: each one's default")
     args = parser.parse_args(argv)
-    os.environ.setdefault("KERAS_BACKEND", "torch")
+    os.environ.setdefault("KERAS_BACKEND", BACKEND)
     import onnxruntime as ort
     import torch
 
@@ -191,4 +195,7 @@ def _ratios(rows):
 
 
 if __name__ == "__main__":
-    main()
+    os.environ.setdefault("KERAS_BACKEND", BACKEND)  # before keras_vit imports Keras
+    from keras_vit.startup import run_main
+
+    run_main(main)

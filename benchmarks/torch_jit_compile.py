@@ -10,13 +10,17 @@ import os
 import time
 
 
+# the Keras backend it runs on (set before Keras is imported)
+BACKEND = "torch"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", default="float32", choices=["float32", "mixed_bfloat16", "mixed_float16"])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args(argv)
-    os.environ["KERAS_BACKEND"] = "torch"
+    os.environ["KERAS_BACKEND"] = BACKEND
     import keras
     import numpy as np
 
@@ -40,4 +44,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    os.environ["KERAS_BACKEND"] = BACKEND  # before keras_vit imports Keras
+    from keras_vit.startup import run_main
+
+    run_main(main)

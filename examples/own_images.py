@@ -66,8 +66,12 @@ def write_folder(root, per_class, seed=0):
 def finetune(argv):
     """`keras-vit finetune ARGV...`; returns its report.json (the run's `--out` is the last of ARGV)."""
     from keras_vit.cli import main
+    from keras_vit.startup import INTERRUPTED_STATUS
 
-    if main(["finetune", *argv]):
+    status = main(["finetune", *argv])
+    if status == INTERRUPTED_STATUS:  # Ctrl-C: keras-vit said what was kept in one line
+        raise SystemExit(status)
+    if status:
         raise SystemExit(f"keras-vit finetune {' '.join(argv)} failed (its error is above)")
     with open(os.path.join(argv[-1], "report.json")) as f:
         return json.load(f)
@@ -114,4 +118,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from keras_vit.startup import run_main
+
+    run_main(main)

@@ -197,4 +197,6 @@ def dinov2_folder(root=None):
 
 
 if __name__ == "__main__":
-    print(dinov2_folder())
+    from keras_vit.startup import run_main
+
+    print(run_main(dinov2_folder))

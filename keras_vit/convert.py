@@ -5,7 +5,7 @@ import os
 
 from keras_vit.configs import VARIANTS, find_variant, get_variant, pair, resnet_stride
 from keras_vit.extras import require
-from keras_vit.fileio import atomic_write, check_free_space, weights_file_bytes
+from keras_vit.fileio import atomic_write, check_free_space, check_writable, weights_file_bytes
 from keras_vit.variants import VisionTransformer
 from keras_vit.weights.foreign import file_image_size, file_options, is_foreign, load_foreign, read, settle_layout
 from keras_vit.weights.heads import CLASSIFIER, PROJECTION, default_activation
@@ -187,11 +187,18 @@ def _hub_file(repo, filename, name):
                          "path of the model's .safetensors file") from None
 
 
-def save_keras(model, out):
-    """`model.save(out)`, written to a temporary file beside `out`, then renamed."""
+def _check_out(out):
+    """`out` as a path, refused unless a `.keras` file can be written there (`check_writable`)."""
     out = os.fspath(out)
     if not out.endswith(".keras"):
         raise ValueError(f"output must be a .keras file, got {out!r}")
+    check_writable(out, "the .keras file")
+    return out
+
+
+def save_keras(model, out):
+    """`model.save(out)`, written to a temporary file beside `out`, then renamed."""
+    out = _check_out(out)
     check_free_space(out, weights_file_bytes(model), out)  # a full disk refused before h5py writes
     with atomic_write(out) as tmp:
         model.save(tmp)
@@ -200,8 +207,9 @@ def save_keras(model, out):
 
 def convert(src, out, variant=None, num_heads=None, image_size=None):
     """Writes the ViT of a timm file / Hugging Face folder `src` (or a timm model name, see
-    `from_timm`) as the `.keras` file `out`."""
-    src = os.fspath(src)
+    `from_timm`) as the `.keras` file `out`; a place `out` cannot be written is refused before anything is
+    read or built (`check_writable`)."""
+    src, out = os.fspath(src), _check_out(out)
     if os.path.exists(src) or is_foreign(src):
         return save_keras(build_from(src, variant, num_heads, image_size), out)
     return save_keras(from_timm(src, num_heads, image_size), out)

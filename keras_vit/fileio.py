@@ -67,19 +67,59 @@ def remove_stale_temporaries(path):
     return removed
 
 
-def _check_destination(path, folder):
-    """`path` made absolute, its folder made, the stale temporaries of it removed; an error naming it when
-    it is a folder where a file is written (`folder` False) or a file where a folder is (True)."""
+def _error(kind, code, message):
+    """An exception `kind` (OSError or a subclass) with errno `code` that reads as `message` alone (no
+    "[Errno N]" before it: the CLI prints it as its one line)."""
+    err = kind(message)
+    err.errno = code
+    return err
+
+
+def check_writable(path, what=None, folder=False):
+    """`path` made absolute, once it is known that it can be written: refused by name, before anything is
+    trained, converted or exported, when it cannot be.
+
+    The nearest folder above `path` that exists must be a folder (not a file) that this process may write
+    in (not on a read-only filesystem, not without write permission); so must `path` itself when it is an
+    existing folder to write into; and `path`, if it exists, must be of the kind expected.
+
+    Args:
+        path: the file or folder to be written (it and the folders above it need not exist yet).
+        what: how the messages name it, e.g. "--out" (default "the file" or "the folder").
+        folder: True for a folder, False for a file, None for either.
+
+    Raises:
+        IsADirectoryError: a file is expected and `path` is a folder.
+        NotADirectoryError: a folder is expected and `path` is a file, or a folder above it is a file.
+        PermissionError: no permission to write where `path` goes (errno EACCES).
+        OSError: that place is on a read-only filesystem (errno EROFS).
+    """
     path = os.path.abspath(os.fspath(path))
+    what = what or ("the folder" if folder else "the file")
     if folder is False and os.path.isdir(path):
-        raise IsADirectoryError(f"cannot write the file {path}: it is a folder (expected a file path)")
+        raise IsADirectoryError(f"cannot write {what} {path}: it is a folder (expected a file path)")
     if folder is True and os.path.exists(path) and not os.path.isdir(path):
-        raise NotADirectoryError(f"cannot write the folder {path}: it is a file (expected a folder path)")
+        raise NotADirectoryError(f"cannot write {what} {path}: it is a file (expected a folder path)")
     parent = os.path.dirname(path)
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise NotADirectoryError(f"cannot write {path}: {parent} is a file, not a folder")
+        raise NotADirectoryError(f"cannot write {what} {path}: {parent} is a file, not a folder")
+    for place in ([path] if folder is not False and os.path.isdir(path) else []) + [parent]:
+        if os.access(place, os.W_OK | os.X_OK):
+            continue
+        if hasattr(os, "statvfs") and os.statvfs(place).f_flag & os.ST_RDONLY:
+            raise _error(OSError, errno.EROFS, f"cannot write {what} {path}: {place} is on a read-only filesystem "
+                                               f"(mounted at {_filesystem(place)})")
+        raise _error(PermissionError, errno.EACCES, f"cannot write {what} {path}: no permission to write in the "
+                                                    f"folder {place}")
+    return path
+
+
+def _check_destination(path, folder):
+    """`path` made absolute and checked (`check_writable`), its folder made, the stale temporaries of it
+    removed."""
+    path = check_writable(path, folder=folder)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     remove_stale_temporaries(path)
     return path
@@ -170,6 +210,8 @@ def atomic_folder(path, replaceable=None):
 
 # a Keras weights file of n bytes of arrays takes about n * this + H5_OVERHEAD (names, attributes, alignment)
 H5_FACTOR, H5_OVERHEAD = 1.1, 256 * 1024
+# an .npz archive of n bytes of arrays takes about n + NPZ_OVERHEAD (a zip entry and a .npy header each)
+NPZ_OVERHEAD = 64 * 1024
 
 
 def variables_bytes(variables):
@@ -178,13 +220,18 @@ def variables_bytes(variables):
                    for v in variables))
 
 
+def h5_file_bytes(variables):
+    """About the bytes of an HDF5 weights file of `variables` (Keras variables or arrays)."""
+    return int(variables_bytes(variables) * H5_FACTOR) + H5_OVERHEAD
+
+
 def weights_file_bytes(model, optimizer=False):
     """About the bytes of `model`'s weights file (`save_weights`, or the weights inside a `.keras`), with its
     optimizer's state when `optimizer` (what a training backup holds)."""
     variables = list(model.weights)
     if optimizer and getattr(model, "optimizer", None) is not None:
         variables += list(model.optimizer.variables)
-    return int(variables_bytes(variables) * H5_FACTOR) + H5_OVERHEAD
+    return h5_file_bytes(variables)
 
 
 def _filesystem(path):
@@ -197,15 +244,36 @@ def _filesystem(path):
     return path
 
 
+def _no_space(path, what, needed=None):
+    """The one-line OSError(ENOSPC) of a full disk: `what` (default `path`), its filesystem, the space
+    `needed` (bytes, when known) and free."""
+    mount = _filesystem(path)
+    free = shutil.disk_usage(mount).free
+    need = "the disk filled while it was written (nothing of it was kept), " if needed is None else \
+        f"it needs about {needed / 2**20:.1f} MiB, "
+    return _error(OSError, errno.ENOSPC, f"no space left for {what or path}: {need}{free / 2**20:.1f} MiB are free "
+                                         f"on the filesystem at {mount}")
+
+
 def check_free_space(path, needed, what=None):
     """Raises OSError(ENOSPC) naming `path`, its filesystem and the space `needed` (bytes) and free, when
     the filesystem that holds (or will hold) `path` has less free: checked before a write whose size is
     known, so a full disk refuses it instead of failing inside a writer (h5py ends the process then)."""
-    mount = _filesystem(path)
-    free = shutil.disk_usage(mount).free
-    if free < needed:
-        raise OSError(errno.ENOSPC, f"no space left for {what or path}: it needs about {needed / 2**20:.1f} MiB, "
-                                    f"{free / 2**20:.1f} MiB are free on the filesystem at {mount}")
+    if shutil.disk_usage(_filesystem(path)).free < needed:
+        raise _no_space(path, what, needed)
+
+
+@contextlib.contextmanager
+def full_disk_named(path, what=None):
+    """A full disk met inside the block (a write of `path` whose size was not known before, or a disk that
+    filled meanwhile) raised as `check_free_space` words it: one OSError(ENOSPC) naming `what` (default
+    `path`) and its filesystem, instead of the writer's bare "[Errno 28] No space left on device"."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno != errno.ENOSPC or str(err).startswith("no space left for "):
+            raise
+        raise _no_space(path, what) from None
 
 
 def not_npz(path):

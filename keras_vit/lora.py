@@ -13,7 +13,8 @@ import zipfile
 import keras
 import numpy as np
 
-from keras_vit.fileio import atomic_write, not_npz
+from keras_vit.fileio import (NPZ_OVERHEAD, atomic_write, check_free_space, check_writable, full_disk_named, not_npz,
+                              variables_bytes)
 from keras_vit.layers.transformer_block import TransformerBlock
 
 LORA_TARGETS = ("query", "key", "value", "out", "mlp")
@@ -141,9 +142,13 @@ def save_lora(model, path):
         path: the file to write: an `.npz` archive, whatever the name's suffix.
     """
     state = _state(_check_model(model))
+    path = check_writable(path)
+    # a full disk refused before the write, or named if it fills meanwhile; a file there before is kept whole
+    what = f"the LoRA adapters {path}"
+    check_free_space(path, variables_bytes(state.values()) + NPZ_OVERHEAD, what)
     arrays = {name: keras.ops.convert_to_numpy(v) for name, v in state.items()}
     arrays[_META] = np.array(json.dumps(_meta(model)))
-    with atomic_write(path) as tmp, open(tmp, "wb") as f:  # a file object: numpy adds no ".npz" to the name
+    with full_disk_named(path, what), atomic_write(path) as tmp, open(tmp, "wb") as f:  # numpy adds no ".npz"
         np.savez(f, **arrays)
 
 

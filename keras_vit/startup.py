@@ -10,6 +10,10 @@ keras_vit.launch`, `python -m keras_vit.export` and the examples, starts as quie
 `TF_CPP_MIN_LOG_LEVEL=0` shows the notes as TensorFlow prints them. On the other backends TensorFlow is
 imported later, for tf.data, where `import_quietly("tensorflow")` holds its notes back the same way.
 
+How an entry point ends on Ctrl-C lives here too, beside how it starts: `interrupted` says in one line what was
+kept and how to continue, and gives the exit status a shell gives (130); `run_main` runs a script's `main` (the
+examples, the benchmarks) with that handling, as `keras-vit` (`keras_vit.cli.main`) has it.
+
 Standard library only: it is the first thing `keras_vit/__init__.py` runs, before anything imports Keras.
 """
 
@@ -19,7 +23,12 @@ import re
 import sys
 import tempfile
 
-__all__ = ["DEFAULT_LEVEL", "filter_start_lines", "import_backend", "import_quietly", "start_log_level"]
+__all__ = ["DEFAULT_LEVEL", "INTERRUPTED", "INTERRUPTED_STATUS", "filter_start_lines", "import_backend",
+           "import_quietly", "interrupted", "run_main", "start_log_level"]
+
+# Ctrl-C: the exit status (128 + SIGINT, as a shell's), and what is said where nothing more particular was kept
+INTERRUPTED_STATUS = 130
+INTERRUPTED = "no file was left half-written (each is written whole, then moved into place): run the same command again"
 
 # absl's severities, in TF_CPP_MIN_LOG_LEVEL's order (0: INFO and above ... 3: FATAL only)
 SEVERITIES = b"IWEF"
@@ -117,3 +126,32 @@ def import_quietly(name):
 def import_backend():
     """Imports Keras, and so its backend, through `import_quietly`: what `keras_vit/__init__.py` runs first."""
     import_quietly("keras")
+
+
+def interrupted(program, kept=None):
+    """Says on stderr, in one line, that `program` was interrupted (Ctrl-C) and what was kept; returns
+    INTERRUPTED_STATUS, the status to exit with.
+
+    Args:
+        program: the name the line starts with, e.g. "keras-vit finetune" or "lora.py".
+        kept: what was kept and how to continue (default INTERRUPTED).
+    """
+    _flush()
+    print(f"{program}: interrupted: {kept or INTERRUPTED}", file=sys.stderr, flush=True)
+    return INTERRUPTED_STATUS
+
+
+def run_main(main, *args, kept=None):
+    """Runs a script's entry point `main(*args)` (an example, a benchmark) and returns what it returns; on Ctrl-C
+    the script ends as `keras-vit` does: `interrupted`'s one line (the KeyboardInterrupt's own message when it has
+    one, else `kept`), exit status 130, no traceback.
+
+    Args:
+        main: the entry point, e.g. a script's `main`.
+        *args: its arguments.
+        kept: what an interrupted run keeps and how to continue (default INTERRUPTED).
+    """
+    try:
+        return main(*args)
+    except KeyboardInterrupt as err:
+        raise SystemExit(interrupted(os.path.basename(sys.argv[0]) or "python", str(err) or kept)) from None

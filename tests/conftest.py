@@ -116,6 +116,26 @@ class LoopbackServer:
         self.httpd.server_close()
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 8 MiB filesystem (a tmpfs: root, as CI runs; skipped where it cannot be mounted)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)],
+                                           capture_output=True).returncode:
+        pytest.skip("a tmpfs cannot be mounted here (not root)")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def fill(disk, leave):
+    """Fills the filesystem of the folder `disk` with a file `disk`/filler, leaving about `leave` bytes free."""
+    stat = os.statvfs(disk)
+    (disk / "filler").write_bytes(b"\0" * max(stat.f_bavail * stat.f_frsize - leave, 0))
+
+
 def photos(size, n=3):
     """scikit-image's photographs (astronaut, coffee, chelsea) as uint8 (n, h, w, 3) at `size` (int or (h, w))."""
     pytest.importorskip("skimage")

@@ -203,22 +203,6 @@ def test_weights_of_another_architecture_than_model_are_refused_naming_both(phot
     assert not out.exists()
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 8 MiB filesystem (a tmpfs: root, as CI runs; skipped where it cannot be mounted)."""
-    import subprocess
-
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)],
-                                           capture_output=True).returncode:
-        pytest.skip("a tmpfs cannot be mounted here (not root)")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
-
-
 @pytest.mark.one_backend
 def test_a_full_disk_is_refused_in_one_line_and_the_last_backup_resumes(photos, start, small_disk, capsys):
     out = small_disk / "run"

@@ -22,11 +22,8 @@ import sys
 
 from keras_vit.cli import convert, export, inspect, listing, predict
 from keras_vit.extras import FEATURES, MissingPackageError, require
+from keras_vit.startup import interrupted
 
-# Ctrl-C: what every command says and its exit status (128 + SIGINT, as a shell's); a command that kept
-# something to continue from says that instead (the KeyboardInterrupt's message)
-INTERRUPTED = "no file was left half-written (each is written whole, then moved into place)"
-INTERRUPTED_STATUS = 130
 # The commands that build a model (their later backend logs are kept off the terminal).
 MODEL_COMMANDS = ("predict", "inspect", "export", "finetune")
 
@@ -98,6 +95,20 @@ def main(argv=None):
         print(f"keras-vit {args.command}: error: {err}", file=sys.stderr)
         return 1 if getattr(err, "errno", None) == errno.ENOSPC else 2
     except KeyboardInterrupt as err:  # Ctrl-C: one line, what was kept, a shell's exit status
-        print(f"keras-vit {args.command}: interrupted: {err or INTERRUPTED}", file=sys.stderr)
-        return INTERRUPTED_STATUS
+        return interrupted(f"keras-vit {args.command}", str(err) or _kept(args))
     return 0
+
+
+def _kept(args):
+    """What a command interrupted by Ctrl-C kept and how to continue (a command that kept something to continue
+    from, finetune, says it in its KeyboardInterrupt's message instead); None: `startup.INTERRUPTED`."""
+    out = getattr(args, "out", None)
+    if args.command == "predict":
+        csv = "" if args.csv is None else f"; nothing was written to {args.csv} (written once every image is done)"
+        return f"the top classes printed above are kept{csv}: the same command again classifies every image"
+    if args.command == "export" and out and os.path.isdir(out):  # export refuses a folder already there
+        return f"{out} was written whole; the check against Keras that follows it was cut short"
+    if args.command in ("convert", "export") and out:
+        return (f"nothing new was written to {out} (written whole beside it, then moved into place): the same "
+                "command again starts over")
+    return None

@@ -8,6 +8,7 @@ import sys
 from keras_vit.calls import is_naflex
 from keras_vit.cli.model_args import DEFAULT_WEIGHTS_HELP, MODEL_HELP, WEIGHTS_HELP, build, image_size
 from keras_vit.data.folder import IMAGE_EXTENSIONS, image_files  # what predict reads of a folder, as finetune does
+from keras_vit.fileio import check_writable
 
 
 def add_parser(sub, modes):
@@ -47,6 +48,8 @@ def run(args):
     for flag, value in (("--top", args.top), ("--batch-size", args.batch_size), ("--naflex-tokens", args.naflex_tokens)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be a positive number, got {value}")
+    if args.csv is not None:  # a place the CSV cannot go: refused before a model is built or an image read
+        check_writable(args.csv)
     files = _image_files(args.images)
     model, mode = build(args)
     mode = args.input_mode or mode

@@ -39,9 +39,10 @@ import time
 from keras_vit import writer_lock
 from keras_vit.configs import get_variant
 from keras_vit.extras import require_or_exit
-from keras_vit.fileio import atomic_write, write_json
+from keras_vit.fileio import atomic_write, check_writable, write_json
 from keras_vit.recipes import finetune_devices, run_folder
 from keras_vit.recipes.finetune_args import PRETRAINED_TAGS, parse_args, run_flags  # noqa: F401  (read from here)
+from keras_vit.startup import interrupted
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -143,6 +144,10 @@ def main(dataset, argv=None, callbacks=()):
     """Run the recipe on ``dataset``; ``callbacks`` are extra Keras callbacks for ``fit``."""
     args = parse_args(dataset, argv)
     require_or_exit("reading a TFDS dataset (keras_vit.data)")  # before the output folder is made
+    try:  # a place that cannot be written: refused before the lock beside it, the data or a model
+        check_writable(args.output_dir, "--output-dir", folder=True)
+    except OSError as err:
+        raise SystemExit(f"error: {err}") from None
     # on several processes process 0 alone writes the folder (all read the backup from it), holding its lock
     writer = finetune_devices.join_processes() == 0
     try:
@@ -151,9 +156,8 @@ def main(dataset, argv=None, callbacks=()):
     except writer_lock.FolderLockedError as err:
         raise SystemExit(f"error: --output-dir {err}") from None
     except KeyboardInterrupt:  # Ctrl-C: one line and a shell's status, no traceback
-        print(f"interrupted: the same command again continues from the last backup in {args.output_dir}",
-              file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(interrupted(os.path.basename(sys.argv[0]), "the same command again continues from the last "
+                                     f"backup in {args.output_dir}")) from None
 
 
 def _run(dataset, args, writer, callbacks):

@@ -35,7 +35,7 @@ import time
 
 from keras_vit import writer_lock
 from keras_vit.configs import get_variant, none_or
-from keras_vit.fileio import atomic_write, check_free_space, weights_file_bytes, write_json
+from keras_vit.fileio import atomic_write, check_free_space, check_writable, weights_file_bytes, write_json
 from keras_vit.recipes import own_images_args, run_folder
 from keras_vit.recipes.folder_plan import plan
 from keras_vit.recipes.own_images_args import FLAGS
@@ -186,6 +186,7 @@ def run(args, callbacks=()):
     """The `keras-vit finetune` command (see the module's docstring); `callbacks`: more Keras callbacks
     for `fit`, called after the backup's."""
     own_images_args.check_args(args)
+    check_writable(args.out, "--out", folder=True)  # before the lock beside it, the folder read or a model built
     with writer_lock.hold(args.out):  # one run writes --out at a time
         return _run(args, callbacks)
 

@@ -1,15 +1,18 @@
 """Fetching released checkpoints into the Keras cache, so that no partial or corrupt file is ever
 taken for a good one."""
 
+import errno
 import os
 import zipfile
 
 from keras_vit import writer_lock
-from keras_vit.fileio import temporary_folder
+from keras_vit.fileio import check_free_space, full_disk_named, temporary_folder
 from keras_vit.weights.registry import BUCKET_URL as DEFAULT_BASE_URL
 
 # A mirror of the official bucket (same folder layout), e.g. an internal server.
 BASE_URL_ENV = "KERAS_VIT_BASE_URL"
+CHUNK_BYTES = 1 << 20  # a download is written this much at a time
+DOWNLOAD_TIMEOUT = 60  # seconds without an answer from the server before a download fails
 
 
 def keras_home():
@@ -48,7 +51,13 @@ def fetch(url, filename, directory=None):
     A cached file is trusted only when it is a complete zip archive; a download goes to a
     temporary file beside the cache and is moved into place only once it checks out. Processes that
     fetch the same file at once take turns (`keras_vit.writer_lock`): one downloads, the others wait and
-    read its file.
+    read its file. A full disk (before the download, from its Content-Length, or midway) raises OSError ENOSPC
+    in one line naming the file and its filesystem, the temporary removed and nothing cached.
+
+    Args:
+        url: where the file is (`KERAS_VIT_BASE_URL` redirects the official bucket's URLs to a mirror).
+        filename: its name in the cache.
+        directory: the cache folder (default `cache_dir()`).
     """
     directory = directory or cache_dir()
     os.makedirs(directory, exist_ok=True)
@@ -68,11 +77,12 @@ def _fetch(url, filename, path):
         os.remove(path)  # a corrupt or truncated leftover: never trusted
     url = resolve_url(url)
     with temporary_folder(path) as tmp:  # a download killed midway is removed by the next fetch of the file
+        part = os.path.join(tmp, filename)
         try:
-            import keras
-
-            part = keras.utils.get_file(fname=filename, origin=url, cache_dir=tmp, cache_subdir="")
+            _download(url, part, path)
         except Exception as err:
+            if getattr(err, "errno", None) == errno.ENOSPC:  # said as check_free_space says it, exit 1
+                raise
             raise OSError(
                 f"could not download {url}: {err}\nTo use a mirror of the official bucket (same folder layout), "
                 f"set {BASE_URL_ENV}=<its URL>; or download the file yourself and pass its path as weights=."
@@ -84,3 +94,27 @@ def _fetch(url, filename, path):
             )
         os.replace(part, path)
     return path
+
+
+def _download(url, part, path):
+    """Streams `url` into the file `part` (a temporary of the cache's `path`), with a progress bar. A disk
+    without room for its Content-Length is refused before the first byte, and one that fills meanwhile is
+    named (`check_free_space`, `full_disk_named`: OSError ENOSPC naming `path` and its filesystem)."""
+    import urllib.request
+
+    import keras
+
+    print(f"Downloading data from {url}")
+    with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as response:
+        length = response.headers.get("Content-Length", "")
+        total = int(length) if length.isdigit() else None
+        what = f"the download of {url} to {path}"
+        if total is not None:
+            check_free_space(path, total, what)
+        progress = keras.utils.Progbar(total, unit_name="bytes")
+        done = 0
+        with full_disk_named(path, what), open(part, "wb") as f:
+            for chunk in iter(lambda: response.read(CHUNK_BYTES), b""):
+                f.write(chunk)
+                done += len(chunk)
+                progress.update(done)

@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 from keras_vit.configs import FAMILY_DEFAULTS
-from keras_vit.fileio import atomic_folder
+from keras_vit.fileio import atomic_folder, check_free_space, check_writable, full_disk_named, h5_file_bytes
 from keras_vit.structure import find_vit
 from keras_vit.weights.keras_hub import POSEMB
 from keras_vit.weights.npz import official_variables
@@ -71,13 +71,15 @@ def save_keras_hub_preset(model, preset_dir):
     them; keras-hub loads it with `keras_hub.models.ViTBackbone.from_preset(preset_dir)` (keras-vit
     with `from_keras_hub`). The backbone returns the token sequence after the final LayerNorm; the
     model's head and pre-logits are not written. Raises ValueError, before writing anything, for a
-    model a ViTBackbone cannot compute (see the module docstring). The folder is written whole beside its
+    model a ViTBackbone cannot compute (see the module docstring), and before anything is written a place that cannot
+    be written (`check_writable`) or a disk without room for it (OSError ENOSPC). The folder is written whole beside its
     place, then renamed: a preset already there is replaced in one step, and a folder holding other files
     than a preset's is refused (FileExistsError). Returns `preset_dir`.
     """
     import h5py
 
     preset_dir = os.fspath(preset_dir)
+    check_writable(preset_dir, "the keras-hub preset folder", folder=True)
     parts = find_vit(model)
     why = _refusal(model, parts)
     if why:
@@ -110,7 +112,9 @@ def save_keras_hub_preset(model, preset_dir):
     metadata = {"keras_version": keras.__version__, "parameter_count": count, "written_by": "keras_vit"}
     # the whole folder at once: a preset it replaces stays whole until the new one is, and a task's files
     # of an earlier preset there (task.json, task.weights.h5) do not outlive it beside the new backbone
-    with atomic_folder(preset_dir, replaceable=PRESET_FILES) as folder:
+    what = f"the keras-hub preset {os.path.abspath(preset_dir)}"
+    check_free_space(preset_dir, h5_file_bytes(variables.values()), what)  # before h5py writes (see fileio)
+    with full_disk_named(preset_dir, what), atomic_folder(preset_dir, replaceable=PRESET_FILES) as folder:
         with h5py.File(os.path.join(folder, "model.weights.h5"), "w") as f:
             for path, key in pairs:
                 value = np.asarray(keras.ops.convert_to_numpy(variables[key]), np.float32)

@@ -1,0 +1,66 @@
+"""Ctrl-C in a script (issue 47 item 2): the examples and the benchmarks end through `keras_vit.startup.run_main`
+as `keras-vit` does, in one line, exit status 130, no traceback. (`keras-vit finetune`'s is in
+test_cli_subprocess.py.)"""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from keras_vit.startup import INTERRUPTED
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.one_backend  # the handling of SIGINT, the same on every backend
+def test_ctrl_c_in_a_benchmark_says_one_line_and_exits_130():
+    """SIGINT sent as a terminal sends it, while the benchmark measures (its first line printed): the child
+    gets Python's handler back (a background job of a non-interactive shell, as CI's, inherits SIGINT ignored)."""
+    argv = [sys.executable, "benchmarks/guarded_calls.py", "--images", "4", "--batch-size", "2", "--repeats", "100000"]
+    child = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        first = child.stdout.readline()  # the model is built: the measuring has begun
+        assert first.startswith("ViT_Ti16 at "), (first, child.stderr.read() if child.poll() is not None else "")
+        time.sleep(1)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines()[-1] == f"guarded_calls.py: interrupted: {INTERRUPTED}"
+
+
+@pytest.mark.backend_independent
+def test_ctrl_c_during_convert_keeps_the_file_there_and_says_so(tmp_path, monkeypatch, capsys):
+    """Interrupted while model.save writes: the .keras file that was there is kept whole, no temporary is left
+    beside it, and the one line says so."""
+    import keras
+    from conftest import TINY
+
+    import keras_vit
+    from keras_vit import cli
+    from keras_vit.weights.keras_hub_save import save_keras_hub_preset
+
+    save_keras_hub_preset(keras_vit.VisionTransformer(**TINY, approximate_gelu=False), tmp_path / "preset")
+    out = tmp_path / "out" / "vit.keras"
+    out.parent.mkdir()
+    out.write_bytes(b"the model converted yesterday")
+
+    def interrupted_save(self, path, *args, **kwargs):  # half a file, then Ctrl-C
+        with open(path, "wb") as f:
+            f.write(b"PK\x03\x04 half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(keras.Model, "save", interrupted_save)
+    assert cli.main(["convert", str(tmp_path / "preset"), str(out)]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"keras-vit convert: interrupted: nothing new was written to {out} (written whole beside it, then moved "
+        "into place): the same command again starts over"]
+    assert os.listdir(out.parent) == ["vit.keras"] and out.read_bytes() == b"the model converted yesterday"
