@@ -1,13 +1,17 @@
 """The seeded plan that every feed of a folder or a TFDS dataset follows, so that tf.data and the
 TensorFlow-free `PyDataset` give the same batches: which examples a stream yields from where, and which
 rows of each global batch a process takes (`Stream`, `this_process`), and every random choice of a
-training pass drawn in numpy from (seed, pass): the order of the files, each image's crop box (the
-official Inception crop) and flip (`plan_pass`, `crop_boxes`).
+training pass drawn in numpy from (seed, pass): the order of the files (each image `aug_repeats` times
+with repeated augmentation, `keras_vit.data.repeat_aug`), each position's crop box (the official Inception
+crop) and flip (`plan_pass`, `crop_boxes`), and the generator of each position's other augmentation draws
+(`position_rng`).
 """
 
 import dataclasses
 
 import numpy as np
+
+from keras_vit.data.repeat_aug import repeat_order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,13 +108,35 @@ def crop_boxes(heights, widths, rng, area_range=(0.05, 1.0), aspect_ratio_range=
     return np.stack([top, left, h, w], axis=1).astype(np.int64)
 
 
-def plan_pass(records, seed, pass_index):
-    """(order, boxes, flips) of training pass `pass_index`: the file order, and for the image at each
-    position its crop box (top, left, height, width) and whether it is flipped. A pure function of
-    `seed` and `pass_index`."""
+def plan_pass(records, seed, pass_index, aug_repeats=1):
+    """(order, boxes, flips) of training pass `pass_index`: the file order (with `aug_repeats` > 1 each image
+    that many times in a row, the pass still ``len(records)`` long: `keras_vit.data.repeat_aug`), and for the
+    image at each position its crop box (top, left, height, width) and whether it is flipped. A pure function
+    of `seed` and `pass_index`; `aug_repeats=1` is the plan without repeats.
+
+    Raises:
+        ValueError: `aug_repeats` not a positive integer.
+    """
+    aug_repeats = positive_int("aug_repeats", aug_repeats)
     rng = np.random.default_rng([seed, pass_index])
-    order = rng.permutation(len(records))
+    order = repeat_order(rng.permutation(len(records)), aug_repeats)
     sizes = np.asarray([(records[i][2], records[i][3]) for i in order], np.int64).reshape(-1, 2)
     boxes = crop_boxes(sizes[:, 0], sizes[:, 1], rng)
     flips = rng.uniform(size=len(records)) < 0.5
     return order, boxes, flips
+
+
+# the generators of position_rng: one stream a per-image augmentation, never 0 (numpy pads a seed with zeros,
+# so [seed, pass, position, 0] would be plan_pass's own [seed, pass] generator at position 0)
+ERASE_STREAM = 1
+RAND_AUGMENT_STREAM = 2
+
+
+def position_rng(seed, pass_index, position, stream):
+    """The `numpy.random.Generator` of one augmentation's draws (`stream`, an integer >= 1 such as
+    `ERASE_STREAM` or `RAND_AUGMENT_STREAM`) for the example at `position` of training pass `pass_index` of
+    the run seeded `seed`: keyed on the position, so the repeats of an image (`aug_repeats`) draw apart, and
+    a pure function of its arguments, so a resumed run draws as the uninterrupted one did."""
+    if isinstance(stream, bool) or not isinstance(stream, int) or stream < 1:
+        raise ValueError(f"`stream` must be an integer >= 1; got {stream!r}.")
+    return np.random.default_rng([seed, pass_index, position, stream])

@@ -1,0 +1,229 @@
+"""RandAugment (keras_vit.data.rand_augment, keras_vit.data.rand_augment_tf) against timm's on real photographs:
+each op equals timm's op at the same argument, the TensorFlow ops inside tf.data equal the Pillow path, the
+draws are timm's (the op choices draw for draw; the rest, which timm draws from Python's `random`, in
+distribution), and the language parses as timm's does, its bad parts named."""
+
+import os
+import random
+import sys
+
+import numpy as np
+import pytest
+from conftest import photos
+
+from keras_vit.data import rand_augment as ra
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.backend_independent  # numpy, Pillow and TensorFlow's own ops: no Keras backend
+NAMES = list(dict.fromkeys(ra.INCREASING_OPS + ra.DEFAULT_OPS))  # both of timm's sets: 20 ops
+FILL = ra.fill_color("imagenet")  # as timm's create_transform passes img_mean: not the default grey
+
+
+def _timm_aa():
+    pytest.importorskip("torch")
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from timm_peer import import_timm  # timm without torchvision installed
+
+    import_timm()
+    from timm.data import auto_augment
+
+    return auto_augment
+
+
+def _cases():
+    """(op, magnitude, sign, bicubic): each op at magnitude 9 and two others, both signs of signed ops, both
+    interpolations of geometric ones."""
+    cases = []
+    for name in NAMES:
+        signed, geometric = ra.OPS[name][2], name in ra.GEOMETRIC
+        for m in (9, 4, 10):
+            for sign in (1.0, -1.0) if signed else (1.0,):
+                cases += [(name, m, sign, bicubic) for bicubic in ((False, True) if geometric else (False,))]
+    return cases
+
+
+def _step(name, m, sign, bicubic):
+    _, level, _ = ra.OPS[name]
+    return ra.Step(name, float(level(m, sign)) if level else 0.0, bicubic)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_op_equals_timms_op_at_the_same_argument(name):
+    from PIL import Image
+
+    aa = _timm_aa()
+    images = photos((72, 96))
+    for case in [c for c in _cases() if c[0] == name]:
+        step = _step(*case)
+        # timm's argument for the same magnitude is ours up to its random sign
+        timm_args = set()
+        for k in range(40):
+            random.seed(k)
+            timm_args.add(tuple(aa.LEVEL_TO_ARG[name](case[1], {})) if aa.LEVEL_TO_ARG[name] else ())
+        ours = {(step.arg,) if ra.OPS[name][1] else (), (_step(name, case[1], -case[2], case[3]).arg,)
+                if ra.OPS[name][2] else ()}
+        assert {tuple(np.round(a, 12)) for a in timm_args} == {tuple(np.round(a, 12)) for a in ours if a or not
+                                                               ra.OPS[name][1]}
+        args = (int(step.arg),) if step.kernel in ("Posterize", "Solarize", "SolarizeAdd") else (step.arg,)
+        resample = Image.Resampling.BICUBIC if step.bicubic else Image.Resampling.BILINEAR
+        changed = False
+        for image in images:
+            mine = ra.apply_pillow(image, [step], FILL)
+            assert mine.dtype == np.uint8 and mine.shape == image.shape
+            changed |= not np.array_equal(mine, image)
+            try:
+                theirs = aa.NAME_TO_OP[name](Image.fromarray(image), *args[:1 if ra.OPS[name][1] else 0],
+                                             fillcolor=FILL, resample=resample)
+            except ValueError:
+                # timm's posterize with 0 bits (PosterizeIncreasing at magnitude 10, Posterize below 2.5):
+                # Pillow >= 11 refuses it; older Pillow, which timm was written for, made the image black
+                assert step.kernel == "Posterize" and int(step.arg) == 0 and not mine.any()
+                continue
+            np.testing.assert_array_equal(mine, np.asarray(theirs))
+        assert changed or step.arg == 256.0  # the op did something (but Solarize with threshold 256)
+
+
+@pytest.fixture(scope="module")
+def tf_apply():
+    """`apply_tf` mapped over (image, kernels, args, bicubic) rows inside tf.data (graph mode)."""
+    tf = pytest.importorskip("tensorflow")
+    from keras_vit.data.rand_augment_tf import apply_tf
+
+    def run(images, plans, fill):
+        kernels, args, bicubic = (np.stack(column) for column in zip(*plans))
+        ds = tf.data.Dataset.from_tensor_slices((np.stack(images), kernels, args, bicubic))
+        ds = ds.map(lambda image, k, a, b: apply_tf(image, k, a, b, fill), num_parallel_calls=2)
+        return np.stack(list(ds.as_numpy_iterator()))
+
+    return run
+
+
+def test_the_tensorflow_ops_equal_the_pillow_path(tf_apply):
+    """Every op at every case on three photographs, inside tf.data: within one level of uint8 (the
+    rotations' sines and cosines differ from Python's in the last bit: a pixel rounds the other way)."""
+    images = photos((48, 64))
+    cases = [(image, _step(*case)) for case in _cases() for image in images]
+    ours = tf_apply([image for image, _ in cases], [ra.plan_arrays([step], 1) for _, step in cases], FILL)
+    pillow = np.stack([ra.apply_pillow(image, [step], FILL) for image, step in cases])
+    difference = np.abs(ours.astype(int) - pillow)
+    assert difference.max() <= 1, [cases[i][1] for i in np.unique(np.nonzero(difference > 1)[0])]
+    assert (difference == 0).mean() > 0.999
+
+
+@pytest.mark.parametrize("spec", ["rand-n3-m9-mstd0.5-inc1", "rand-m7-mstd101-p0.7"])
+def test_drawn_plans_through_tensorflow_equal_the_pillow_path(spec, tf_apply):
+    config = ra.parse(spec, fill=FILL)
+    images = photos((40, 56))
+    plans = [ra.draw(config, np.random.default_rng([5, 1, i])) for i in range(48)]
+    assert sum(map(len, plans)) > 40  # most images get ops
+    ours = tf_apply([images[i % 3] for i in range(48)], [ra.plan_arrays(p, config.num_ops) for p in plans], FILL)
+    pillow = np.stack([ra.apply_pillow(images[i % 3], p, FILL) for i, p in enumerate(plans)])
+    assert np.abs(ours.astype(int) - pillow).max() <= 1
+
+
+def test_the_op_choices_are_timms_draw_for_draw():
+    """timm picks the ops with numpy's global generator: a RandomState seeded alike picks the same."""
+    aa = _timm_aa()
+    transform = aa.rand_augment_transform("rand-n3-m9-p1.0-inc1", {"translate_const": 100, "img_mean": FILL})
+    picked = []
+    for op in transform.ops:
+        op.aug_fn = lambda image, *args, _name=op.name, **kwargs: picked.append(_name)
+    config = ra.parse("rand-n3-m9-p1.0-inc1")
+    for seed in range(20):
+        np.random.seed(seed)
+        picked.clear()
+        transform(None)
+        assert [step.op for step in ra.draw(config, np.random.RandomState(seed))] == picked
+
+
+def _timm_draws(aa, spec, count):
+    """timm's own draws for `count` images: per image a list of (op, argument, bicubic)."""
+    from PIL import Image
+
+    transform = aa.rand_augment_transform(spec, {"translate_const": 100, "img_mean": FILL})
+    images = []
+
+    def record(image, *args, _name, **kwargs):
+        if _name in ra.GEOMETRIC:
+            aa._check_args_tf(kwargs)  # timm's random interpolation, drawn where timm draws it
+        images[-1].append((_name, float(args[0]) if args else 0.0, kwargs.get("resample") == Image.BICUBIC))
+
+    for op in transform.ops:
+        op.aug_fn = lambda image, *args, _name=op.name, **kwargs: record(image, *args, _name=_name, **kwargs)
+    random.seed(0)
+    np.random.seed(0)
+    for _ in range(count):
+        images.append([])
+        transform(None)
+    return images
+
+
+def _magnitude(op, arg):
+    """The magnitude behind a signed linear op's argument."""
+    scale = {"Rotate": 3.0, "ShearX": 0.03, "ShearY": 0.03, "TranslateXRel": 0.045, "TranslateYRel": 0.045}
+    return abs(arg) / scale[op] if op in scale else abs(arg - 1.0) / 0.09
+
+
+def test_the_draws_follow_timms_distributions():
+    """timm draws whether an op applies, the magnitude noise, the sign and the interpolation from Python's
+    `random`, which no numpy generator reproduces: 3000 images of each, compared by rates (within four
+    standard errors) and the magnitudes by a two-sample Kolmogorov-Smirnov test."""
+    from scipy import stats
+
+    aa = _timm_aa()
+    spec, count = "rand-m9-mstd0.5-inc1", 3000
+    theirs = [s for image in _timm_draws(aa, spec, count) for s in image]
+    config = ra.parse(spec)
+    ours = [(s.op, s.arg, s.bicubic) for i in range(count) for s in ra.draw(config, np.random.default_rng([0, 0, i]))]
+    signed = [name for name in config.ops if ra.OPS[name][2]]
+
+    def summary(steps):
+        moves = [s for s in steps if s[0] in signed]
+        geometric = [s for s in steps if s[0] in ra.GEOMETRIC]
+        return (len(steps) / (2 * count), np.mean([(s[1] < 0) if s[0] in ra.GEOMETRIC else (s[1] < 1) for s in moves]),
+                np.mean([s[2] for s in geometric]), [_magnitude(s[0], s[1]) for s in moves])
+
+    (applied, negative, bicubic, magnitudes), (t_applied, t_negative, t_bicubic, t_magnitudes) = (
+        summary(ours), summary(theirs))
+    for mine, timms in ((applied, t_applied), (negative, t_negative), (bicubic, t_bicubic)):
+        assert abs(mine - timms) < 4 * np.sqrt(2 * 0.25 / 2000), (mine, timms)
+    assert abs(applied - 0.5) < 0.05 and abs(bicubic - 0.5) < 0.05
+    assert stats.ks_2samp(magnitudes, t_magnitudes).pvalue > 1e-3
+    assert max(magnitudes) == pytest.approx(10.0) and min(magnitudes) < 8.5  # noisy, clipped at mmax (10)
+
+
+def test_parses_as_timm_does():
+    aa = _timm_aa()
+    for spec in ("rand-m9-mstd0.5-inc1", "rand-m7-n3-mstd101-mmax12", "rand-n1-m5-p0.3", "rand"):
+        config = ra.parse(spec)
+        timm = aa.rand_augment_transform(spec, {"translate_const": 100, "img_mean": FILL})
+        assert config.num_ops == timm.num_layers and list(config.ops) == [op.name for op in timm.ops]
+        op = timm.ops[0]
+        assert (config.magnitude, config.prob, config.magnitude_std, config.magnitude_max) == (
+            op.magnitude, op.prob, op.magnitude_std, op.magnitude_max)
+    assert ra.fill_color("vit") == aa._FILL
+    from timm.data import IMAGENET_DEFAULT_MEAN
+
+    assert FILL == tuple(min(255, round(255 * x)) for x in IMAGENET_DEFAULT_MEAN)
+
+
+@pytest.mark.parametrize("spec, named", [
+    ("rond-m9", "'rond'"), ("rand-m9-x3", "'x3'"), ("rand-m9.5", "'m9.5'"), ("rand-p1.5", "'p1.5'"),
+    ("rand-m9-m8", "'m' given twice"), ("rand-tweights", "'tweights'"), ("rand-inc2", "'inc2'"),
+    ("rand--m9", "section ''"), ("rand-mstd-1", "section 'mstd'"), (9, "9"),
+])
+def test_a_string_that_does_not_parse_names_the_bad_part(spec, named):
+    with pytest.raises(ValueError, match="RandAugment") as error:
+        ra.parse(spec)
+    assert named in str(error.value)
+
+
+def test_bad_ops_fill_and_images_are_refused():
+    with pytest.raises(ValueError, match="unknown RandAugment op 'Blur'"):
+        ra.parse("rand-m9", ops=("Rotate", "Blur"))
+    with pytest.raises(ValueError, match="`fill` must be 3 integers"):
+        ra.parse("rand-m9", fill=(0, 0))
+    with pytest.raises(ValueError, match="`interpolation` must be one of"):
+        ra.parse("rand-m9", interpolation="nearest")
+    with pytest.raises(ValueError, match="uint8 \\(height, width, 3\\) image; got float32"):
+        ra.apply_pillow(np.zeros((8, 8, 3), np.float32), ())
