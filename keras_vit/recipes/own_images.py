@@ -98,6 +98,8 @@ def build_model(args, classes):
     common = dict(classes=len(classes), classifier_activation="softmax", input_dtype="uint8")
     if getattr(args, "drop_path", None):
         common["drop_path_rate"] = args.drop_path
+    if getattr(args, "distillation", None):
+        common["distillation_token"] = True  # DeiT's second head, trained on --teacher (_distilled)
     weights = args.weights
     if weights is not None and weights.endswith(".keras"):
         from keras_vit.weights.keras_files import load_keras_model
@@ -321,7 +323,22 @@ def _build_and_compile(args, class_names, sched):
                                    device_batch_size=sched.device_batch_size, layer_decay=args.layer_decay,
                                    label_smoothing=0.0 if mixing else getattr(args, "smoothing", None) or 0.0,
                                    sparse_labels=not mixing)
-    return model
+    return _distilled(args, model, mixing)
+
+
+def _distilled(args, model, mixing):
+    """With --distillation, a `Distiller` of the compiled `model` and --teacher, compiled with the same optimizer
+    (what is fitted, backed up and restored; `_evaluate_and_save` saves its student); else `model`."""
+    if not getattr(args, "distillation", None):
+        return model
+    from keras_vit.recipes.distill import Distiller, load_teacher
+
+    distiller = Distiller(model, load_teacher(args.teacher), args.distillation, tau=args.distillation_tau,
+                          alpha=args.distillation_alpha,
+                          label_smoothing=0.0 if mixing else getattr(args, "smoothing", None) or 0.0)
+    optimizer, model.optimizer = model.optimizer, None  # the distiller's alone: one copy in the backups
+    distiller.compile(optimizer=optimizer, metrics=["accuracy"], jit_compile=model.jit_compile)
+    return distiller
 
 
 def _start_out(args, flags, resuming, folder):
@@ -370,6 +387,9 @@ def _evaluate_and_save(model, args, best_path, validation, folder, history, coun
     --out: model.keras, the figures, per_class.csv, with --export the served artefact. Returns (the
     evaluation, the artefact's path or None)."""
     model.load_weights(best_path)
+    from keras_vit.recipes.distill import student_of
+
+    model = student_of(model)  # a Distiller's student, its two heads averaged
     if args.lora:
         from keras_vit.lora import merge_lora
 

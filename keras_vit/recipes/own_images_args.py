@@ -6,13 +6,15 @@ import math
 import os
 
 from keras_vit.data.folder import VERIFY_LEVELS
+from keras_vit.recipes.distill import DEFAULT_ALPHA, DEFAULT_TAU, MODES, check_options, is_release
 from keras_vit.recipes.folder_plan import DEFAULT_EPOCHS, DEVICE_BATCH, PAPER_BATCH
 
 SWITCH_PROB = 0.5  # --mixup-switch-prob's default, timm's
 
 FLAGS = ("directory", "model", "weights", "image_size", "epochs", "steps", "batch_size", "device_batch_size", "lr",
          "lora", "layer_decay", "validation_split", "labels_csv", "seed", "strict", "verify", "pipeline", "naflex",
-         "drop_path", "mixup", "cutmix", "mixup_switch_prob", "smoothing")
+         "drop_path", "mixup", "cutmix", "mixup_switch_prob", "smoothing",
+         "teacher", "distillation", "distillation_tau", "distillation_alpha")
 
 
 # --------------------------------------------------------------------------
@@ -84,6 +86,7 @@ def add_parser(sub):
                    "{'patches', 'patch_coord', 'patch_valid'} (keras_vit.data.naflex_feed cuts them; keras-vit predict "
                    "too). Not with --export or --lora; --pipeline is not used (default: square images)")
     _add_regularisation(p)
+    _add_distillation(p)
     p.add_argument("--out", default=None, help="output folder (default: runs/finetune-<DIR's name>)")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--overwrite", action="store_true", help="replace the run in --out")
@@ -136,6 +139,47 @@ def _check_regularisation(args):
                          "with; build from a weights file (--model and --weights TAG/.npz/timm/Hugging Face) instead")
 
 
+def _add_distillation(p):
+    """DeiT's distillation (keras_vit.recipes.distill), spelled as DeiT's main.py spells it where it can."""
+    p.add_argument("--teacher", default=None, metavar="PATH",
+                   help="the teacher of --distillation: a .keras classifier of the folder's classes, a timm file, "
+                   "Hugging Face folder or keras-hub preset, or a registry release VARIANT:TAG (each at its own "
+                   "input size and normalisation)")
+    p.add_argument("--distillation", default=None, choices=MODES,
+                   help="DeiT's distillation from --teacher: the model is built with a distillation token, its second "
+                   "head trained on the teacher's argmax (hard) or softened output (soft); model.keras averages the "
+                   "two heads (default: off)")
+    p.add_argument("--distillation-tau", type=_number, default=DEFAULT_TAU, metavar="TAU",
+                   help=f"the soft distillation's temperature, > 0 (DeiT's --distillation-tau; default {DEFAULT_TAU})")
+    p.add_argument("--distillation-alpha", type=_number, default=DEFAULT_ALPHA, metavar="ALPHA",
+                   help="the distillation term's weight in [0, 1], the labels' 1 - ALPHA (DeiT's --distillation-alpha; "
+                   f"default {DEFAULT_ALPHA})")
+
+
+def _check_distillation(args):
+    """--teacher and --distillation together, their values, and what they cannot be combined with."""
+    teacher, mode = getattr(args, "teacher", None), getattr(args, "distillation", None)
+    if teacher is None and mode is None:
+        return
+    if teacher is None or mode is None:
+        raise ValueError("--teacher PATH and --distillation hard|soft go together: "
+                         + (f"--teacher {teacher} without --distillation" if mode is None
+                            else f"--distillation {mode} without --teacher"))
+    check_options(mode, args.distillation_tau, args.distillation_alpha,
+                  names=("--distillation", "--distillation-tau", "--distillation-alpha"))
+    if not os.path.exists(teacher) and not is_release(teacher):
+        raise ValueError(f"--teacher {teacher}: no such file or folder (nor a registry release VARIANT:TAG)")
+    for flag, value in (("--naflex", getattr(args, "naflex", None)), ("--lora", args.lora)):
+        if value:
+            raise ValueError(f"--distillation cannot be combined with {flag} {value}: the teacher reads square "
+                             "images and both of the student's heads are trained")
+    if args.weights is None or not (args.weights == "none" or args.weights.endswith(".keras")
+                                    or os.path.exists(args.weights)):
+        raise ValueError(f"--distillation needs a student with a distillation token: --weights none (from scratch), "
+                         f"a DeiT distilled timm file or a .keras model with one; the registry's releases have none "
+                         f"(got --weights {args.weights})")
+
+
 def check_args(args):
     """Refuses flag values and combinations that are wrong whatever the folder; fills --out's default and
     makes --directory absolute (the run's folder, however a resume spells it)."""
@@ -151,6 +195,7 @@ def check_args(args):
                              "trained with LoRA by finetune (leave one of them out; keras-vit export --weights "
                              "OUT/model.keras exports its model)")
     _check_regularisation(args)
+    _check_distillation(args)
     args.directory = os.path.abspath(args.directory)  # the run's folder, however a resume spells it
     if args.out is None:
         args.out = os.path.join("runs", f"finetune-{os.path.basename(os.path.normpath(args.directory)) or 'images'}")
