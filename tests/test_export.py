@@ -272,6 +272,37 @@ def test_int8_bad_requests_are_refused_before_writing(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["calib"]
 
 
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("when", ["foreseen", "while_writing"])
+def test_a_full_disk_at_the_int8_step_is_one_oserror_and_leaves_no_folder(when, tmp_path, monkeypatch):
+    """The int8 step finds no room: foreseen (what it takes more than is free), or met when onnxruntime has
+    written part of the int8 file (ENOSPC injected there): one OSError(ENOSPC) naming the artefact, its
+    filesystem and (foreseen) the space needed; no folder and no temporary left."""
+    import errno
+
+    pytest.importorskip("onnxruntime")
+    import keras_vit.export.int8
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    if when == "foreseen":
+        monkeypatch.setattr(keras_vit.export.int8, "_int8_needed", lambda source: 2**60)
+    else:
+        def disk_fills(self, output_path, *args, **kwargs):
+            with open(output_path, "wb") as f:
+                f.write(self.model.SerializeToString()[:4096])
+            raise OSError(errno.ENOSPC, "No space left on device", output_path)
+
+        monkeypatch.setattr(ONNXModel, "save_model_to_file", disk_fills)
+    out = tmp_path / "out"
+    with pytest.raises(OSError) as failed:
+        export(keras_vit.VisionTransformer(**TINY), out, "onnx", quantize="int8")
+    message = str(failed.value)
+    assert failed.value.errno == errno.ENOSPC and ("it needs about" in message) == (when == "foreseen")
+    assert f"no space left for the int8 quantization of {out / 'model.onnx'}: " in message
+    assert "MiB are free on the filesystem at /" in message and message.count("no space") == 1
+    assert os.listdir(tmp_path) == []
+
+
 def test_export_cli_writes_checks_and_reports_an_int8_onnx(model, tmp_path, capsys, request):
     from keras_vit.cli import main
 

@@ -1,8 +1,8 @@
 """A place that cannot be written (issue 47 item 4): a read-only filesystem, a missing folder that cannot be made
 there, a folder above the path that is a file, a folder without write permission, the path itself of the other
 kind. Each is refused by name, in one line, before anything is read, trained or converted (fileio.check_writable),
-through `keras-vit finetune`, `keras-vit convert`, `keras-vit predict --csv`, the examples' recipe, `save_lora` and
-the keras-hub preset writer."""
+through `keras-vit finetune`, `keras-vit convert`, `keras-vit predict --csv`, `keras-vit export` and `export()`,
+the examples' recipe, `save_lora` and the keras-hub preset writer."""
 
 import errno
 import os
@@ -85,6 +85,19 @@ def test_predict_refuses_a_csv_it_cannot_write_before_building_a_model(unwritabl
         _refused(["predict", tmp_path / "absent.png", "--weights", tmp_path / "absent.keras", "--csv",
                   out.with_suffix(".csv")], capsys, match)
     assert os.listdir(folder) == []
+
+
+def test_export_refuses_an_out_it_cannot_write_before_building_a_model(unwritable, tmp_path, capsys):
+    folder, why = unwritable
+    for out, match in _cases(tmp_path, folder, why):
+        # the weights do not exist: a check made after building the model would name them instead
+        _refused(["export", "--weights", tmp_path / "absent.keras", "--format", "onnx", "--out", out], capsys,
+                 f"cannot write --out {out}: ", match)
+    assert os.listdir(folder) == []
+    model = keras_vit.VisionTransformer(**TINY, approximate_gelu=False)
+    with pytest.raises(OSError, match="cannot write the export folder ") as refused:
+        keras_vit.export.export(model, folder / "artefact", "onnx")
+    assert why in str(refused.value) and os.listdir(folder) == []
 
 
 def test_the_examples_recipe_refuses_an_output_dir_it_cannot_write(unwritable, tmp_path):

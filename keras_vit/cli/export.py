@@ -6,6 +6,7 @@ import os
 
 from keras_vit.calls import is_naflex
 from keras_vit.cli.model_args import DEFAULT_WEIGHTS_HELP, MODEL_HELP, WEIGHTS_HELP, build, image_size
+from keras_vit.fileio import check_writable
 
 
 def add_parser(sub, modes):
@@ -62,6 +63,7 @@ def run(args):
         raise ValueError("--calibration is for --quantize int8 (static quantization)")
     if os.path.exists(args.out):
         raise FileExistsError(f"{args.out} already exists; export writes a new folder (remove it or pick another)")
+    check_writable(args.out, "--out", folder=True)  # refused before the model is built
     model, mode = build(args)
     if is_naflex(model):
         return _export_naflex(args, model)

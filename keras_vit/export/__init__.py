@@ -17,38 +17,28 @@ The class names of a model that has them (`model.class_names`) travel with every
 backend wrote it: a `class_names.txt` (CLASS_NAMES_FILE) in the output folder (a SavedModel's in its
 `assets/`), and an ONNX file's metadata too (key ONNX_CLASS_NAMES_KEY); `read_class_names` reads them back.
 
-One file a concern: `formats` (which backend writes what), `serving` (the signature), `writers` (in
-process), `through_tensorflow` (the fresh process), `onnx_rewrites`, `int8`, `labels` (the class names),
-`runtimes` (run, compare).
+One file a concern: `inputs` (what the artefact takes: images of the model's size, of any size, or a
+NaFlex batch, decided once per `export` and carried to the rest), `formats` (which backend writes what),
+`serving` (the signature), `writers` (in process), `through_tensorflow` (the fresh process),
+`onnx_rewrites`, `int8`, `labels` (the class names), `runtimes` (run, compare).
 """
 
 import os
 
-from keras_vit.export.formats import (
-    FILES,
-    FORMATS,
-    LITERT_TORCH_INSTALL,
-    QUANTIZATIONS,
-    THROUGH_TENSORFLOW,
-    THROUGH_TENSORFLOW_ANY_SIZE,
-    THROUGH_TENSORFLOW_NAFLEX,
-    NAFLEX_REFUSED,
-    artefact,
-    check_format,
-    takes_any_size,
-    writer,
-)
+from keras_vit.export.formats import (FILES, FORMATS, LITERT_TORCH_INSTALL, QUANTIZATIONS, THROUGH_TENSORFLOW,
+                                     _check_format, _writer, artefact, check_format, writer)
+from keras_vit.export.inputs import (NAFLEX_REFUSED, THROUGH_TENSORFLOW_ANY_SIZE, THROUGH_TENSORFLOW_NAFLEX,
+                                    check_resize_to, served_input, takes_any_size)
 from keras_vit.export.int8 import CALIBRATION_LIMIT, _quantize_int8, calibration_images, check_calibration
 from keras_vit.export.labels import (CLASS_NAMES_FILE, ONNX_CLASS_NAMES_KEY, _attach_class_names, check_line_names,
                                      read_class_names)
 from keras_vit.export.onnx_rewrites import FOLD_LIMIT
 from keras_vit.export.runtimes import compare, run
-from keras_vit.export.serving import CLASS_OUTPUTS, check_naflex_serving, check_resize_to, output_name, serving_model
+from keras_vit.export.serving import CLASS_OUTPUTS, output_name, serving_model
 from keras_vit.export.through_tensorflow import _through_tensorflow
 from keras_vit.export.writers import _write
 from keras_vit import writer_lock
-from keras_vit.fileio import atomic_folder, check_free_space, weights_file_bytes
-from keras_vit.naflex import is_naflex
+from keras_vit.fileio import atomic_folder, check_free_space, check_writable, weights_file_bytes
 
 __all__ = [
     "export",
@@ -143,39 +133,30 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     import keras
 
     backend = keras.backend.backend()
-    flex = is_naflex(model)
-    any_size = not flex and (takes_any_size(model) or resize_to is not None)
-    check_format(backend, format, quantize, batch_size, any_size, flex)
+    served = served_input(model, resize_to)  # what the artefact takes, decided here once and carried
+    _check_format(backend, format, quantize, batch_size, served)
     if calibration is not None and quantize is None:
         raise ValueError("calibration images are for quantize='int8'")
-    if flex:
-        check_naflex_serving(model, input_mode, resize_to)
-        if calibration is not None:
-            raise ValueError(f"calibration: model {model.name!r} is a NaFlex model, whose artefact takes patches, and "
-                             "static int8 is calibrated on images; quantize='int8' without calibration quantizes "
-                             "it dynamically")
-    if resize_to is not None:
-        check_resize_to(model, resize_to)
-    if calibration is not None:
-        check_calibration(calibration, None if any_size else tuple(model.input_shape[1:3]))
+    served.check(model, input_mode, calibration)
     names = getattr(model, "class_names", None)
     if names is not None:
         check_line_names(names)
     out = os.path.abspath(os.fspath(out))
     if os.path.exists(out):
         raise FileExistsError(f"{out} already exists; export writes a new folder (remove it or pick another)")
+    out = check_writable(out, "the export folder", folder=True)  # a read-only or blocked place, by name
     # an artefact holds the weights (a quantized one less): a full disk refused before any writer starts
     check_free_space(out, weights_file_bytes(model), f"the {format} artefact {out}")
     # one export writes `out` at a time (its lock beside it); written in a temporary folder beside `out`,
     # renamed into place when complete, removed on failure (and, if this process is killed, by the next export)
     with writer_lock.hold(out), atomic_folder(out) as tmp:
         path = artefact(tmp, format)
-        if writer(backend, format, batch_size, any_size, flex) == backend:
-            _write(model, path, format, top_k, batch_size, input_mode, resize_to)
+        if _writer(backend, format, batch_size, served) == backend:
+            _write(model, path, format, top_k, batch_size, input_mode, served)
         else:
-            _through_tensorflow(model, path, format, top_k, batch_size, input_mode, resize_to)
-        if quantize:
-            _quantize_int8(path, calibration)
+            _through_tensorflow(model, path, format, top_k, batch_size, input_mode, served)
+        if quantize:  # a full disk there is one OSError(ENOSPC) naming the artefact, and removes the folder
+            _quantize_int8(path, calibration, artefact(out, format))
         if names is not None:  # in the temporary folder: they appear with the artefact, whoever wrote it
             _attach_class_names(path, format, names)
     return artefact(out, format)

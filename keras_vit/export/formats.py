@@ -2,6 +2,7 @@
 
 import os
 
+from keras_vit.export.inputs import served_kind
 from keras_vit.extras import require
 
 FORMATS = ("tf_saved_model", "onnx", "litert")
@@ -16,30 +17,6 @@ THROUGH_TENSORFLOW = {
                                  "build for this torch",
     ("torch", "litert"): "litert-torch 0.10 fails to lower a dynamic batch dimension (torch 2.13), even for a "
                          "single Linear layer; with --batch-size N and litert-torch installed, it writes the file",
-}
-# (backend, format) pairs whose exporter writes a fixed image size only, and why: an artefact of a model that
-# takes any size (input shape (None, None, 3)) is written from the TensorFlow backend in a fresh process
-# instead, whose exporters keep the height and width as they are (README's any-size table)
-THROUGH_TENSORFLOW_ANY_SIZE = {
-    ("jax", "onnx"): "jax2onnx 0.17 traces jnp.arange over a size known only when run as a placeholder, which the "
-                     "position embeddings' resize takes",
-    ("torch", "onnx"): "Keras' ops take torch.export's symbolic sizes for no dtype (a SymInt), which the position "
-                       "embeddings' resize takes",
-    ("torch", "litert"): "litert-torch 0.10 lowers fixed shapes only",
-}
-# (backend, format) pairs whose exporter cannot write a NaFlex model (`keras_vit.naflex`: a dict of patches,
-# their coordinates and validity, of any batch and sequence length), and why: written from the TensorFlow
-# backend in a fresh process instead (the pairs of THROUGH_TENSORFLOW too)
-THROUGH_TENSORFLOW_NAFLEX = {
-    ("jax", "onnx"): "jax2onnx 0.17 gives a concatenation along the symbolic sequence length (the prefix tokens, "
-                     "then the n patches) the shape of its first part, and bakes that length into the reshapes "
-                     "after",
-}
-# formats no backend writes for a NaFlex model, and why (refused by check_format before anything is written)
-NAFLEX_REFUSED = {
-    "litert": "TensorFlow's LiteRT converter leaves the slices that add an axis to the NaFlex arrays, whose batch and "
-              "sequence length are known only when run, as TensorFlow ops (FlexStridedSlice), which the LiteRT "
-              "interpreter does not run",
 }
 # the packages LiteRT from torch at a fixed batch imports (litert-torch's own full requirements also pin
 # typing-extensions<4.13 through xdsl, and bring transformers, kagglehub, sentencepiece, ...; none of that
@@ -65,11 +42,14 @@ def writer(backend, format, batch_size=None, any_size=False, naflex=False):
         `backend`, or "tensorflow" when the artefact is written from the TensorFlow backend in a
         fresh process.
     """
+    return _writer(backend, format, batch_size, served_kind(any_size, naflex))
+
+
+def _writer(backend, format, batch_size, served):
+    """`writer` of the artefact's input `served` (a `keras_vit.export.inputs.ServedInput`)."""
     import importlib.util
 
-    if naflex and (backend, format) in THROUGH_TENSORFLOW_NAFLEX:
-        return "tensorflow"
-    if any_size and (backend, format) in THROUGH_TENSORFLOW_ANY_SIZE:
+    if (backend, format) in served.through_tensorflow:
         return "tensorflow"
     if (backend, format) == ("torch", "litert") and batch_size is not None \
             and importlib.util.find_spec("litert_torch") is not None:
@@ -96,36 +76,31 @@ def check_format(backend, format, quantize=None, batch_size=None, any_size=False
         ValueError: with the reason.
         keras_vit.extras.MissingPackageError: with the package and the command that installs it.
     """
+    _check_format(backend, format, quantize, batch_size, served_kind(any_size, naflex))
+
+
+def _check_format(backend, format, quantize, batch_size, served):
+    """`check_format` of the artefact's input `served` (a `keras_vit.export.inputs.ServedInput`)."""
     if format not in FORMATS:
         raise ValueError(f"unknown export format {format!r}; expected one of {', '.join(FORMATS)}")
-    if naflex and format in NAFLEX_REFUSED:
-        takes = [f for f in FORMATS if f not in NAFLEX_REFUSED]
-        raise ValueError(f"a NaFlex model (patches, patch_coord, patch_valid in) cannot be exported to {format}: "
-                         f"{NAFLEX_REFUSED[format]}; expected one of {', '.join(takes)}")
+    if format in served.refused:
+        takes = [f for f in FORMATS if f not in served.refused]
+        raise ValueError(f"{served.described} cannot be exported to {format}: {served.refused[format]}; expected one "
+                         f"of {', '.join(takes)}")
     if quantize is not None:
         if quantize not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantize!r}; expected one of {', '.join(QUANTIZATIONS)}")
         if format != "onnx":
             raise ValueError(f"--quantize {quantize} applies to onnx (onnxruntime's quantization), not {format}; "
                              "Keras' own model.quantize('int8') makes smaller .keras files")
-    writes = writer(backend, format, batch_size, any_size, naflex)
+    writes = _writer(backend, format, batch_size, served)
     subject = None
     if writes != backend:
-        why = THROUGH_TENSORFLOW.get((backend, format)) or (naflex and THROUGH_TENSORFLOW_NAFLEX.get((backend, format))) \
-            or THROUGH_TENSORFLOW_ANY_SIZE[backend, format]
-        what = " at any image size" * any_size + " of a NaFlex model" * naflex
-        subject = (f"{format} from the {backend} backend{what}, written from the TensorFlow backend in a separate "
-                   f"process ({why}),")
+        why = THROUGH_TENSORFLOW.get((backend, format)) or served.through_tensorflow[backend, format]
+        subject = (f"{format} from the {backend} backend{served.phrase}, written from the TensorFlow backend in a "
+                   f"separate process ({why}),")
         require("writing in a TensorFlow process", subject)  # TensorFlow itself, then what it writes with
     require(f"writing {format} from the {writes} backend", subject)
-
-
-def takes_any_size(model):
-    """Whether `model` takes images of any height or width (built with `input_shape=(None, None, 3)`);
-    False for a NaFlex model, which takes patches (`keras_vit.naflex`)."""
-    from keras_vit.naflex import is_naflex
-
-    return not is_naflex(model) and None in tuple(model.input_shape[1:3])
 
 
 def artefact(out, format):

@@ -1,8 +1,12 @@
 """int8 quantization of an ONNX file by onnxruntime, dynamic or calibrated on a folder of images."""
 
+import errno
 import os
+import shutil
 
 import numpy as np
+
+from keras_vit.fileio import check_free_space, full_disk_named
 
 # images read from a calibration folder for static int8 quantization, at most
 CALIBRATION_LIMIT = 1000
@@ -60,26 +64,56 @@ def check_calibration(calibration, image_size=None):
         raise ValueError("calibration holds no images (N = 0); give a few hundred")
 
 
-def _quantize_int8(path, calibration):
+def _quantize_int8(path, calibration, shown=None):
     """Replaces the float ONNX file at `path` by its int8 quantization (dynamic, or static with
     `calibration` images): the matrix products of a weight, per output channel for static. The
     attention's two products of activations (q k^T, and the weights times v) stay float32 either
     way (dynamic quantization only takes products of a weight): statically quantized, they changed
-    the class of 1 of the demo model's 224 test digits (benchmarks/README.md)."""
+    the class of 1 of the demo model's 224 test digits (benchmarks/README.md).
+
+    A full disk, foreseen (less free than `_int8_needed`) or met while writing, is one OSError(ENOSPC)
+    naming the file (`shown`: the path a user knows it by, `path` by default) and its filesystem
+    (`keras_vit.fileio.check_free_space`), the float file left as it was and nothing else of the step
+    kept; any other failure a ValueError."""
+    what = f"the int8 quantization of {shown or path}"
     source = path + ".float32.onnx"
     os.replace(path, source)
-    try:
-        _quantize(source, path, calibration)
-    except BaseException as err:
-        if os.path.exists(path):
-            os.remove(path)
-        os.replace(source, path)  # the float32 file back where it was
-        if not isinstance(err, Exception):
-            raise
-        first = (str(err).strip().splitlines() or [""])[0][:300]
-        raise ValueError(f"could not quantize {path} to int8 (expected an ONNX file of a model; the file is left as "
-                         f"it was): {type(err).__name__}: {first}") from err
+    needed = _int8_needed(source)
+    # a partial file's free space is worded after the file is gone (full_disk_named outside the cleanup)
+    with full_disk_named(path, what):
+        try:
+            check_free_space(path, needed, what)
+            _quantize(source, path, calibration)
+        except BaseException as err:
+            # onnxruntime's shape inference (C++) writes its copy on a full disk cut short, without an error:
+            # a disk left with less room than the step takes is taken for the cause of the failure it gives
+            filled = isinstance(err, Exception) and shutil.disk_usage(os.path.dirname(path)).free < needed
+            for leftover in (path, _inferred_copy(source)):
+                if os.path.exists(leftover):
+                    os.remove(leftover)
+            os.replace(source, path)  # the float32 file back where it was
+            if not isinstance(err, Exception) or getattr(err, "errno", None) == errno.ENOSPC:
+                raise
+            if filled:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path) from err
+            first = (str(err).strip().splitlines() or [""])[0][:300]
+            raise ValueError(f"could not quantize {path} to int8 (expected an ONNX file of a model; the file is left "
+                             f"as it was): {type(err).__name__}: {first}") from err
     os.remove(source)
+
+
+def _inferred_copy(source):
+    """The shape-inferred copy of the float file `source` that onnxruntime's quantizers write beside it
+    (and remove once read): "model.onnx.float32-inferred.onnx"."""
+    stem, suffix = os.path.splitext(source)
+    return f"{stem}-inferred{suffix}"
+
+
+def _int8_needed(source):
+    """The bytes the int8 step takes beside the float file `source` at its peak: as much again, for the
+    shape-inferred copy onnxruntime writes first (`_inferred_copy`); the int8 file, written after that copy
+    is removed, is smaller (a quarter of the matrix products' weights, and the rest as it was)."""
+    return os.path.getsize(source)
 
 
 def _quantize(source, path, calibration):

@@ -52,7 +52,7 @@ def _name_dimensions(graph, dimensions):
 FOLD_LIMIT = 1 << 31
 
 
-def _optimize_onnx(path):
+def _optimize_onnx(path, served):
     """Rewrites the ONNX file at `path` into a form that runs faster, outputs unchanged.
 
     1. Every weight computed from constants (the q/k/v kernels concatenated at call time, the
@@ -67,9 +67,9 @@ def _optimize_onnx(path):
        ("btd,dnh->btnh"), become MatMul between Reshapes (onnxruntime quantizes MatMul, not
        Einsum, and runs MatMul without Einsum's own transposes).
 
-    The rewritten file is checked against the exporter's in onnxruntime on random images (a NaFlex
-    model's: random patches); where they differ (beyond 1e-5) the exporter's file is kept and a
-    warning logged.
+    The rewritten file is checked against the exporter's in onnxruntime on random inputs of the kind
+    `served` (a `keras_vit.export.inputs.ServedInput`) says; where they differ (beyond 1e-5) the
+    exporter's file is kept and a warning logged.
     """
     import onnx
     import onnxscript.optimizer
@@ -79,7 +79,7 @@ def _optimize_onnx(path):
     separated = _separate_qkv(model.graph) + _einsum_to_matmul(model.graph)
     _remove_unused(model.graph)
     if separated:
-        error = _max_difference(original, model)
+        error = _max_difference(original, model, served)
         if error is None or error > 1e-5:
             import logging
 
@@ -305,33 +305,15 @@ def _remove_unused(graph):
     graph.value_info.extend(infos)
 
 
-def _random_inputs(session, batch=2, tokens=6):
-    """Random inputs of the onnxruntime `session`: `batch` uint8 or float images in [0, 255], or a NaFlex
-    model's `batch` sequences of `tokens` random patches on a 2 x `tokens // 2` grid, all valid."""
-    rng = np.random.default_rng(0)
-    specs = session.get_inputs()
-    if len(specs) == 1:
-        spec = specs[0]
-        shape = [d if isinstance(d, int) else batch for d in spec.shape]
-        dtype = {"tensor(uint8)": np.uint8, "tensor(float)": np.float32}[spec.type]
-        return {spec.name: rng.integers(0, 256, shape).astype(dtype)}
-    patches = next(s for s in specs if s.name == "patches")
-    n = patches.shape[0] if isinstance(patches.shape[0], int) else batch
-    dtype = {"tensor(uint8)": np.uint8, "tensor(float)": np.float32}[patches.type]
-    coord = np.stack(np.divmod(np.arange(2 * (tokens // 2)), tokens // 2), -1).astype(np.int32)
-    return {"patches": rng.integers(0, 256, (n, len(coord), patches.shape[-1])).astype(dtype),
-            "patch_coord": np.repeat(coord[None], n, 0), "patch_valid": np.ones((n, len(coord)), bool)}
-
-
-def _max_difference(a, b, batch=2):
+def _max_difference(a, b, served, batch=2):
     """Max |difference| of every float output of the ONNX models `a` and `b` (ModelProto) under
-    onnxruntime on `batch` random images (of a NaFlex model: sequences of patches, `_random_inputs`)
-    (integer outputs must be equal); None when either fails."""
+    onnxruntime on `batch` random inputs of the kind `served` (`ServedInput.random_inputs`) (integer
+    outputs must be equal); None when either fails."""
     import onnxruntime as ort
 
     try:
         sessions = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]) for m in (a, b)]
-        inputs = _random_inputs(sessions[0], batch)
+        inputs = served.random_inputs(sessions[0], batch)
         outputs = [s.run(None, inputs) for s in sessions]
     except Exception:  # noqa: BLE001 - any failure keeps the exporter's file
         return None

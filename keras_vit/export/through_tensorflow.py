@@ -8,17 +8,20 @@ import tempfile
 
 from keras_vit.configs import pair
 from keras_vit.export.formats import FORMATS
+from keras_vit.export.inputs import SERVED_INPUTS
 from keras_vit.export.writers import _write
 
 
-def _through_tensorflow(model, path, format, top_k, batch_size, input_mode="vit", resize_to=None):
+def _through_tensorflow(model, path, format, top_k, batch_size, input_mode, served):
     """Writes the artefact at `path` from the TensorFlow backend: `model` saved as `.keras`, then loaded
     (safe mode) and exported by `python -m keras_vit.export` in a fresh process, on the CPU (a GPU
-    stays with the calling process). Raises RuntimeError with the child's last error line."""
+    stays with the calling process), behind the input `served` (a `keras_vit.export.inputs.ServedInput`,
+    passed on by its name and `resize_to`). Raises RuntimeError with the child's last error line."""
+    resize_to = served.resize_to
     with tempfile.TemporaryDirectory(prefix="keras_vit_export.") as folder:
         saved = os.path.join(folder, "model.keras")
         model.save(saved)
-        command = [sys.executable, "-m", "keras_vit.export", saved, path, format]
+        command = [sys.executable, "-m", "keras_vit.export", saved, path, format, "--served", served.name]
         command += [] if top_k is None else ["--top-k", str(top_k)]
         command += [] if batch_size is None else ["--batch-size", str(batch_size)]
         command += ["--input-mode", input_mode]
@@ -33,15 +36,16 @@ def _through_tensorflow(model, path, format, top_k, batch_size, input_mode="vit"
 
 
 def _main(argv=None):
-    """`python -m keras_vit.export MODEL.keras PATH FORMAT [--top-k K] [--batch-size N] [--input-mode M]
-    [--resize-to H W]`: writes the
-    artefact of a saved model from the running backend (`_through_tensorflow` runs it)."""
+    """`python -m keras_vit.export MODEL.keras PATH FORMAT [--served NAME] [--top-k K] [--batch-size N]
+    [--input-mode M] [--resize-to H W]`: writes the artefact of a saved model from the running backend,
+    behind the input of SERVED_INPUTS that NAME names (`_through_tensorflow` runs it)."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m keras_vit.export")
     p.add_argument("model")
     p.add_argument("path")
     p.add_argument("format", choices=FORMATS)
+    p.add_argument("--served", choices=sorted(SERVED_INPUTS), default="fixed")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--input-mode", default="vit")
@@ -52,4 +56,4 @@ def _main(argv=None):
     import keras_vit  # noqa: F401  (registers the package's layers for safe-mode loading)
 
     _write(keras.saving.load_model(args.model), args.path, args.format, args.top_k, args.batch_size, args.input_mode,
-           args.resize_to)
+           SERVED_INPUTS[args.served](args.resize_to))
