@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from keras_vit.configs import pair
+from keras_vit.data.augment import PLAN_DTYPES, Augment
 from keras_vit.data.folder import (
     MAX_PIXELS,
     PILLOW,
@@ -40,7 +41,8 @@ PIPELINES = ("auto", "tf.data", "pydataset")
 def from_directory(directory, image_size, batch_size, validation_split=0.1, seed=0, *, labels_csv=None,
                    strict=False, repeat=True, skip_batches=0, eval_batch_size=None, drop_remainder=True,
                    process_index=0, process_count=1, image_dtype="float32", pipeline="auto", workers=None,
-                   max_pixels=MAX_PIXELS, verbose=False, verify="full"):
+                   max_pixels=MAX_PIXELS, verbose=False, verify="full", auto_augment=None, re_prob=0.0,
+                   re_mode="pixel", re_count=1, aug_repeats=1):
     """Training and validation pipelines of a folder of your own images.
 
     The folder holds one subfolder of images per class (``photos/cat/*.jpg``; nested folders are read, the
@@ -54,6 +56,12 @@ def from_directory(directory, image_size, batch_size, validation_split=0.1, seed
     bilinear resize, random flip) from a plan that is a pure function of ``seed`` and the pass over the
     data, so ``skip_batches`` resumes a run exactly; validation images are resized. Images are decoded
     from disk in parallel as the batches are drawn (the folder is never held in memory).
+
+    The training stream takes timm's augmentations too (``keras_vit.data.augment``), drawn per image from
+    (seed, pass, position) on both pipelines, which give the same batches with them: RandAugment on the
+    resized crop (uint8) before normalisation, random erasing after it (with ``image_dtype="uint8"``, the
+    erased image mapped back to pixels), and repeated augmentation. (RandAugment's bicubic ops agree with
+    Pillow's to one level, which an op after them may scale: a few pixels in a thousand can differ by more.)
 
     Args:
         directory: the folder, or an ``ImageFolder`` already scanned (``keras_vit.scan``).
@@ -70,6 +78,11 @@ def from_directory(directory, image_size, batch_size, validation_split=0.1, seed
         verify: "full" (decode each file once before training; its result cached, so the next start reads
             only new or changed files) or "header" (read headers only: much faster the first time); see
             ``keras_vit.scan``.
+        auto_augment: timm's RandAugment string (``--aa``), e.g. "rand-m9-mstd0.5-inc1"; None: none.
+        re_prob: the probability of random erasing an image, in [0, 1] (timm's ``--reprob``; 0: none).
+        re_mode: the erased boxes' fill, "pixel", "rand" or "const" (timm's ``--remode``).
+        re_count: up to this many boxes an image (timm's ``--recount``).
+        aug_repeats: each image this many times a pass, augmented apart (timm's ``--aug-repeats``; 1: off).
 
     Returns:
         ``(train, validation)``: datasets of ``(images, labels)`` batches (``validation`` is None with
@@ -83,6 +96,7 @@ def from_directory(directory, image_size, batch_size, validation_split=0.1, seed
     """
     size = pair(image_size, "image_size")
     check_image_dtype(image_dtype)
+    augment = Augment(auto_augment, re_prob, re_mode, re_count, aug_repeats)
     batch_size, eval_batch_size = check_stream(batch_size, eval_batch_size, skip_batches, seed, repeat,
                                                 drop_remainder, process_index, process_count)
     if pipeline not in PIPELINES:
@@ -103,16 +117,16 @@ def from_directory(directory, image_size, batch_size, validation_split=0.1, seed
         pipeline = "tf.data" if tensorflow_available() else "pydataset"
     if pipeline == "tf.data":
         require("the tf.data pipeline of an image folder")
-        train, validation = tf_datasets(folder, size, stream, eval_batch_size, image_dtype)
+        train, validation = tf_datasets(folder, size, stream, eval_batch_size, image_dtype, augment)
     else:
-        train, validation = pydatasets(folder, size, stream, eval_batch_size, image_dtype, workers)
+        train, validation = pydatasets(folder, size, stream, eval_batch_size, image_dtype, workers, augment)
     for ds in (train, validation):
         if ds is not None:
             ds.class_names, ds.image_folder = folder.class_names, folder
     return train, validation
 
 
-def _train_item(folder, stream, size, image_dtype, plans, g):
+def _train_item(folder, size, image_dtype, augment, plans, g):
     """(image, label) of example `g` of the training stream, in numpy."""
     n = len(folder.train)
     order, boxes, flips = plans(g // n)
@@ -120,7 +134,8 @@ def _train_item(folder, stream, size, image_dtype, plans, g):
     top, left, h, w = boxes[g % n]
     image = read_image(os.path.join(folder.root, path), plain=decoder != PILLOW)
     image = resize_bilinear(image[top:top + h, left:left + w], size)
-    return finish(image[:, ::-1] if flips[g % n] else image, image_dtype), label
+    image = image[:, ::-1] if flips[g % n] else image
+    return augment.finish_image(image, image_dtype, folder.seed, g // n, g % n), label
 
 
 def _eval_item(folder, size, image_dtype, i):
@@ -129,8 +144,9 @@ def _eval_item(folder, size, image_dtype, i):
     return finish(resize_bilinear(image, size), image_dtype), label
 
 
-def pydatasets(folder, image_size, stream, eval_batch_size, image_dtype="float32", workers=None):
-    """(train, validation) `keras.utils.PyDataset`s of the folder's plan (no TensorFlow needed); validation
+def pydatasets(folder, image_size, stream, eval_batch_size, image_dtype="float32", workers=None, augment=None):
+    """(train, validation) `keras.utils.PyDataset`s of the folder's plan (no TensorFlow needed), the training
+    images augmented by `augment` (a `keras_vit.data.augment.Augment`; None: crop and flip only); validation
     is None without validation images. Batches are (images, int32 labels) numpy arrays."""
     import functools
 
@@ -138,7 +154,8 @@ def pydatasets(folder, image_size, stream, eval_batch_size, image_dtype="float32
 
     size = pair(image_size, "image_size")
     workers = workers or os.cpu_count() or 1
-    plans = functools.lru_cache(maxsize=4)(lambda p: plan_pass(folder.train, folder.seed, p))
+    augment = augment or Augment()
+    plans = functools.lru_cache(maxsize=4)(lambda p: plan_pass(folder.train, folder.seed, p, augment.aug_repeats))
 
     class Batches(keras.utils.PyDataset):
         def __init__(self, count, rows, item):
@@ -167,7 +184,7 @@ def pydatasets(folder, image_size, stream, eval_batch_size, image_dtype="float32
         return range(first, first + stream.rows if stream.repeat else min(first + stream.rows, n))
 
     train = Batches(stream.num_batches(n), train_rows,
-                    functools.partial(_train_item, folder, stream, size, image_dtype, plans))
+                    functools.partial(_train_item, folder, size, image_dtype, augment, plans))
     if not folder.validation:
         return train, None
     m, rows = len(folder.validation), eval_batch_size // stream.process_count
@@ -179,13 +196,14 @@ def pydatasets(folder, image_size, stream, eval_batch_size, image_dtype="float32
     return train, validation
 
 
-def tf_datasets(folder, image_size, stream, eval_batch_size, image_dtype="float32"):
+def tf_datasets(folder, image_size, stream, eval_batch_size, image_dtype="float32", augment=None):
     """(train, validation) `tf.data.Dataset`s of the folder's plan, decoding in TensorFlow's threads (Pillow
-    for what TensorFlow does not decode as Pillow does); validation is None without validation images."""
+    for what TensorFlow does not decode as Pillow does), the training images augmented by `augment` (a
+    `keras_vit.data.augment.Augment`; None: crop and flip only); validation is None without validation images."""
     import tensorflow as tf
 
     size = pair(image_size, "image_size")
-    train = _tf_train(tf, folder, size, stream, image_dtype)
+    train = _tf_train(tf, folder, size, stream, image_dtype, augment or Augment())
     if not folder.validation:
         return train, None
     return train, _tf_validation(tf, folder, size, stream, eval_batch_size, image_dtype)
@@ -227,27 +245,35 @@ def _tf_decode_box(tf, path, decoder, box, shape):
     return tf.cond(tf.equal(decoder, TF_JPEG), jpeg, whole)
 
 
-def _tf_train(tf, folder, size, stream, image_dtype):
+def _tf_pass_plan(folder, size, augment, pass_index):
+    """plan_pass's (order, boxes, flips) of a pass and `augment`'s draws for its positions (numpy)."""
+    n = len(folder.train)
+    return (*plan_pass(folder.train, folder.seed, pass_index, augment.aug_repeats),
+            *augment.plan(folder.seed, pass_index, range(n), *size))
+
+
+def _tf_train(tf, folder, size, stream, image_dtype, augment):
     """The training batches: passes over the folder's training images in plan_pass's order, crops and
-    flips, from image `stream.start` on, this process's rows of each batch."""
+    flips (and `augment`'s augmentations), from image `stream.start` on, this process's rows of each batch."""
     autotune = tf.data.AUTOTUNE
     n = len(folder.train)
     paths, labels, decoders, shapes = _tf_tables(tf, folder.root, folder.train)
     first_pass, offset = divmod(stream.start, n)
 
     def one_pass(pass_index):
-        order, boxes, flips = tf.numpy_function(
-            lambda p: plan_pass(folder.train, folder.seed, int(p)), [pass_index], (tf.int64, tf.int64, tf.bool),
-            stateful=False)
-        ds = tf.data.Dataset.from_tensor_slices((order, boxes, flips))
+        plan = tf.numpy_function(lambda p: _tf_pass_plan(folder, size, augment, int(p)), [pass_index],
+                                 (tf.int64, tf.int64, tf.bool, *(tf.as_dtype(d) for d in PLAN_DTYPES)),
+                                 stateful=False)
+        shapes = ((None,), (None, 4), (None,), *augment.plan_shapes)
+        ds = tf.data.Dataset.from_tensor_slices(tuple(tf.ensure_shape(a, s) for a, s in zip(plan, shapes)))
         return ds.skip(tf.where(pass_index == first_pass, tf.constant(offset, tf.int64), 0))
 
-    def train_map(index, box, flip):
+    def train_map(index, box, flip, *draws):
         image = tf.image.resize(_tf_decode_box(tf, paths[index], decoders[index], box, shapes[index]), size,
                                 "bilinear")
         image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
         image.set_shape([*size, 3])
-        return finish_tensor(tf, image, image_dtype), labels[index]
+        return augment.finish_tensor(tf, image, image_dtype, *draws), labels[index]
 
     last = 2**62 if stream.repeat else first_pass + 1
     train = tf.data.Dataset.range(first_pass, last).flat_map(one_pass)

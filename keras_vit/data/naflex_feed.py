@@ -33,6 +33,7 @@ import os
 import keras
 import numpy as np
 
+from keras_vit.data.augment import PYTHON_NAMES
 from keras_vit.data.folder import PILLOW, ImageFolder, read_image, scan
 from keras_vit.data.naflex_plan import (
     EVAL_SEQ_LEN,
@@ -341,7 +342,8 @@ def folder_batches(directory, plan, validation_split=0.1, *, mode="vit", image_d
         workers: threads reading and resizing images (default: the machine's cores).
         repeat, skip_batches: the training stream endless, from this batch on (see `NaFlexBatches`).
         **scan_options: `keras_vit.scan`'s keyword options (labels_csv, strict,
-            max_pixels, threads, verbose, verify, cache).
+            max_pixels, threads, verbose, verify, cache). `from_directory`'s augmentations (auto_augment,
+            re_prob, re_mode, re_count, aug_repeats) are refused by name: NaFlex images are flipped only.
 
     Returns:
         (train, validation): `NaFlexBatches` with `class_names` and `image_folder` attributes;
@@ -352,6 +354,11 @@ def folder_batches(directory, plan, validation_split=0.1, *, mode="vit", image_d
     """
     if not isinstance(plan, NaFlexPlan):
         raise ValueError(f"plan must be a NaFlexPlan; got {type(plan).__name__}")
+    refused = [k for k in PYTHON_NAMES if k in scan_options]
+    if refused:
+        raise ValueError(f"the NaFlex feed does not run {', '.join(PYTHON_NAMES[k] for k in refused)}: these are "
+                         "augmentations of keras_vit.data.from_directory's square images; NaFlex training images are "
+                         "flipped only (leave them out, or train on square images)")
     folder = directory if isinstance(directory, ImageFolder) else scan(
         directory, validation_split, int(plan.seed), **scan_options)
     workers = workers or os.cpu_count() or 1

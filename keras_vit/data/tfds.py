@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 
 from keras_vit.configs import pair
+from keras_vit.data.augment import PLAN_DTYPES, Augment
 from keras_vit.data.preprocess import (
     check_image_dtype,
     decode_image,
@@ -200,7 +201,7 @@ def dev_splits(split, dev_fraction):
 def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *,
          dev_fraction=None, shuffle_buffer=10_000, seed=0, repeat=True, skip_batches=0,
          eval_batch_size=None, download=True, drop_remainder=True, process_index=0, process_count=1,
-         image_dtype="float32"):
+         image_dtype="float32", auto_augment=None, re_prob=0.0, re_mode="pixel", re_count=1, aug_repeats=1):
     """Training and evaluation pipelines of a TFDS image-classification dataset.
 
     Args:
@@ -236,6 +237,15 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
             batches. Give the distribution ``auto_shard_dataset=False``.
         image_dtype: "float32" (images in [-1, 1]) or "uint8" (in [0, 255], rounded after the
             resize, for a model built with ``input_dtype="uint8"``).
+        auto_augment: timm's RandAugment string (``--aa``, e.g. "rand-m9-mstd0.5-inc1") run on each
+            training image's crop after the resize and flip, before normalisation; None: none.
+        re_prob: the probability of random erasing a training image after normalisation, in [0, 1]
+            (timm's ``--reprob``; 0: none; with uint8 images the erased image is mapped back to pixels).
+        re_mode: the erased boxes' fill, "pixel", "rand" or "const" (timm's ``--remode``).
+        re_count: up to this many boxes an image (timm's ``--recount``).
+        aug_repeats: each training example this many times in a row of a pass, augmented apart, the
+            pass as long as without (timm's ``--aug-repeats``; 1: off). See ``keras_vit.data.augment``:
+            every draw is a pure function of (seed, pass, position), so ``skip_batches`` stays exact.
 
     Returns:
         ``(train_ds, eval_ds)``: ``tf.data.Dataset`` of ``(images, labels)``,
@@ -249,6 +259,7 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
     tf, tfds = _tf()
     size = pair(image_size, "image_size")
     check_image_dtype(image_dtype)
+    augment = Augment(auto_augment, re_prob, re_mode, re_count, aug_repeats)
     shuffle_buffer = positive_int("shuffle_buffer", shuffle_buffer)
     batch_size, eval_batch_size = check_stream(batch_size, eval_batch_size, skip_batches, seed, repeat,
                                                 drop_remainder, process_index, process_count)
@@ -262,7 +273,7 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
     train_raw = read(train_split)
     num_train = _count_train(train_raw, name, train_split, batch_size, repeat, drop_remainder)
     train = _train_stream(tf, train_raw, num_train, size, batch_size, shuffle_buffer, seed, repeat, skip_batches,
-                          drop_remainder, process_index, process_count, image_dtype)
+                          drop_remainder, process_index, process_count, image_dtype, augment)
 
     evaluation = this_process(read(eval_split), eval_batch_size, process_index, process_count).map(
         lambda encoded, label: (eval_preprocess(decode_image(tf, encoded), size, image_dtype), label),
@@ -313,9 +324,10 @@ def _count_train(train_raw, name, train_split, batch_size, repeat, drop_remainde
 
 
 def _train_stream(tf, train_raw, num_train, size, batch_size, shuffle_buffer, seed, repeat, skip_batches,
-                  drop_remainder, process_index, process_count, image_dtype):
-    """The training batches of load(): passes over `train_raw` (each shuffled by seed and pass), from batch
-    `skip_batches` on, this process's rows augmented by train_preprocess and batched."""
+                  drop_remainder, process_index, process_count, image_dtype, augment):
+    """The training batches of load(): passes over `train_raw` (each shuffled by seed and pass, each example
+    `augment.aug_repeats` times in a row), from batch `skip_batches` on, this process's rows augmented by
+    train_preprocess and `augment` and batched."""
     start_example = skip_batches * batch_size
     first_pass, offset = divmod(start_example, num_train)
     if not repeat and first_pass > 0:
@@ -335,21 +347,22 @@ def _train_stream(tf, train_raw, num_train, size, batch_size, shuffle_buffer, se
             tf.compat.v1.get_default_graph().seed = None
             ds = ds.shuffle(shuffle_buffer, seed=seed_base * 1_000_003 + pass_index,
                             reshuffle_each_iteration=False)
-        ds = ds.enumerate()
-        ds = ds.skip(tf.where(pass_index == first_pass, tf.constant(offset, tf.int64), 0))
-        return ds.map(lambda index, example: (pass_index, index, example[0], example[1]))
+        if augment.aug_repeats > 1:  # keras_vit.data.repeat_aug: each example k times in place, the pass n long
+            ds = ds.flat_map(lambda *example: tf.data.Dataset.from_tensors(example).repeat(augment.aug_repeats))
+            ds = ds.take(num_train)
+        ds = ds.enumerate().map(lambda index, example: (pass_index, index, example[0], example[1]))
+        if augment.per_image:
+            ds = tf.data.Dataset.zip(ds, _pass_draws(tf, num_train, size, seed, augment, pass_index))
+            ds = ds.map(lambda example, draws: (*example, *draws))
+        return ds.skip(tf.where(pass_index == first_pass, tf.constant(offset, tf.int64), 0))
 
     last = 2**62 if repeat else first_pass + 1
     train = tf.data.Dataset.range(first_pass, last).flat_map(one_pass)
     if not repeat and process_count > 1:  # whole global batches only, so every host has as many
         train = train.take((num_train - offset) // batch_size * batch_size)
     train = this_process(train, batch_size, process_index, process_count)
-
-    def train_map(pass_index, index, encoded, label):
-        image_seed = tf.stack([seed_base, pass_index * (num_train + 1) + index])
-        return train_preprocess(decode_image(tf, encoded), size, image_seed, image_dtype), label
-
-    train = train.map(train_map, num_parallel_calls=_AUTOTUNE, deterministic=True)
+    train = train.map(_train_map(tf, num_train, size, seed, image_dtype, augment), num_parallel_calls=_AUTOTUNE,
+                      deterministic=True)
     train = train.batch(batch_size // process_count, drop_remainder=drop_remainder)
     if repeat:
         cardinality = tf.data.INFINITE_CARDINALITY
@@ -360,3 +373,25 @@ def _train_stream(tf, train_raw, num_train, size, batch_size, shuffle_buffer, se
     train = train.apply(tf.data.experimental.assert_cardinality(cardinality))
     train = train.prefetch(_AUTOTUNE)
     return train
+
+
+def _pass_draws(tf, num_train, size, seed, augment, pass_index):
+    """A dataset of `augment`'s draws for each position of a pass (`Augment.plan`, made in numpy at once)."""
+    plan = tf.numpy_function(lambda p: augment.plan(seed, int(p), range(num_train), *size), [pass_index],
+                             tuple(tf.as_dtype(d) for d in PLAN_DTYPES), stateful=False)
+    return tf.data.Dataset.from_tensor_slices(tuple(tf.ensure_shape(a, s) for a, s in zip(plan, augment.plan_shapes)))
+
+
+def _train_map(tf, num_train, size, seed, image_dtype, augment):
+    """The map of load()'s training examples (pass, position, encoded image, label, then `augment`'s draws
+    for the position) to (image, label): the official crop and flip (`train_preprocess`), then `augment`."""
+    seed_base = tf.constant(seed, tf.int64)
+
+    def train_map(pass_index, index, encoded, label, *draws):
+        image_seed = tf.stack([seed_base, pass_index * (num_train + 1) + index])
+        if not draws:
+            return train_preprocess(decode_image(tf, encoded), size, image_seed, image_dtype), label
+        image = tf.cast(train_preprocess(decode_image(tf, encoded), size, image_seed, "uint8"), tf.float32)
+        return augment.finish_tensor(tf, image, image_dtype, *draws), label
+
+    return train_map

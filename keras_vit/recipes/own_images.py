@@ -263,10 +263,14 @@ def _feeds(model, args, folder, sched, done):
     images of --image-size or, with --naflex, NaFlex batches."""
     if getattr(args, "naflex", None):
         return _naflex_batches(model, folder, args.naflex, sched.device_batch_size, args.seed, done)
-    from keras_vit import data
+    import dataclasses
 
+    from keras_vit import data
+    from keras_vit.data.augment import Augment
+
+    augment = dataclasses.asdict(Augment.from_flags(args))  # --aa, --reprob, --remode, --recount, --aug-repeats
     train, validation = data.from_directory(folder, args.image_size, sched.device_batch_size, skip_batches=done,
-                                            image_dtype="uint8", pipeline=args.pipeline)
+                                            image_dtype="uint8", pipeline=args.pipeline, **augment)
     mix = _mixup(args, len(folder.class_names))
     if mix is None:
         return train, validation

@@ -13,7 +13,8 @@ SWITCH_PROB = 0.5  # --mixup-switch-prob's default, timm's
 
 FLAGS = ("directory", "model", "weights", "image_size", "epochs", "steps", "batch_size", "device_batch_size", "lr",
          "lora", "layer_decay", "validation_split", "labels_csv", "seed", "strict", "verify", "pipeline", "naflex",
-         "drop_path", "mixup", "cutmix", "mixup_switch_prob", "smoothing",
+         "drop_path", "mixup", "cutmix", "mixup_switch_prob", "smoothing", "aa", "reprob", "remode", "recount",
+         "aug_repeats",
          "teacher", "distillation", "distillation_tau", "distillation_alpha")
 
 
@@ -86,6 +87,7 @@ def add_parser(sub):
                    "{'patches', 'patch_coord', 'patch_valid'} (keras_vit.data.naflex_feed cuts them; keras-vit predict "
                    "too). Not with --export or --lora; --pipeline is not used (default: square images)")
     _add_regularisation(p)
+    _add_augmentation(p)
     _add_distillation(p)
     p.add_argument("--out", default=None, help="output folder (default: runs/finetune-<DIR's name>)")
     what = p.add_mutually_exclusive_group()
@@ -137,6 +139,37 @@ def _check_regularisation(args):
     if args.drop_path and args.weights is not None and args.weights.endswith(".keras"):
         raise ValueError(f"--drop-path: --weights {args.weights} is a whole model, which keeps the rate it was built "
                          "with; build from a weights file (--model and --weights TAG/.npz/timm/Hugging Face) instead")
+
+
+def _add_augmentation(p):
+    """timm's per-image augmentations (keras_vit.data.augment), spelled as timm's train.py spells them; their
+    ranges are checked by `Augment.from_flags` (check_args)."""
+    p.add_argument("--aa", default=None, metavar="STRING",
+                   help="RandAugment in timm's language on each training crop, e.g. rand-m9-mstd0.5-inc1 (DeiT's; "
+                   "timm's --aa; default: off)")
+    p.add_argument("--reprob", type=_number, default=None, metavar="P",
+                   help="random erasing: the probability in [0, 1] that a training image is erased (timm's --reprob; "
+                   "DeiT 0.25; default: off)")
+    p.add_argument("--remode", default=None, metavar="MODE",
+                   help="the erased boxes' fill: pixel (noise per pixel), rand (per channel) or const (timm's "
+                   "--remode; default: pixel)")
+    p.add_argument("--recount", type=int, default=None, metavar="N",
+                   help="up to N erased boxes an image (timm's --recount; default 1)")
+    p.add_argument("--aug-repeats", type=int, default=None, metavar="K",
+                   help="repeated augmentation: each image K times in a row of an epoch, augmented apart, the epoch "
+                   "as long (timm's --aug-repeats; DeiT 3; default: 1, off)")
+
+
+def _check_augmentation(args):
+    """The augmentations' ranges (by flag name), and their refusal with --naflex."""
+    from keras_vit.data.augment import FLAG_NAMES, Augment, flag_values
+
+    augment = Augment.from_flags(args)
+    given = [f"{FLAG_NAMES[k]} {v}" for k, v in flag_values(args).items() if v is not None]
+    if getattr(args, "naflex", None) and given:
+        raise ValueError(f"--naflex {args.naflex} cannot be combined with {', '.join(given)}: the NaFlex feed flips "
+                         "its images only (RandAugment, random erasing and repeats run on square images)")
+    return augment
 
 
 def _add_distillation(p):
@@ -195,6 +228,7 @@ def check_args(args):
                              "trained with LoRA by finetune (leave one of them out; keras-vit export --weights "
                              "OUT/model.keras exports its model)")
     _check_regularisation(args)
+    _check_augmentation(args)
     _check_distillation(args)
     args.directory = os.path.abspath(args.directory)  # the run's folder, however a resume spells it
     if args.out is None:
