@@ -52,8 +52,8 @@ def test_tf_data_and_the_pydataset_give_the_same_augmented_batches(photos, image
         assert images.dtype == theirs.dtype and theirs.shape == (4, 32, 32, 3)
         off.append(np.abs(images.numpy().astype(np.float64) - theirs) / _level(image_dtype))
         assert np.abs(theirs.astype(np.float64) - plain[i][0]).max() > 10 * _level(image_dtype)  # augmented
-    # within one level, as the paths without RandAugment, but for a few values: RandAugment's bicubic ops
-    # agree with Pillow's to one level, and an op after them (an enhancement, AutoContrast) can scale that
+    # within one level, as the paths without RandAugment (the two resizers' rounding; both paths run
+    # RandAugment's same Pillow code), but for a few values: an op (an enhancement, AutoContrast) can scale that
     off = np.concatenate(off)
     assert np.median(off) == 0 and (off > 1).mean() < 1e-3
 

@@ -27,7 +27,7 @@ import functools
 
 import numpy as np
 
-from keras_vit.data import preprocess, rand_augment, rand_augment_tf
+from keras_vit.data import preprocess, rand_augment
 from keras_vit.data.random_erasing import DRAW_FIELDS, MODES, RandomErasing
 from keras_vit.data.stream import ERASE_STREAM, RAND_AUGMENT_STREAM, position_rng
 
@@ -182,9 +182,11 @@ class Augment:
         arrays; `tf` the TensorFlow module."""
         config = self.rand_augment
         if config is not None:
-            image = preprocess.finish_tensor(tf, image, "uint8")
-            apply = tf.autograph.experimental.do_not_convert(rand_augment_tf.apply_tf)  # graph ops already
-            image = tf.cast(apply(image, kernels, args, bicubic, config.fill), tf.float32)
+            shape = image.shape
+            image = tf.numpy_function(functools.partial(rand_augment.apply_planned, fill=config.fill),
+                                      [preprocess.finish_tensor(tf, image, "uint8"), kernels, args, bicubic], tf.uint8,
+                                      stateful=False)  # Pillow, as the PyDataset: the same images, in parallel
+            image = tf.cast(tf.ensure_shape(image, shape), tf.float32)
         if self.eraser is None:
             return preprocess.finish_tensor(tf, image, image_dtype)
         erased = self.eraser.apply_tensor(tf, preprocess.finish_tensor(tf, image, "float32"), boxes)

@@ -18,8 +18,9 @@ draws them: the same ops as timm for a `numpy.random.RandomState` seeded as timm
 then per op whether it is applied, its noisy magnitude clipped to [0, mmax], the sign of a signed op and
 the interpolation (bilinear or bicubic) of a geometric one. timm draws the last four from Python's
 `random`, which a numpy generator cannot reproduce draw for draw: they follow the same distributions.
-The result is a tuple of `Step`s, plain values that `apply_pillow` (Pillow, no TensorFlow) and
-`keras_vit.data.rand_augment_tf` (TensorFlow ops inside tf.data, from `plan_arrays`) both apply.
+The result is a tuple of `Step`s, plain values that `apply_pillow` applies with Pillow; tf.data carries them
+as arrays (`plan_arrays`) to `apply_planned`, the same Pillow code in its threads (Pillow lets go of Python's
+lock while it works, so tf.data's parallel map scales with the cores, and both feeds give the same images).
 """
 
 import dataclasses
@@ -305,5 +306,12 @@ def apply_pillow(image, steps, fill=TIMM_FILL):
     return np.asarray(picture)
 
 
-__all__ = ["DEFAULT_OPS", "INCREASING_OPS", "RandAugmentConfig", "Step", "apply_pillow", "draw", "fill_color", "parse",
-           "plan_arrays"]
+def apply_planned(image, kernels, args, bicubic, fill=TIMM_FILL):
+    """`apply_pillow` of the steps that `plan_arrays` wrote as (`kernels`, `args`, `bicubic`) rows, on `image`
+    (uint8 (H, W, 3)) with `fill`: what tf.data runs through `tf.numpy_function`."""
+    steps = [Step(KERNELS[int(k)], float(a), bool(b)) for k, a, b in zip(kernels, args, bicubic) if k >= 0]
+    return apply_pillow(image, steps, fill)
+
+
+__all__ = ["DEFAULT_OPS", "INCREASING_OPS", "RandAugmentConfig", "Step", "apply_pillow", "apply_planned", "draw",
+           "fill_color", "parse", "plan_arrays"]
