@@ -269,9 +269,6 @@ def main(argv=None):
         return timm_worker(args)
     if args.fit_worker:
         return fit_worker(args)
-    # the throughput part iterates numpy batches whatever the backend: TensorFlow's, whose imports tf.data needs
-    # anyway (the fit part's processes get theirs from --backends)
-    os.environ["KERAS_BACKEND"] = "tensorflow"
     with tempfile.TemporaryDirectory(prefix="folder_feed_") as tmp:
         folder = args.folder or write_folder(os.path.join(tmp, "photos"), args.images)
         print(f"CPU: {cpu_name()}; folder: {folder} ({args.images if not args.folder else 'given'} JPEGs)", flush=True)
@@ -299,4 +296,10 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    if not {"--timm-worker", "--fit-worker"} & set(sys.argv):
+        # the throughput part iterates numpy batches whatever the backend: TensorFlow's, whose imports tf.data
+        # needs anyway (the fit part's processes get theirs from --backends); set before Keras is imported
+        os.environ["KERAS_BACKEND"] = "tensorflow"
+    from keras_vit.startup import run_main
+
+    run_main(main)

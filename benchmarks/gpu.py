@@ -45,6 +45,7 @@ sys.path.insert(0, HERE)
 from gpu_session import BACKENDS, FULL, LEVERS, PEERS, POLICIES, QUICK, RECIPES, run_part, session  # noqa: E402
 from gpu_tables import RESULTS, on_gpu, results_table, update_tables  # noqa: E402
 from gpu_wheels import fetch_wheels  # noqa: E402
+from gpu_workers import run_script  # noqa: E402
 
 
 def _positive(kind):
@@ -147,4 +148,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main))

@@ -13,6 +13,7 @@ import json
 import os
 import resource
 import statistics
+import sys
 import time
 
 
@@ -343,5 +344,17 @@ def main(argv=None):
     PARTS[args.kind](spec, emit)
 
 
+def run_script(main):
+    """`keras_vit.startup.run_main` for the GPU session's scripts, which run before Keras and keras-vit are
+    installed: Ctrl-C ends `main()` in one line on stderr and exit status 130, no traceback (the rows
+    written so far are kept: each is written whole as it ends)."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print(f"{os.path.basename(sys.argv[0])}: interrupted: the rows written so far are kept; run the same "
+              "command again", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+
+
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -64,3 +64,22 @@ def test_ctrl_c_during_convert_keeps_the_file_there_and_says_so(tmp_path, monkey
         f"keras-vit convert: interrupted: nothing new was written to {out} (written whole beside it, then moved "
         "into place): the same command again starts over"]
     assert os.listdir(out.parent) == ["vit.keras"] and out.read_bytes() == b"the model converted yesterday"
+
+
+@pytest.mark.backend_independent
+def test_the_gpu_sessions_scripts_end_on_ctrl_c_as_run_main_does(capsys, monkeypatch):
+    """benchmarks/gpu.py and gpu_workers.py start before Keras is installed, so they end through their own
+    `run_script`: one line, exit status 130, no traceback."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.setattr(sys, "argv", ["gpu.py"])
+    from gpu_workers import run_script
+
+    def measuring():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as ended:
+        run_script(measuring)
+    assert ended.value.code == 130
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["gpu.py: interrupted: the rows written so far are kept; run the same command again"]
+    assert run_script(lambda: 7) == 7
