@@ -74,6 +74,11 @@ def test_finetune_writes_a_model_with_the_users_classes_and_its_report(photos, w
     assert model.class_names[int(probs[0].argmax())] in printed and "class 0" not in printed
 
 
+# what run.json recorded at ffa2530, the last release's main
+FLAGS_OF_0_1_0 = ("directory", "model", "weights", "image_size", "epochs", "steps", "batch_size", "device_batch_size",
+                  "lr", "lora", "layer_decay", "validation_split", "labels_csv", "seed", "strict", "pipeline", "naflex")
+
+
 @pytest.mark.one_backend
 def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(photos, start, whole, tmp_path):
     class Interrupt(keras.callbacks.Callback):
@@ -87,6 +92,10 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(photo
         _run(_argv(photos, start, tmp_path / "cut"))
     with pytest.raises(ValueError, match=r"with other flags \(was -> now: .*'lr': \(0.05, 0.1\)"):
         _run([*_argv(photos, start, tmp_path / "cut"), "--resume", "--lr", "0.1"])
+    # as a run begun by an older keras-vit records it, without the flags added since: they read as their defaults
+    marker = tmp_path / "cut" / own_images.MARKER
+    recorded = json.loads(marker.read_text())
+    marker.write_text(json.dumps({k: recorded[k] for k in FLAGS_OF_0_1_0}))
     resumed = _run(["finetune", str(photos), "--out", str(tmp_path / "cut"), "--resume", "--quiet"])  # its flags
     assert resumed["resumed_from_epoch"] == 1
     assert_resumed_equals_whole(whole, tmp_path / "cut", resumed)

@@ -279,7 +279,8 @@ def test_ema_model_can_be_evaluated_and_saved(tmp_path):
     (dict(label_smoothing=1.0), ValueError, "label_smoothing"),
     (dict(ema=True, ema_momentum=1.5), ValueError, "ema_momentum"),
     (dict(global_clipnorm=-1.0), ValueError, "global_clipnorm"),
-    (dict(optimizer="adam"), TypeError, "chosen by the recipe"),
+    (dict(optimizer="adam"), ValueError, "`optimizer` must be one of 'sgd', 'adamw', 'lamb'; got 'adam'"),
+    (dict(loss="mse"), TypeError, "chosen by the recipe"),
 ])
 def test_compile_bad_input(kwargs, error, match):
     args = dict(total_steps=1000)

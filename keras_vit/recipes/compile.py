@@ -10,6 +10,7 @@ from keras import ops
 
 from keras_vit.recipes.checks import _check_int, _check_positive_float
 from keras_vit.recipes.layer_decay import LayerDecayAdamW, LayerDecaySGD, check_layer_decay, layer_decay_scales
+from keras_vit.recipes.presets import OPTIMIZERS
 from keras_vit.recipes.schedules import finetune_schedule, pretrain_schedule
 from keras_vit.runtime import jit_compile_default
 
@@ -97,8 +98,50 @@ class SparseCategoricalCrossentropyWithSmoothing(keras.losses.Loss):
         return config
 
 
-def _outputs_logits(model):
-    """True if the model's output layer has a linear activation, False for softmax."""
+@keras.saving.register_keras_serializable(package="keras_vit")
+class BinaryCrossentropyOnTargets(keras.losses.Loss):
+    """DeiT III's loss (timm's ``--bce-loss``): each class's output against its target by binary
+    cross-entropy, averaged over the classes and the batch.
+
+    The targets are soft (MixUp's and CutMix's mixed, smoothed ones) or, with ``sparse_labels``, integer
+    labels made one-hot and smoothed as timm smooths them (``1 - label_smoothing + label_smoothing / classes``
+    on the label, ``label_smoothing / classes`` elsewhere). The outputs are sigmoid probabilities, or
+    logits with ``from_logits``.
+
+    Args:
+        from_logits: whether the predictions are logits (else per-class sigmoid probabilities).
+        label_smoothing: in [0, 1), for integer labels (soft targets carry their own).
+        sparse_labels: integer labels (True) or per-class targets (False).
+        name: the loss's name.
+    """
+
+    def __init__(self, from_logits=False, label_smoothing=0.0, sparse_labels=False,
+                 name="binary_crossentropy_on_targets", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.from_logits = bool(from_logits)
+        self.label_smoothing = float(label_smoothing)
+        self.sparse_labels = bool(sparse_labels)
+
+    def call(self, y_true, y_pred):
+        if self.sparse_labels:
+            y_true = ops.cast(y_true, "int32")
+            if len(y_true.shape) == len(y_pred.shape):
+                y_true = ops.squeeze(y_true, axis=-1)
+            num_classes = ops.shape(y_pred)[-1]
+            y_true = ops.one_hot(y_true, num_classes, dtype=y_pred.dtype)
+            y_true = y_true * (1.0 - self.label_smoothing) + self.label_smoothing / num_classes
+        y_true = ops.cast(y_true, y_pred.dtype)
+        return keras.losses.binary_crossentropy(y_true, y_pred, from_logits=self.from_logits)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(from_logits=self.from_logits, label_smoothing=self.label_smoothing,
+                      sparse_labels=self.sparse_labels)
+        return config
+
+
+def _outputs_logits(model, probabilities=("softmax",)):
+    """True if the model's output layer has a linear activation, False for one of `probabilities`."""
     if not isinstance(model, keras.Model):
         raise TypeError(f"Expected a keras.Model; got {type(model).__name__}.")
     if not model.layers:
@@ -116,20 +159,23 @@ def _outputs_logits(model):
     name = getattr(activation, "__name__", str(activation))
     if name == "linear":
         return True
-    if name == "softmax":
+    if name in probabilities:
         return False
     raise ValueError(
         f"The output layer {layer.name!r} has activation {name!r}; expected "
-        "'linear' (logits) or 'softmax' (probabilities). Pass `from_logits` explicitly."
+        f"'linear' (logits) or {' or '.join(map(repr, probabilities))} (probabilities). Pass `from_logits` explicitly."
     )
 
 
-def _make_loss(model, from_logits, label_smoothing, sparse_labels):
-    if from_logits is None:
-        from_logits = _outputs_logits(model)
+def _make_loss(model, from_logits, label_smoothing, sparse_labels, bce_loss=False):
+    if from_logits is None:  # a sigmoid head goes with the binary cross-entropy only
+        from_logits = _outputs_logits(model, ("sigmoid",) if bce_loss else ("softmax",))
     label_smoothing = _check_positive_float("label_smoothing", label_smoothing, allow_zero=True)
     if label_smoothing >= 1:
         raise ValueError(f"`label_smoothing` must be in [0, 1); got {label_smoothing}.")
+    if bce_loss:
+        return BinaryCrossentropyOnTargets(from_logits=from_logits, label_smoothing=label_smoothing,
+                                           sparse_labels=sparse_labels)
     if not sparse_labels:
         return keras.losses.CategoricalCrossentropy(
             from_logits=from_logits, label_smoothing=label_smoothing)
@@ -207,8 +253,9 @@ def compile_for_finetuning(model, total_steps, base_lr=0.01, warmup_steps=500,
                            batch_size=512, device_batch_size=None, ema=False,
                            label_smoothing=0.0, jit_compile="auto", *,
                            momentum=0.9, global_clipnorm=1.0, ema_momentum=0.9999,
-                           from_logits=None, sparse_labels=True, layer_decay=None, **compile_kwargs):
-    """Compile ``model`` with the paper's fine-tuning recipe (B.1.1, Table 4).
+                           from_logits=None, sparse_labels=True, layer_decay=None, optimizer="sgd",
+                           weight_decay=0.0, bce_loss=False, **compile_kwargs):
+    """Compile ``model`` with the paper's fine-tuning recipe (B.1.1, Table 4), or another optimizer.
 
     SGD with momentum 0.9, no weight decay, gradient clipping at global norm 1,
     linear warm-up then cosine decay to 0 over ``total_steps`` updates. When
@@ -232,9 +279,19 @@ def compile_for_finetuning(model, total_steps, base_lr=0.01, warmup_steps=500,
     and on TensorFlow also on a CPU, where Keras' own "auto" turns it off;
     eager on torch); ``True``/``False`` override it.
 
+    ``optimizer`` picks the update rule under the same schedule, clipping, accumulation and EMA: "sgd"
+    (the paper's), "adamw" (DeiT's and AugReg's Adam with decoupled weight decay) or "lamb" (DeiT III's;
+    no ``layer_decay``). ``weight_decay`` is decoupled as Keras applies it (``weight_decay x learning
+    rate`` per update) and skips the biases, norms and other 1-D variables (timm's rule). ``bce_loss``
+    trains with :class:`BinaryCrossentropyOnTargets` (DeiT III), for a model whose head is a sigmoid (or
+    logits).
+
     Args:
         model: the model to compile (a keras-vit model for ``layer_decay``).
         total_steps: optimizer updates of the whole run (the schedule's length).
+        optimizer: "sgd", "adamw" or "lamb".
+        weight_decay: decoupled weight decay (0: none, the paper's).
+        bce_loss: binary cross-entropy instead of cross-entropy.
         base_lr: the peak learning rate (Table 4's grid: 0.001 to 0.03).
         warmup_steps: updates of linear warm-up from 0 (the official code: 500).
         batch_size: images per update.
@@ -254,18 +311,37 @@ def compile_for_finetuning(model, total_steps, base_lr=0.01, warmup_steps=500,
     Returns:
         the same model, compiled.
     """
-    optimizer_class = _optimizer(keras.optimizers.SGD, LayerDecaySGD, model, layer_decay)
+    plain, decayed, rule = _finetune_optimizer(optimizer, momentum, weight_decay, layer_decay)
+    optimizer_class = _optimizer(plain, decayed, model, layer_decay)
     accumulation = gradient_accumulation_steps(batch_size, device_batch_size)
     schedule = finetune_schedule(base_lr, total_steps, warmup_steps, accumulation)
-    optimizer = optimizer_class(
+    update = optimizer_class(
         learning_rate=schedule,
-        momentum=_check_positive_float("momentum", momentum, allow_zero=True),
         global_clipnorm=_clipnorm(global_clipnorm),
         gradient_accumulation_steps=accumulation if accumulation > 1 else None,
-        **_ema_args(ema, ema_momentum, accumulation),
+        **rule, **_ema_args(ema, ema_momentum, accumulation),
     )
-    loss = _make_loss(model, from_logits, label_smoothing, sparse_labels)
-    return _compile(model, optimizer, loss, jit_compile, compile_kwargs)
+    if rule.get("weight_decay"):  # timm's rule: no decay of biases, norms' scales and other 1-D variables
+        update.exclude_from_weight_decay(var_list=[v for v in model.trainable_variables if len(v.shape) <= 1])
+    loss = _make_loss(model, from_logits, label_smoothing, sparse_labels, bce_loss)
+    return _compile(model, update, loss, jit_compile, compile_kwargs)
+
+
+def _finetune_optimizer(name, momentum, weight_decay, layer_decay):
+    """(plain class, layer-decay class or None, its own arguments) of `compile_for_finetuning`'s optimizer
+    `name` (one of `OPTIMIZERS`)."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"`optimizer` must be one of {', '.join(map(repr, OPTIMIZERS))}; got {name!r}.")
+    weight_decay = _check_positive_float("weight_decay", weight_decay, allow_zero=True)
+    rule = {"weight_decay": weight_decay} if weight_decay else {}
+    if name == "sgd":
+        momentum = _check_positive_float("momentum", momentum, allow_zero=True)
+        return keras.optimizers.SGD, LayerDecaySGD, {"momentum": momentum, **rule}
+    if name == "adamw":
+        return keras.optimizers.AdamW, LayerDecayAdamW, {"weight_decay": weight_decay}
+    if check_layer_decay(layer_decay) is not None:
+        raise ValueError(f"`layer_decay` ({layer_decay}) works with optimizer='sgd' or 'adamw', got 'lamb'.")
+    return keras.optimizers.Lamb, None, rule
 
 
 def compile_for_pretraining(model, total_steps, base_lr=1e-3, weight_decay=0.1,

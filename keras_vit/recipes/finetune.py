@@ -40,7 +40,7 @@ from keras_vit import writer_lock
 from keras_vit.configs import get_variant
 from keras_vit.extras import require_or_exit
 from keras_vit.fileio import atomic_write, check_writable, write_json
-from keras_vit.recipes import finetune_devices, run_folder
+from keras_vit.recipes import finetune_devices, presets, run_folder
 from keras_vit.recipes.finetune_args import PRETRAINED_TAGS, parse_args, run_flags  # noqa: F401  (read from here)
 from keras_vit.startup import interrupted
 
@@ -66,19 +66,6 @@ def prepare_output_dir(out, flags, overwrite):
     return resuming
 
 
-def _backup(folder):
-    """The recipe's `TrainingBackup` into `folder`, kept at the end; on several processes process 0 alone
-    writes it (see `finetune_devices.saving_alone`)."""
-    from keras_vit import recipes
-
-    class Backup(recipes.TrainingBackup):
-        def on_epoch_end(self, epoch, logs=None):
-            with finetune_devices.saving_alone():
-                super().on_epoch_end(epoch, logs)
-
-    return Backup(folder, delete_on_end=False)
-
-
 # --------------------------------------------------------------------------
 # model
 # --------------------------------------------------------------------------
@@ -93,7 +80,7 @@ def build_model(args, classes):
             raise SystemExit(f"error: --model is not valid JSON: {e}") from None
         if not isinstance(config, dict):
             raise SystemExit("error: --model JSON must be an object of VisionTransformer arguments")
-        config.update(image_size=args.image_size, classes=classes, classifier_activation=None)
+        config.update(image_size=args.image_size, classes=classes, **presets.model_options(args, logits=True))
         config.setdefault("remat", args.remat)
         config.setdefault("input_dtype", args.input_dtype)
         model = keras_vit.VisionTransformer(**config)
@@ -105,8 +92,8 @@ def build_model(args, classes):
         factory = getattr(keras_vit, get_variant(spec).name)
     except ValueError as err:
         raise SystemExit(f"error: --model: {err}, or a JSON object of VisionTransformer arguments") from None
-    return factory(weights=args.weights, image_size=args.image_size, classes=classes,
-                   classifier_activation=None, remat=args.remat, input_dtype=args.input_dtype)
+    return factory(weights=args.weights, image_size=args.image_size, classes=classes, remat=args.remat,
+                   input_dtype=args.input_dtype, **presets.model_options(args, logits=True))  # --recipe's
 
 
 # --------------------------------------------------------------------------
@@ -170,7 +157,7 @@ def _run(dataset, args, writer, callbacks):
     info, step_batch, model = _build_and_compile(dataset, args)
     # kept until metrics.json is written, so a run killed after training
     # but before its files are saved resumes at the end instead of restarting
-    backup = _backup(os.path.join(out, BACKUP))
+    backup = finetune_devices.backup(os.path.join(out, BACKUP))
     done = backup.restore(model)  # train steps already done (0 for a new run)
     if resuming:
         print(f"resuming {out}: {done // args.accumulation} of {args.steps} updates done")
@@ -213,10 +200,12 @@ def _build_and_compile(dataset, args):
             from keras_vit.naflex import naflex
 
             model = naflex(model)
+        mixing = presets.mixup_of(args, info.num_classes) is not None  # MixUp's soft targets hold the smoothing
         recipes.compile_for_finetuning(
-            model, total_steps=args.steps, base_lr=args.lr, warmup_steps=args.warmup_steps,
+            model, total_steps=args.steps, warmup_steps=args.warmup_steps,
             batch_size=args.batch_size, device_batch_size=step_batch, ema=args.ema, layer_decay=args.layer_decay,
-            steps_per_execution=args.steps_per_execution)
+            steps_per_execution=args.steps_per_execution, sparse_labels=not mixing,
+            label_smoothing=0.0 if mixing else args.smoothing or 0.0, **presets.compile_options(args, args.batch_size))
     return info, step_batch, model
 
 
@@ -224,6 +213,7 @@ def _load_data(dataset, args, step_batch, done):
     """(train, test) of the recipe's splits of `dataset`, this process's rows, the train stream
     starting after the `done` train steps."""
     from keras_vit import data, distribute
+    from keras_vit.data.mixup import mixed_feeds
     from keras_vit.recipes import FINETUNE_SETUPS
 
     setup = FINETUNE_SETUPS[dataset]
@@ -231,13 +221,16 @@ def _load_data(dataset, args, step_batch, done):
         return _naflex_data(dataset, args, setup, step_batch, done)
     process_index, process_count = distribute.process_shard() if args.distribute != "none" else (0, 1)
     try:
-        return data.load(
+        train, test = data.load(
             dataset, args.image_size, step_batch, split=(setup.train_split, setup.test_split),
             data_dir=args.data_dir, seed=args.seed, shuffle_buffer=args.shuffle_buffer,
             skip_batches=done, process_index=process_index, process_count=process_count,
-            image_dtype=args.input_dtype)
+            image_dtype=args.input_dtype, auto_augment=args.aa, re_prob=args.reprob or 0.0,
+            aug_repeats=args.aug_repeats or 1)  # --recipe's augmentations (none in the paper's)
     except OSError as e:  # the data could not be downloaded: the message says what to do
         raise SystemExit(f"error: {e}") from None
+    mix = presets.mixup_of(args, data.dataset_info(dataset, data_dir=args.data_dir).num_classes)
+    return (train, test) if mix is None else mixed_feeds(train, test, mix, skip_batches=done)
 
 
 def _naflex_data(dataset, args, setup, step_batch, done):

@@ -68,6 +68,7 @@ def parse_args(dataset, argv=None):
         parser.error("--naflex feeds one process (its batches are not sharded): leave out --distribute")
     _check_distribution(parser, args)
     _check_schedule(parser, args, setup)
+    _apply_recipe(parser, args, setup)
     if args.weights is None:  # a JSON --model names no variant: its registry tag is found from its architecture
         args.weights = default_tag(args.model, PRETRAINED_TAGS) if args.model in VARIANTS else PRETRAINED_TAGS[0]
     args.weights = none_or(args.weights)
@@ -115,9 +116,9 @@ def _add_schedule_arguments(parser, setup):
                         "(default: the batch size split over the replicas, no accumulation)")
     parser.add_argument("--steps", type=_positive_int, default=setup.total_steps,
                         help=f"optimizer updates (default: {setup.total_steps})")
-    parser.add_argument("--lr", type=_positive_float, default=setup.default_lr,
-                        help=f"base learning rate (default: {setup.default_lr}; the paper sweeps "
-                        f"{list(setup.base_lrs)})")
+    parser.add_argument("--lr", type=_positive_float, default=None,
+                        help=f"base learning rate (default: {setup.default_lr}, the paper's sweeps "
+                        f"{list(setup.base_lrs)}; with --recipe the preset's, scaled to --batch-size where it is)")
     parser.add_argument("--warmup-steps", type=_non_negative_int, default=None,
                         help=f"linear warm-up updates (default: {setup.warmup_steps}, at most --steps)")
     parser.add_argument("--eval-every", type=_positive_int, default=None,
@@ -156,6 +157,10 @@ def _add_device_arguments(parser):
 
 def _add_training_arguments(parser):
     """The rest of the training: --ema, --layer-decay, --remat, --seed, --shuffle-buffer, --verbose."""
+    parser.add_argument("--recipe", default=None, metavar="NAME",
+                        help="a training recipe by name (keras_vit.recipes.presets): paper (default: Table 4's), "
+                        "deit, deit3 or augreg, each its optimizer, weight decay, clipping, loss, stochastic depth, "
+                        "dropout, MixUp/CutMix, RandAugment, random erasing and repeats (docs/finetuning.md)")
     parser.add_argument("--ema", action="store_true", help="Polyak averaging of the weights (0.9999)")
     parser.add_argument("--layer-decay", type=_positive_float, default=None, metavar="DECAY",
                         help="layer-wise learning-rate decay in (0, 1], e.g. 0.75: block i of L learns at "
@@ -226,9 +231,28 @@ def _check_schedule(parser, args, setup):
         parser.error(str(e))
 
 
+def _apply_recipe(parser, args, setup):
+    """Fills the flags of --recipe's preset (`presets.apply`; a paper run is recorded as before, recipe None)
+    and --lr's default: Table 4's for the paper's recipe, else the preset's rate at --batch-size."""
+    from keras_vit.recipes import presets
+
+    try:
+        said = presets.apply(args)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.recipe == presets.DEFAULT:
+        args.recipe = None
+        args.lr = setup.default_lr if args.lr is None else args.lr
+    elif args.naflex and (args.mixup or args.cutmix or args.aa or args.reprob or args.aug_repeats):
+        parser.error(f"--recipe {args.recipe} augments square images (MixUp, RandAugment, repeats): not with --naflex")
+    args.lr = presets.scaled_lr(args, args.batch_size)
+    if said and args.recipe:  # the paper's --lr is Table 4's here, not the folder command's 0.01
+        print(said, flush=True)
+
+
 def run_flags(args):
     """The flags that define a run (a resumed run must repeat them)."""
     keys = ("dataset", "model", "weights", "image_size", "batch_size", "device_batch_size",
             "steps", "lr", "warmup_steps", "eval_every", "ema", "layer_decay", "seed", "shuffle_buffer",
-            "validate", "distribute", "mesh", "input_dtype", "naflex")
+            "validate", "distribute", "mesh", "input_dtype", "naflex", "recipe")
     return {k: getattr(args, k) for k in keys}

@@ -1,6 +1,8 @@
-"""Where the TFDS fine-tuning recipe (`keras_vit.recipes.finetune`) runs: joining a run of several processes,
-their barrier and the saving one process does alone, the distribution context of --distribute, and the
-images per train step over the replicas (with the gradient accumulation that makes up --batch-size)."""
+"""Where the TFDS fine-tuning recipe (`keras_vit.recipes.finetune`) and `keras-vit finetune DIR`
+(`keras_vit.recipes.own_images_processes`) run: joining a run of several processes, their barrier, what process
+0 alone computes and sends to the others, the saving it does alone (its backups), the distribution context of
+--distribute, and the images per train step over the replicas (with the gradient accumulation that makes up
+--batch-size)."""
 
 import contextlib
 import json
@@ -19,8 +21,8 @@ def join_processes():
     if keras.backend.backend() == "jax":
         from keras_vit import distribute
 
-        return distribute.initialize_multihost()[0]
-    return int(json.loads(os.environ["TF_CONFIG"]).get("task", {}).get("index", 0))
+        distribute.initialize_multihost()
+    return process_index()
 
 
 @contextlib.contextmanager
@@ -30,6 +32,10 @@ def saving_alone():
     distribution they are this process's own. The model's own variables, replicated, are read as they are."""
     import keras
 
+    if several_processes() and keras.backend.backend() == "tensorflow":
+        with _tf_alone():
+            yield
+        return
     if not (several_processes() and keras.backend.backend() == "jax"):
         yield
         return
@@ -41,14 +47,110 @@ def saving_alone():
         keras.distribution.set_distribution(distribution)
 
 
+@contextlib.contextmanager
+def _tf_alone():
+    """Without the global TensorFlow strategy that `keras-vit finetune DIR` sets on several workers (none set,
+    as in the recipe, which builds in a strategy's scope: nothing changes)."""
+    import tensorflow as tf
+
+    if not tf.distribute.has_strategy():
+        yield
+        return
+    strategy = tf.distribute.get_strategy()
+    tf.distribute.experimental_set_strategy(None)
+    try:
+        yield
+    finally:
+        tf.distribute.experimental_set_strategy(strategy)
+
+
+def backup(folder):
+    """A `keras_vit.recipes.TrainingBackup` into `folder`, kept at the end; on several processes the one writer
+    (process 0, the only one given it as a callback) writes it alone (`saving_alone`), and all restore from it."""
+    from keras_vit import recipes
+
+    class Backup(recipes.TrainingBackup):
+        def on_epoch_end(self, epoch, logs=None):
+            with saving_alone():
+                super().on_epoch_end(epoch, logs)
+
+    return Backup(folder, delete_on_end=False)
+
+
+def first_process_value(make):
+    """`make()`, a JSON-able value, computed by process 0 alone and sent to every process of a run of several
+    (JAX processes, or TensorFlow workers under a global strategy; the others never call `make`); a ValueError
+    or OSError that `make` raises on process 0 is raised on every process, so that none waits for the others.
+    One process: `make()`."""
+    if not several_processes():
+        return make()
+    import numpy as np
+
+    error, blob, first = None, b"", process_index() == 0
+    if first:
+        try:
+            sent = {"value": make()}
+        except (ValueError, OSError) as err:
+            error, sent = err, {"error": str(err)}
+        blob = json.dumps(sent).encode()
+    size = int(_from_first(np.array([len(blob)], np.int32), first)[0])
+    data = np.zeros(size, np.uint8)
+    data[:len(blob)] = np.frombuffer(blob, np.uint8)
+    sent = json.loads(_from_first(data, first).tobytes())
+    if error is not None:
+        raise error
+    if "error" in sent:
+        raise ValueError(f"(process 0) {sent['error']}")
+    return sent["value"]
+
+
+def process_index():
+    """This process's index in a run of several (0 for a run of one): JAX's, or TF_CONFIG's task index."""
+    import keras
+
+    if not several_processes():
+        return 0
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.process_index()
+    return int(json.loads(os.environ["TF_CONFIG"]).get("task", {}).get("index", 0))
+
+
+def _from_first(array, first):
+    """Process 0's numpy `array` (uint8 or int32) on every process (each passes one of the same shape and dtype;
+    `first`: this is process 0): JAX's broadcast, or a sum over the workers of the global TensorFlow strategy,
+    the others passing zeros (as int32: its collectives take no uint8)."""
+    import keras
+    import numpy as np
+
+    if keras.backend.backend() == "jax":
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.broadcast_one_to_all(array, is_source=first))
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+    mine = tf.constant((array if first else np.zeros_like(array)).astype(np.int32))
+    return np.asarray(strategy.reduce("SUM", strategy.run(lambda: tf.identity(mine)), axis=None)).astype(array.dtype)
+
+
 def wait_for_every_process(what):
-    """A barrier of the JAX processes of a several-process run (nothing otherwise); `what` names it."""
+    """A barrier of the processes of a several-process run (nothing otherwise): JAX's, or on TensorFlow a sum over
+    the workers of the global strategy (`own_images_processes.join` sets one; none set: nothing); `what` names
+    it."""
     import keras
 
     if several_processes() and keras.backend.backend() == "jax":
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(what)
+    elif several_processes() and keras.backend.backend() == "tensorflow":
+        import numpy as np
+        import tensorflow as tf
+
+        if tf.distribute.has_strategy():
+            _from_first(np.zeros(1, np.int32), process_index() == 0)  # every worker has come here
 
 
 def distribution(args):

@@ -35,8 +35,9 @@ import time
 
 from keras_vit import writer_lock
 from keras_vit.configs import get_variant, none_or
+from keras_vit.distribute import num_replicas
 from keras_vit.fileio import atomic_write, check_free_space, check_writable, weights_file_bytes, write_json
-from keras_vit.recipes import own_images_args, run_folder
+from keras_vit.recipes import finetune_devices, own_images_args, own_images_processes, presets, run_folder
 from keras_vit.recipes.folder_plan import plan
 from keras_vit.recipes.own_images_args import FLAGS
 
@@ -95,9 +96,7 @@ def build_model(args, classes):
     from keras_vit.weights.foreign import is_foreign
     from keras_vit.weights.registry import default_tag
 
-    common = dict(classes=len(classes), classifier_activation="softmax", input_dtype="uint8")
-    if getattr(args, "drop_path", None):
-        common["drop_path_rate"] = args.drop_path
+    common = dict(classes=len(classes), input_dtype="uint8", **presets.model_options(args))  # --recipe's flags
     if getattr(args, "distillation", None):
         common["distillation_token"] = True  # DeiT's second head, trained on --teacher (_distilled)
     weights = args.weights
@@ -147,7 +146,7 @@ def _callbacks(out, history, epochs, start_epoch):
             scores = history.get("val_accuracy", [])
             if scores and scores[-1] >= max(scores):  # ties: the later epoch
                 check_free_space(best_path, weights_file_bytes(self.model, optimizer=True), "the best epoch's weights")
-                with atomic_write(best_path) as tmp:
+                with atomic_write(best_path) as tmp, finetune_devices.saving_alone():
                     self.model.save_weights(tmp, overwrite=True)
 
     class TimeLeft(keras.callbacks.Callback):  # said when Keras' progress bar has ended its epoch's line
@@ -188,39 +187,48 @@ def run(args, callbacks=()):
     """The `keras-vit finetune` command (see the module's docstring); `callbacks`: more Keras callbacks
     for `fit`, called after the backup's."""
     own_images_args.check_args(args)
+    if own_images_processes.join(args):  # one of several processes, not the first: it writes nothing
+        return _run(args, callbacks, writer=False)
     check_writable(args.out, "--out", folder=True)  # before the lock beside it, the folder read or a model built
     with writer_lock.hold(args.out):  # one run writes --out at a time
         return _run(args, callbacks)
 
 
-def _run(args, callbacks):
+def _run(args, callbacks, writer=True):
+    """The run (`run` holds --out's lock); `writer`: False on the processes of several other than the first,
+    which train their rows of every batch and write nothing (`own_images_processes`)."""
     import keras
 
-    from keras_vit import recipes
-
     flags = {k: getattr(args, k) for k in FLAGS}
-    resuming = _prepare_out(args, flags)
-    folder = _read_folder(args)
+    resuming, folder = own_images_processes.shared_start(args, flags, _prepare_out, _read_folder)  # process 0's
     counts = folder.counts()
     sched = plan(len(folder.train), args.batch_size, args.device_batch_size, args.epochs, args.steps)
+    processes = own_images_processes.distribute(sched, folder)
     # every refusal comes before --out is written: bad weights, a schedule or a feed that cannot be made
     model = _build_and_compile(args, folder.class_names, sched)
     out = args.out
-    backup = recipes.TrainingBackup(os.path.join(out, BACKUP), delete_on_end=False)
+    backup = finetune_devices.backup(os.path.join(out, BACKUP))
     done = backup.restore(model) if resuming else 0  # train steps done before an interruption
     train, validation = _feeds(model, args, folder, sched, done)
+    if not writer:
+        _fit(model, args, train, validation, backup, {}, done // sched.steps_per_epoch, sched, callbacks, writer)
+        _best_model(model, args, os.path.join(out, BACKUP, "best.weights.h5"))  # with process 0, which saves it
+        return None
     # a full disk refused now, not at the first backup: the backup and the best epoch (weights and optimizer),
     # model.keras, the figures and the report
     check_free_space(out, 2 * weights_file_bytes(model, optimizer=True) + weights_file_bytes(model) + FIGURES_BYTES,
                      f"the run in {out}")
     _start_out(args, flags, resuming, folder)
-    print(f"batch {sched.batch_size} ({sched.accumulation} x {sched.device_batch_size} on the device), "
+    print(f"batch {sched.batch_size} ({sched.accumulation} x {sched.device_batch_size} on the "
+          + (f"devices of {processes} processes" if processes > 1 else "device") + "), "
           f"{sched.epochs} epochs of {sched.updates_per_epoch} updates, {sched.warmup} warm-up, base learning rate "
           f"{args.lr}" + (f", LoRA rank {args.lora}" if args.lora else ""))
     initial_epoch = done // sched.steps_per_epoch
     history = _history_so_far(out, done, initial_epoch, sched.epochs)
     seconds, best_path = _fit(model, args, train, validation, backup, history, initial_epoch, sched, callbacks)
-    result, exported = _evaluate_and_save(model, args, best_path, validation, folder, history, counts)
+    best = _best_model(model, args, best_path)
+    with finetune_devices.saving_alone():  # several processes: process 0 alone from here, with a copy of the weights
+        result, exported = _evaluate_and_save(best, args, validation, folder, history, counts)
     scores = history.get("val_accuracy", [])
     summary = {
         "directory": os.path.abspath(args.directory), "class_names": list(folder.class_names),
@@ -233,7 +241,8 @@ def _run(args, callbacks):
         "validation_accuracy": result["accuracy"], "per_class_accuracy": result["per_class"],
         "confusion_matrix": result["confusion"], "history": history,
         "train_seconds": round(seconds, 3), "resumed_from_epoch": initial_epoch,
-        "backend": keras.backend.backend(), "export": exported, "flags": flags,
+        "backend": keras.backend.backend(), "processes": processes, "replicas": num_replicas(),
+        "export": exported, "flags": flags,
     }
     if getattr(args, "naflex", None):
         summary["naflex"] = {"tokens": args.naflex, "patch_size": train.plan.patch_size,
@@ -248,13 +257,7 @@ def _run(args, callbacks):
 
 def _mixup(args, classes):
     """The `keras_vit.data.mixup.MixUp` of --mixup / --cutmix (seeded by --seed), or None."""
-    if not (getattr(args, "mixup", None) or getattr(args, "cutmix", None)):
-        return None
-    from keras_vit.data.mixup import MixUp
-
-    return MixUp(num_classes=classes, mixup_alpha=args.mixup or 0.0, cutmix_alpha=args.cutmix or 0.0,
-                 switch_prob=own_images_args.SWITCH_PROB if args.mixup_switch_prob is None else args.mixup_switch_prob,
-                 label_smoothing=args.smoothing or 0.0, seed=args.seed)
+    return presets.mixup_of(args, classes)  # one rule for this command and the examples' runner
 
 
 def _feeds(model, args, folder, sched, done):
@@ -270,7 +273,9 @@ def _feeds(model, args, folder, sched, done):
 
     augment = dataclasses.asdict(Augment.from_flags(args))  # --aa, --reprob, --remode, --recount, --aug-repeats
     train, validation = data.from_directory(folder, args.image_size, sched.device_batch_size, skip_batches=done,
-                                            image_dtype="uint8", pipeline=args.pipeline, **augment)
+                                            image_dtype="uint8", pipeline=args.pipeline, **augment,
+                                            **own_images_processes.rows())  # this process's rows of each batch
+    validation = own_images_processes.whole_validation(validation, folder, args, sched)
     mix = _mixup(args, len(folder.class_names))
     if mix is None:
         return train, validation
@@ -322,11 +327,13 @@ def _build_and_compile(args, class_names, sched):
 
         enable_lora(model, args.lora)
     mixing = _mixup(args, len(class_names)) is not None  # MixUp's soft targets hold the smoothing
-    recipes.compile_for_finetuning(model, total_steps=sched.updates_per_epoch * sched.epochs, base_lr=args.lr,
+    options = presets.compile_options(args, sched.batch_size)  # --recipe's optimizer, rate at this batch, loss
+    args.lr = options["base_lr"]  # the run's rate, said and reported (run.json keeps the flag as given)
+    recipes.compile_for_finetuning(model, total_steps=sched.updates_per_epoch * sched.epochs,
                                    warmup_steps=sched.warmup, batch_size=sched.batch_size,
                                    device_batch_size=sched.device_batch_size, layer_decay=args.layer_decay,
                                    label_smoothing=0.0 if mixing else getattr(args, "smoothing", None) or 0.0,
-                                   sparse_labels=not mixing)
+                                   sparse_labels=not mixing, **options)
     return _distilled(args, model, mixing)
 
 
@@ -364,9 +371,10 @@ def _history_so_far(out, done, initial_epoch, epochs):
     return history
 
 
-def _fit(model, args, train, validation, backup, history, initial_epoch, sched, callbacks):
+def _fit(model, args, train, validation, backup, history, initial_epoch, sched, callbacks, writer=True):
     """Trains the epochs of the `Plan` `sched` from `initial_epoch` on, backing up at each end and keeping
-    the best one's weights; returns the seconds it took and the best weights' file."""
+    the best one's weights (the `writer` only, which alone prints); returns the seconds it took and the best
+    weights' file."""
     from keras_vit import recipes
 
     out, epochs, steps_per_epoch = args.out, sched.epochs, sched.steps_per_epoch
@@ -375,9 +383,9 @@ def _fit(model, args, train, validation, backup, history, initial_epoch, sched, 
     if initial_epoch < epochs:
         try:
             model.fit(train, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
-                      validation_data=validation, verbose=0 if args.quiet else 1, shuffle=False,
-                      callbacks=[recipes.NonFiniteLossStop(checkpoint_hint=backup.path), keep_history, keep_best,
-                                 time_left, backup, *callbacks])
+                      validation_data=validation, verbose=0 if args.quiet or not writer else 1, shuffle=False,
+                      callbacks=[recipes.NonFiniteLossStop(checkpoint_hint=backup.path),
+                                 *([keep_history, keep_best, time_left, backup] if writer else []), *callbacks])
         except KeyboardInterrupt:  # the CLI says it in one line, exit status 130
             raise KeyboardInterrupt(f"the same command with --resume continues from the last epoch's backup in "
                                     f"{out}") from None
@@ -386,10 +394,10 @@ def _fit(model, args, train, validation, backup, history, initial_epoch, sched, 
     return time.perf_counter() - start, best_path
 
 
-def _evaluate_and_save(model, args, best_path, validation, folder, history, counts):
-    """The best epoch's model (its LoRA adapters merged) evaluated on the validation split and written to
-    --out: model.keras, the figures, per_class.csv, with --export the served artefact. Returns (the
-    evaluation, the artefact's path or None)."""
+def _best_model(model, args, best_path):
+    """The best epoch's model of the trained `model` (its weights in `best_path`, once every process can read
+    them), a Distiller's student, with --lora (of the parsed flags `args`) its adapters merged."""
+    own_images_processes.best_epoch_written()
     model.load_weights(best_path)
     from keras_vit.recipes.distill import student_of
 
@@ -398,11 +406,18 @@ def _evaluate_and_save(model, args, best_path, validation, folder, history, coun
         from keras_vit.lora import merge_lora
 
         model = merge_lora(model)  # the best weights were written merged: the adapters now hold zeros
+    return model
+
+
+def _evaluate_and_save(model, args, validation, folder, history, counts):
+    """The best epoch's `model` (`_best_model`) evaluated on the validation split and written to --out:
+    model.keras, the figures, per_class.csv, with --export the served artefact. Returns (the evaluation, the
+    artefact's path or None)."""
+    model = _served(model, folder.class_names)  # the copy evaluated and saved
     from keras_vit.recipes import report
 
     out = args.out
     result = report.evaluate(model, validation, folder)
-    model = _served(model, folder.class_names)
     from keras_vit.convert import save_keras
 
     save_keras(model, os.path.join(out, "model.keras"))

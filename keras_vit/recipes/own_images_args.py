@@ -8,14 +8,14 @@ import os
 from keras_vit.data.folder import VERIFY_LEVELS
 from keras_vit.recipes.distill import DEFAULT_ALPHA, DEFAULT_TAU, MODES, check_options, is_release
 from keras_vit.recipes.folder_plan import DEFAULT_EPOCHS, DEVICE_BATCH, PAPER_BATCH
-
-SWITCH_PROB = 0.5  # --mixup-switch-prob's default, timm's
+from keras_vit.recipes.presets import DEFAULT, OPTIMIZERS, PRESET_FLAGS, PRESETS, SWITCH_PROB
 
 FLAGS = ("directory", "model", "weights", "image_size", "epochs", "steps", "batch_size", "device_batch_size", "lr",
          "lora", "layer_decay", "validation_split", "labels_csv", "seed", "strict", "verify", "pipeline", "naflex",
          "drop_path", "mixup", "cutmix", "mixup_switch_prob", "smoothing", "aa", "reprob", "remode", "recount",
          "aug_repeats",
-         "teacher", "distillation", "distillation_tau", "distillation_alpha")
+         "teacher", "distillation", "distillation_tau", "distillation_alpha",
+         "recipe", "opt", "weight_decay", "clip_grad", "drop", "bce_loss", "patch_size")
 
 
 # --------------------------------------------------------------------------
@@ -64,7 +64,8 @@ def add_parser(sub):
     p.add_argument("--device-batch-size", type=_positive(int), default=None,
                    help="images per step on the device; gradients of batch-size / device-batch-size steps are "
                    f"accumulated (default: the largest divisor of the batch at most {DEVICE_BATCH})")
-    p.add_argument("--lr", type=_positive(float), default=0.01, help="base learning rate (default 0.01)")
+    p.add_argument("--lr", type=_positive(float), default=None, help="base learning rate (default: the "
+                   "--recipe's, the paper's 0.01; DeiT's and DeiT III's scaled by the batch)")
     p.add_argument("--lora", type=_positive(int), default=None, metavar="RANK",
                    help="train rank-RANK LoRA adapters (query, value) and the head only")
     p.add_argument("--layer-decay", type=_positive(float), default=None, metavar="DECAY",
@@ -86,6 +87,7 @@ def add_parser(sub):
                    "patches (e.g. 256), fed as patches with their coordinates; model.keras then takes "
                    "{'patches', 'patch_coord', 'patch_valid'} (keras_vit.data.naflex_feed cuts them; keras-vit predict "
                    "too). Not with --export or --lora; --pipeline is not used (default: square images)")
+    _add_recipe(p)
     _add_regularisation(p)
     _add_augmentation(p)
     _add_distillation(p)
@@ -95,7 +97,9 @@ def add_parser(sub):
     what.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     p.add_argument("--export", default=None, choices=FORMATS, help="also write a served artefact into --out/export")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(flag_defaults={k: p.get_default(k) for k in FLAGS})
+    # a flag a preset sets defaults, for --resume, to the paper's value (what a run without --recipe records)
+    p.set_defaults(flag_defaults={k: PRESETS[DEFAULT][k] if k in PRESET_FLAGS and k != "lr" else p.get_default(k)
+                                  for k in FLAGS} | {"recipe": DEFAULT})
     return p
 
 
@@ -104,6 +108,59 @@ def _number(text):
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _add_recipe(p):
+    """--recipe and the optimizer, loss and model flags its presets set (keras_vit.recipes.presets)."""
+    p.add_argument("--recipe", default=None, metavar="NAME",
+                   help=f"a training recipe by name, one of {', '.join(PRESETS)}: fills every flag below you do not "
+                   "give (a flag you give wins, said in one line); see docs/finetuning.md (default: paper)")
+    p.add_argument("--opt", default=None, choices=OPTIMIZERS,
+                   help="the optimizer (timm's --opt), weight decay decoupled (default: the recipe's; paper: sgd)")
+    p.add_argument("--weight-decay", type=_number, default=None, metavar="WD",
+                   help="decoupled weight decay, times the learning rate per update as Keras applies it, not on "
+                   "biases and norms (timm's --weight-decay; default: the recipe's; paper: 0)")
+    p.add_argument("--clip-grad", type=_number, default=None, metavar="NORM",
+                   help="clip the gradient at this global norm, 0: off (timm's --clip-grad; default: the recipe's; "
+                   "paper: 1)")
+    p.add_argument("--drop", type=_number, default=None, metavar="RATE",
+                   help="dropout in the blocks (timm's --drop; AugReg 0.1; default: off)")
+    p.add_argument("--bce-loss", action=argparse.BooleanOptionalAction, default=None,
+                   help="DeiT III's binary cross-entropy on the (mixed, smoothed) targets; the head is then a "
+                   "sigmoid (timm's --bce-loss; default: the recipe's, cross-entropy but for deit3)")
+    p.add_argument("--patch-size", type=_positive(int), default=None, metavar="P",
+                   help="with --weights none: build --model with P px patches, e.g. 4 on 32 px images "
+                   "(default: the variant's)")
+
+
+def _check_recipe(args):
+    """The recipe's name, the flags it filled in (`presets.apply`, its override line printed), --patch-size
+    and --bce-loss against --weights."""
+    from keras_vit.recipes import presets
+
+    said = presets.apply(args)
+    for flag, value in (("--weight-decay", args.weight_decay), ("--clip-grad", args.clip_grad)):
+        if value is not None and not value >= 0:
+            raise ValueError(f"{flag} must be >= 0, got {value}")
+    if args.drop is not None and not 0 <= args.drop < 1:
+        raise ValueError(f"--drop must be in [0, 1), got {args.drop}")
+    if args.patch_size is not None:
+        if args.weights != "none":
+            raise ValueError(f"--patch-size {args.patch_size} builds a model from scratch: it needs --weights none "
+                             f"(a pretrained checkpoint's patch size is fixed), got --weights {args.weights}")
+        if args.image_size % args.patch_size:
+            raise ValueError(f"--patch-size {args.patch_size} must divide --image-size {args.image_size}")
+    if args.weights is not None and args.weights.endswith(".keras"):
+        for flag, value in (("--bce-loss", args.bce_loss), ("--drop", args.drop)):
+            if value:
+                raise ValueError(f"{flag}: --weights {args.weights} is a whole model, which keeps the head and "
+                                 "dropout it was built with; build from a weights file or --weights none instead")
+    if args.bce_loss and getattr(args, "distillation", None):
+        raise ValueError(f"--bce-loss cannot be combined with --distillation {args.distillation}: DeiT's "
+                         "distillation losses are cross-entropies of a softmax head")
+    if args.layer_decay is not None and args.opt == "lamb":
+        raise ValueError(f"--layer-decay {args.layer_decay} works with --opt sgd or adamw, got --opt lamb")
+    return said
 
 
 def _add_regularisation(p):
@@ -227,6 +284,7 @@ def check_args(args):
             raise ValueError(f"--naflex {naflex} cannot be combined with {flag}: a NaFlex run is not exported or "
                              "trained with LoRA by finetune (leave one of them out; keras-vit export --weights "
                              "OUT/model.keras exports its model)")
+    said = _check_recipe(args)
     _check_regularisation(args)
     _check_augmentation(args)
     _check_distillation(args)
@@ -235,6 +293,8 @@ def check_args(args):
         args.out = os.path.join("runs", f"finetune-{os.path.basename(os.path.normpath(args.directory)) or 'images'}")
     if args.weights is not None and args.weights.endswith(".keras") and args.model is not None:
         raise ValueError(f"--weights {args.weights} is a whole model; --model {args.model} is not used with it")
+    if said:
+        print(said, flush=True)
 
 
 __all__ = ["FLAGS", "SWITCH_PROB", "add_parser", "check_args"]

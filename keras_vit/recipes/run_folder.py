@@ -61,11 +61,14 @@ def decide(out, flags, *, option, marker, finished, overwrite, resume=None, defa
     if os.path.exists(os.path.join(out, finished)):
         raise ValueError(f"{option} {out!r} holds a finished run ({finished} is there); --overwrite replaces it, or "
                          "choose another folder")
+    defaults = defaults or {}
     for key, value in list(flags.items()) if resume else ():  # a flag left out continues as the run had it
-        if key in (defaults or {}) and value == defaults[key] and key in previous:
+        if key in defaults and value == defaults[key] and key in previous:
             flags[key] = previous[key]
-    changed = {k: (previous.get(k), v) for k, v in flags.items() if previous.get(k) != v}
-    if changed:  # a flag added since the run began reads as its default, None
+    # a flag added since the run began reads as its default (what the run ran as), None without one
+    changed = {k: (previous.get(k, defaults.get(k)), v) for k, v in flags.items()
+               if previous.get(k, defaults.get(k)) != v}
+    if changed:
         raise ValueError(f"{option} {out!r} holds an interrupted run with other flags (was -> now: {changed}); "
                          "repeat its flags (or leave them out with --resume) to resume it, or pass --overwrite to "
                          "start over")

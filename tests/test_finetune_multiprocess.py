@@ -1,0 +1,163 @@
+"""`keras-vit finetune DIR` on several processes (keras_vit.recipes.own_images_processes), on the lane's
+backend: through the package's launcher, 2 processes of one CPU device each (JAX's DataParallel, or
+TensorFlow's MultiWorkerMirroredStrategy) train one model data parallel; process 0 alone scans the folder,
+says the schedule and writes --out, and the run ends with the weights of the same command on one process. A
+2-process run killed after its first epoch resumes from process 0's backup to the same end. torch, and
+--naflex, are refused in one line."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import backend, photo_folder
+from test_examples import weights_in
+from test_multiprocess import Lines
+
+from keras_vit import cli, launch
+
+HERE = pathlib.Path(__file__).parent
+KILLED = str(HERE / "_finetune_folder_killed.py")
+CLI = [sys.executable, "-m", "keras_vit.cli"]
+several = pytest.mark.skipif(backend() not in ("jax", "tensorflow"), reason="several processes: jax and tensorflow")
+
+
+def _flags(photos, out):
+    return [str(photos), "--model", "ViT_Ti16", "--weights", "none", "--image-size", "32", "--steps", "2", "--lr",
+            "0.05", "--validation-split", "0.2", "--quiet", "--out", str(out)]
+
+
+@pytest.fixture
+def lane_env(monkeypatch):
+    monkeypatch.setenv("KERAS_BACKEND", backend())
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(folder of the runs, the photos, the 2-process run's Lines): 9 photographs (3 of each of 3 classes, one
+    of each validates: an odd validation split, in batches that do not split evenly), fine-tuned 2 epochs of
+    one update of 8 images by `keras-vit finetune` on 2 processes (runs/two) and, at the same time, on one
+    (runs/one)."""
+    root = tmp_path_factory.mktemp("finetune_multiprocess")
+    photos = photo_folder(root / "photos", per_class=3, size=(40, 48))
+    env = {**os.environ, "KERAS_BACKEND": backend(), "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    one = subprocess.Popen([*CLI, "finetune", *_flags(photos, root / "one")], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    lines = Lines()
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        code = launch.launch([*CLI, "finetune", *_flags(photos, root / "two")], 2, cpu_devices=1, timeout=400,
+                             out=lines)
+        one_out, _ = one.communicate(timeout=420)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        if one.poll() is None:
+            one.kill()
+            one.wait(30)
+    assert code == 0, lines.text()[-6000:]
+    assert one.returncode == 0, one_out[-6000:]
+    return root, photos, lines
+
+
+def _same_model(out, reference):
+    """The runs in `out` and `reference` (folders) kept the same best epoch with the same history, split and
+    weights, up to float rounding."""
+    a, b = json.loads((reference / "report.json").read_text()), json.loads((out / "report.json").read_text())
+    assert a["schedule"] == b["schedule"] and a["best_epoch"] == b["best_epoch"]
+    assert (a["processes"], a["replicas"], b["processes"], b["replicas"]) == (1, 1, 2, 2)
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        np.testing.assert_allclose(b["history"][key], a["history"][key], rtol=1e-5, err_msg=key)
+    assert b["validation_accuracy"] == a["validation_accuracy"]
+    split = [json.loads((run / "split.json").read_text()) for run in (reference, out)]
+    assert split[0]["train"] == split[1]["train"] and split[0]["validation"] == split[1]["validation"]
+    weights, others = weights_in(reference / "model.keras"), weights_in(out / "model.keras")
+    assert weights.keys() == others.keys() and len(weights) > 100
+    assert np.abs(weights["layers/dense/vars/0"]).max() > 0  # the zero-initialised head was trained
+    for name in weights:
+        np.testing.assert_allclose(others[name], weights[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@several
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_processes_train_one_model_written_once_equal_to_one_process(runs):
+    """The run of the issue (`python -m keras_vit.launch -n 2 --cpu-devices 1 -- keras-vit finetune DIR ...`):
+    the folder read and the schedule said once, by process 0, which alone writes --out (process 1 prints
+    none of the run's lines); the two processes' model is the one-process run's."""
+    root, _, lines = runs
+    said = [line for _, line in lines.lines if not line.startswith("[1] [Gloo]") and not line.startswith("[0] [Gloo]")]
+    for start in ("reading ", "batch 8 (1 x 8 on the devices of 2 processes), 2 epochs of 1 updates",
+                  "validation accuracy"):
+        assert [line for line in said if line.split(" ", 1)[1].startswith(start)] == [
+            next(line for line in said if line.startswith(f"[0] {start}"))], lines.text()
+    run_lines = ("[1] reading", "[1] batch", "[1] epoch", "[1] validation", "[1] resuming", "[1] keras-vit")
+    assert not [line for line in said if line.startswith(run_lines)], lines.text()
+    assert said[-1].endswith(f"wrote {root / 'two'}")
+    assert sorted(os.listdir(root / "two")) == sorted(os.listdir(root / "one"))  # the backup gone, the lock released
+    assert not (root / "two.lock").exists()
+    _same_model(root / "two", root / "one")
+
+
+@several
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_killed_two_process_run_resumes_to_the_uninterrupted_model(runs, lane_env, monkeypatch):
+    """Process 0 killed (SIGKILL) after the backup of the first of 2 epochs: the launcher stops process 1,
+    the backup is in --out and no report; the same command with --resume on 2 processes, each restoring
+    process 0's backup, continues from epoch 1 and ends with the one-process run's model."""
+    root, photos, _ = runs
+    out = root / "killed"
+    monkeypatch.setenv("KILL_PROCESS", "0")
+    lines = Lines()
+    assert launch.launch([KILLED, *_flags(photos, out)], 2, cpu_devices=1, timeout=400, out=lines) == 1
+    assert "[0] killing process 0" in lines.text() and lines.lines[-1][1].startswith("keras_vit.launch: process 0")
+    assert (out / "backup" / "latest.weights.h5").exists() and not (out / "report.json").exists()
+    monkeypatch.delenv("KILL_PROCESS")
+    lines = Lines()
+    assert launch.launch([*CLI, "finetune", *_flags(photos, out), "--resume"], 2, cpu_devices=1, timeout=400,
+                         out=lines) == 0, lines.text()[-6000:]
+    assert f"[0] resuming {out}: 1 of 2 epochs done" in lines.text().splitlines()
+    _same_model(out, root / "one")
+
+
+@several
+@pytest.mark.timeout(300)
+def test_a_refusal_on_process_0_ends_every_process_in_one_line(tmp_path, lane_env):
+    """A folder of one class, refused by process 0's scan: process 0 sends the refusal to process 1, which
+    never scans, and each ends with it in one line (no process left waiting); nothing written."""
+    photo_folder(tmp_path / "photos", per_class=2, size=(40, 48))
+    for name in ("astronaut", "cat"):
+        for path in (tmp_path / "photos" / name).rglob("*"):
+            if path.is_file():
+                path.unlink()
+    lines = Lines()
+    assert launch.launch([*CLI, "finetune", *_flags(tmp_path / "photos", tmp_path / "out")], 2, cpu_devices=1,
+                         timeout=200, out=lines) == 1
+    errors = [line for _, line in lines.lines if "keras-vit finetune: error:" in line]
+    assert errors and all("class" in line for line in errors), lines.text()
+    assert all("(process 0)" in line for line in errors if line.startswith("[1]")), lines.text()
+    assert "ran past --timeout" not in lines.text() and not (tmp_path / "out").exists()
+
+
+def test_several_processes_are_refused_where_they_cannot_run(tmp_path, monkeypatch, capsys):
+    """On torch (KERAS_DISTRIBUTION_NUM_PROCESSES=2) finetune DIR refuses a run of several processes in one
+    line naming the backend, on JAX and TensorFlow (TF_CONFIG of 2 workers) a --naflex one; nothing written,
+    no process joined."""
+    photos = tmp_path / "photos"  # never read: the refusal comes first
+    monkeypatch.setenv("KERAS_DISTRIBUTION_NUM_PROCESSES", "2")
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    more = ["--naflex", "16"] if backend() != "torch" else []
+    assert cli.main(["finetune", *_flags(photos, tmp_path / "out"), *more]) == 2
+    expected = ("--naflex runs on one process, not on 2" if backend() != "torch" else
+                "keras-vit finetune on 2 processes runs on the jax and tensorflow backends, got torch")
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
