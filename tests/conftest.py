@@ -1,3 +1,4 @@
+import contextlib
 import functools
 import http.server
 import io
@@ -286,3 +287,28 @@ def start(tmp_path_factory):
     path = tmp_path_factory.mktemp("start") / "start.keras"
     model.save(path)
     return str(path)
+
+
+
+@contextlib.contextmanager
+def from_a_terminal(argv, **kwargs):
+    """`argv` started as a terminal starts it, stdout and stderr piped (text), killed when the block ends: with
+    Python's SIGINT handler, which a background job of a non-interactive shell (CI's lanes) would otherwise
+    inherit ignored."""
+    import signal
+
+    child = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kwargs)
+    try:
+        yield child
+    finally:
+        child.kill()
+        child.communicate()
+
+
+def ctrl_c(child, timeout=120):
+    """Sends `child` SIGINT, as Ctrl-C in its terminal does; returns its stderr once it has ended."""
+    import signal
+
+    child.send_signal(signal.SIGINT)
+    return child.communicate(timeout=timeout)[1]

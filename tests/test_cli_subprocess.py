@@ -125,28 +125,20 @@ def test_a_saved_model_reloads_when_keras_is_imported_after_keras_vit(tmp_path):
 def test_ctrl_c_in_finetune_says_one_line_and_exits_130(start, tmp_path):
     """SIGINT sent as a terminal sends it (to a process that has Python's handler: a background job started by
     a non-interactive shell, as CI's lanes are, would otherwise inherit SIGINT ignored)."""
-    import signal
-
-    from conftest import photo_folder
+    from conftest import ctrl_c, from_a_terminal, photo_folder
 
     photos = photo_folder(tmp_path / "photos", per_class=4)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     argv = ["finetune", photos, "--weights", start, "--image-size", "32", "--epochs", "1000", "--validation-split",
             "0.5", "--out", tmp_path / "run", "--quiet"]
-    child = subprocess.Popen([sys.executable, "-m", "keras_vit.cli", *map(str, argv)], env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
+    with from_a_terminal([sys.executable, "-m", "keras_vit.cli", *map(str, argv)], env=env) as child:
         for line in child.stdout:  # training has begun once the schedule is said
             if line.startswith("batch "):
                 break
         while not (tmp_path / "run" / "backup").exists():  # an epoch's backup written: something to resume
             assert child.poll() is None, child.stderr.read()
             time.sleep(0.2)
-        child.send_signal(signal.SIGINT)
-        _, err = child.communicate(timeout=120)
-    finally:
-        child.kill()
+        err = ctrl_c(child)
     assert child.returncode == 130, err
     assert err.strip().splitlines() == [f"keras-vit finetune: interrupted: the same command with --resume continues "
                                         f"from the last epoch's backup in {tmp_path / 'run'}"]

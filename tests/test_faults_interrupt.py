@@ -4,12 +4,11 @@ test_cli_subprocess.py.)"""
 
 import os
 import pathlib
-import signal
-import subprocess
 import sys
 import time
 
 import pytest
+from conftest import ctrl_c, from_a_terminal
 
 from keras_vit.startup import INTERRUPTED
 
@@ -21,17 +20,11 @@ def test_ctrl_c_in_a_benchmark_says_one_line_and_exits_130():
     """SIGINT sent as a terminal sends it, while the benchmark measures (its first line printed): the child
     gets Python's handler back (a background job of a non-interactive shell, as CI's, inherits SIGINT ignored)."""
     argv = [sys.executable, "benchmarks/guarded_calls.py", "--images", "4", "--batch-size", "2", "--repeats", "100000"]
-    child = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
+    with from_a_terminal(argv, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT))) as child:
         first = child.stdout.readline()  # the model is built: the measuring has begun
         assert first.startswith("ViT_Ti16 at "), (first, child.stderr.read() if child.poll() is not None else "")
         time.sleep(1)
-        child.send_signal(signal.SIGINT)
-        _, err = child.communicate(timeout=120)
-    finally:
-        child.kill()
+        err = ctrl_c(child)
     assert child.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.strip().splitlines()[-1] == f"guarded_calls.py: interrupted: {INTERRUPTED}"
