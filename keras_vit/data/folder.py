@@ -278,7 +278,7 @@ def _probe_all(root, files, max_pixels, verify, threads, verbose, cache):
     for i, ((path, _), stat) in enumerate(zip(files, stats)):
         hit = cached.get(path)
         if hit is not None and hit[0] == stat:
-            results[i] = (hit[1], hit[2]) if hit[1] is not None else (None, hit[2])
+            results[i] = hit[1:]  # (facts, reason) as `probe` gives them
         else:
             todo.append(i)
     bar = None

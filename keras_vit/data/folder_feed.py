@@ -228,16 +228,23 @@ def _tf_decode(tf, path, decoder):
         lambda: tf.io.decode_png(tf.io.read_file(path), channels=3)])
 
 
+def tf_jpeg_box(tf, data, box, shape):
+    """The `box` (top, left, height, width) of the JPEG `data` (encoded bytes, a (height, width) `shape`), as a
+    full decode would give it. Only a window a margin wider than the box is decoded: libjpeg's cropped decode
+    differs from the full one near the window's edges (chroma upsampling), never farther in than one iMCU
+    (<= 32 px)."""
+    start = tf.maximum(box[:2] - JPEG_CROP_MARGIN, 0)
+    end = tf.minimum(box[:2] + box[2:] + JPEG_CROP_MARGIN, shape)
+    window = tf.image.decode_and_crop_jpeg(data, tf.cast(tf.concat([start, end - start], 0), tf.int32), channels=3,
+                                           dct_method="INTEGER_ACCURATE")
+    return tf.slice(window, tf.concat([box[:2] - start, [0]], 0), tf.concat([box[2:], [3]], 0))
+
+
 def _tf_decode_box(tf, path, decoder, box, shape):
-    """The `box` (top, left, height, width) of the image, as a full decode would give it. A JPEG decodes
-    only a window a margin wider than the box: libjpeg's cropped decode differs from the full one
-    near the window's edges (chroma upsampling), never farther in than one iMCU (<= 32 px)."""
+    """The `box` (top, left, height, width) of the image, as a full decode would give it (a JPEG's through
+    `tf_jpeg_box`)."""
     def jpeg():
-        start = tf.maximum(box[:2] - JPEG_CROP_MARGIN, 0)
-        end = tf.minimum(box[:2] + box[2:] + JPEG_CROP_MARGIN, shape)
-        window = tf.image.decode_and_crop_jpeg(tf.io.read_file(path), tf.cast(tf.concat([start, end - start], 0),
-                                               tf.int32), channels=3, dct_method="INTEGER_ACCURATE")
-        return tf.slice(window, tf.concat([box[:2] - start, [0]], 0), tf.concat([box[2:], [3]], 0))
+        return tf_jpeg_box(tf, tf.io.read_file(path), box, shape)
 
     def whole():
         return tf.slice(_tf_decode(tf, path, decoder), tf.concat([box[:2], [0]], 0), tf.concat([box[2:], [3]], 0))

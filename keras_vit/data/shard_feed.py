@@ -17,7 +17,7 @@ import numpy as np
 
 from keras_vit.configs import pair
 from keras_vit.data.folder import TF_JPEG, TF_PNG
-from keras_vit.data.folder_feed import JPEG_CROP_MARGIN, PIPELINES, tensorflow_available
+from keras_vit.data.folder_feed import PIPELINES, tensorflow_available, tf_jpeg_box
 from keras_vit.data.preprocess import (
     check_image_dtype,
     finish,
@@ -215,14 +215,9 @@ def pydataset(plan, size, image_dtype, skip_batches, repeat, drop_remainder, wor
 
 def _tf_decode_box(tf, data, kind, box):
     """The `box` (top, left, height, width) of an image member as `decode` and a crop give it (a JPEG
-    decodes only a window `JPEG_CROP_MARGIN` wider than the box, as the folder feed's does)."""
+    through the folder feed's `tf_jpeg_box`)."""
     def jpeg():
-        shape = tf.cast(tf.image.extract_jpeg_shape(data)[:2], tf.int64)
-        start = tf.maximum(box[:2] - JPEG_CROP_MARGIN, 0)
-        end = tf.minimum(box[:2] + box[2:] + JPEG_CROP_MARGIN, shape)
-        window = tf.image.decode_and_crop_jpeg(data, tf.cast(tf.concat([start, end - start], 0), tf.int32),
-                                               channels=3, dct_method="INTEGER_ACCURATE")
-        return tf.slice(window, tf.concat([box[:2] - start, [0]], 0), tf.concat([box[2:], [3]], 0))
+        return tf_jpeg_box(tf, data, box, tf.cast(tf.image.extract_jpeg_shape(data)[:2], tf.int64))
 
     def pillow():
         image = tf.numpy_function(lambda d, k: decode(d, int(k)), [data, kind], tf.uint8, stateful=False)
