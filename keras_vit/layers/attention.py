@@ -196,12 +196,10 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         num_heads: number of heads; must divide the input width.
         dropout_rate: dropout on the attention weights (training only).
         attention_implementation: "auto" (the default): the GPU's fused (flash) attention kernel
-            where the backend, device, dtype (bfloat16/float16) and head size allow it (on JAX in
-            inference only, until a GPU run measures the padded training path faster), else the
-            standard path, saying why in one log line; "flash": that kernel, also in JAX training
-            with the sequence padded to a multiple of 64 and the padding masked
-            (`padded_attention`), a ValueError when the layer is built where it cannot run;
-            "standard": never that kernel.
+            where the backend, device, dtype (bfloat16/float16) and head size allow it (JAX training
+            through `padded_attention`: the sequence padded to a multiple of 64, the padding
+            masked), else the standard path, saying why in one log line; "flash": that kernel, a
+            ValueError when the layer is built where it cannot run; "standard": never that kernel.
     Call args:
         x: tokens (B, T, D).
         return_attention: also return the softmax weights (B, heads, T, T).
@@ -274,8 +272,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         scale = 1.0 / math.sqrt(self.head_dim)
         bias = self.logit_bias(q, scale)
         if bias is None and not return_attention and not (training and self.dropout_rate > 0):
-            if self.flash and (self.attention_implementation == "flash" or not training
-                               or keras.backend.backend() != "jax"):
+            if self.flash:
                 return self._out(_flash_attention(q, k, v, scale, training=bool(training), valid=valid))
             return self._out(_fused_attention(q, k, v, scale, valid))
         logits = ops.einsum("bqnh,bknh->bnqk", q * ops.cast(scale, q.dtype), k)
