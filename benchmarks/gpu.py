@@ -17,8 +17,8 @@ its parts one process each, most telling first, within `--budget` seconds:
   batch 256, then ViT-L/16 at batch 128, 224 px, `mixed_bfloat16`;
 - timm's ViT of the same configuration, eager and under `torch.compile`, AdamW with clipping and
   bfloat16 autocast, fed the same uint8 batches, beside each;
-- the levers on JAX, ViT-B/16: cuDNN's fused attention in training, `steps_per_execution=4`, a
-  float32 feed instead of uint8, remat;
+- the levers on JAX, ViT-B/16: XLA's attention in training (the default takes cuDNN's fused
+  kernel where it runs), `steps_per_execution=4`, a float32 feed instead of uint8, remat;
 - keras-hub's ViT of the same shape under the pretraining recipe, per backend.
 A part whose package is missing, that fails, or that the budget does not reach is one "not run"
 line and the session goes on; the JSON is rewritten after every part, so a command stopped at its

@@ -20,7 +20,7 @@ ROOT = os.path.dirname(HERE)
 BACKENDS = ("jax", "torch", "tensorflow")
 PEERS = ("timm", "timm-compile", "keras-hub")
 RECIPES = ("pretraining", "finetuning")
-LEVERS = {"flash attention": {"attention_implementation": "flash"}, "steps_per_execution=4": {"steps_per_execution": 4},
+LEVERS = {"XLA attention": {"attention_implementation": "standard"}, "steps_per_execution=4": {"steps_per_execution": 4},
           "float32 feed": {"input_dtype": "float32"}, "remat": {"remat": True}}
 FULL = dict(cases=[["ViT_B16", 256], ["ViT_L16", 128]], image_size=224, steps=20, warmup=3, infer_batch=256,
             latency_repeats=30, budget=540)
