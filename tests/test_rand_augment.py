@@ -206,3 +206,55 @@ def test_bad_ops_fill_and_images_are_refused():
         ra.parse("rand-m9", interpolation="nearest")
     with pytest.raises(ValueError, match="uint8 \\(height, width, 3\\) image; got float32"):
         ra.apply_pillow(np.zeros((8, 8, 3), np.float32), ())
+
+
+def test_three_augment_ops_are_timms_policy_3a():
+    """DeiT III's 3-Augment (`--aa 3a`): each of timm's three ops (its AutoAugment policy "3a") equals ours on
+    real photographs, the blur at the radius timm draws; the jitter's ops are Pillow's enhancers, as
+    torchvision's ColorJitter applies them to a Pillow image."""
+    from PIL import Image
+
+    from keras_vit.data import three_augment
+
+    aa = _timm_aa()
+    policy = aa.auto_augment_policy("3a", {})
+    images = photos((48, 64))
+    for image in images:
+        for (op,), seed in zip(policy, (0, 1, 2)):
+            random.seed(seed)
+            theirs = np.asarray(op(Image.fromarray(image)))
+            random.seed(seed)
+            ours = {"Solarize": ra.Step("Solarize", 128.0), "Desaturate": ra.Step("Color", 0.0),
+                    "GaussianBlurRand": ra.Step("GaussianBlur", random.uniform(*three_augment.BLUR_RADIUS))}[op.name]
+            np.testing.assert_array_equal(ra.apply_pillow(image, [ours]), theirs, err_msg=op.name)
+    config = three_augment.ThreeAugment(color_jitter=0.3)
+    draws = [config.draw(np.random.default_rng([3, i])) for i in range(600)]
+    first = [steps[0].kernel for steps in draws]
+    assert {k: first.count(k) for k in set(first)}.keys() == {"Solarize", "Color", "GaussianBlur"}
+    assert all(150 < first.count(k) < 250 for k in set(first))  # uniform over three: 200 +- 5 sigma
+    assert {steps[0].arg for steps in draws if steps[0].kernel == "Solarize"} == {128.0}
+    radii = [steps[0].arg for steps in draws if steps[0].kernel == "GaussianBlur"]
+    assert 0.1 <= min(radii) and max(radii) <= 2.0
+    assert all(sorted(s.kernel for s in steps[1:]) == ["Brightness", "Color", "Contrast"] for steps in draws)
+    assert all(0.7 <= s.arg <= 1.3 for steps in draws for s in steps[1:])
+    assert len({tuple(s.kernel for s in steps[1:]) for steps in draws}) == 6  # every order of the three
+    assert [len(s) for s in (three_augment.ThreeAugment(color_jitter=0).draw(np.random.default_rng(0)),)] == [1]
+    with pytest.raises(ValueError, match="color_jitter"):
+        three_augment.ThreeAugment(color_jitter=1.5)
+
+
+def test_three_augment_runs_in_both_feeds_alike():
+    """`Augment(auto_augment="3a")`: the numpy path and the tf.data path (plan rows through Pillow) give the same
+    images."""
+    tf = pytest.importorskip("tensorflow")
+    from keras_vit.data.augment import Augment
+
+    augment = Augment(auto_augment="3a", color_jitter=0.3)
+    image = photos((40, 56))[0].astype(np.float32)
+    plans = augment.plan(7, 0, np.arange(12), 40, 56)
+    for i in range(12):
+        numpy_path = augment.finish_image(image, "uint8", 7, 0, i)
+        tf_path = augment.finish_tensor(tf, tf.constant(image), "uint8", *(p[i] for p in plans))
+        np.testing.assert_array_equal(numpy_path, tf_path.numpy())
+    with pytest.raises(ValueError, match="color_jitter"):
+        Augment(auto_augment="3a", color_jitter=-1)

@@ -102,6 +102,24 @@ def test_bce_loss_equals_numpy_on_the_same_soft_targets():
     np.testing.assert_allclose(keras.ops.convert_to_numpy(from_logits), _bce(mixed, probabilities), atol=1e-6)
 
 
+def test_bce_target_threshold_binarizes_the_mixed_targets_as_deit3():
+    """DeiT III's training loop binarizes MixUp's targets (`targets.gt(0.0)`) before its BCE: both classes of a
+    pair become positives, whatever lambda; timm's `--bce-target-thresh t` the same at t."""
+    rng = np.random.default_rng(1)
+    classes = 5
+    labels, other = rng.integers(0, classes, 8), rng.integers(0, classes, 8)
+    lam = rng.uniform(size=(8, 1))
+    mixed = lam * np.eye(classes)[labels] + (1 - lam) * np.eye(classes)[other]
+    probabilities = (1 / (1 + np.exp(-rng.normal(size=(8, classes)) * 3))).astype("float32")
+    for threshold in (0.0, 0.3):
+        loss = BinaryCrossentropyOnTargets(target_threshold=threshold, reduction=None)
+        got = keras.ops.convert_to_numpy(loss(mixed.astype("float32"), probabilities))
+        np.testing.assert_allclose(got, _bce((mixed > threshold).astype(float), probabilities), atol=1e-6)
+        assert BinaryCrossentropyOnTargets.from_config(loss.get_config()).target_threshold == threshold
+    with pytest.raises(ValueError, match="target_threshold"):
+        BinaryCrossentropyOnTargets(target_threshold=1.5)
+
+
 @pytest.mark.backend_independent
 def test_patch_size_builds_the_variant_with_smaller_patches(photos, tmp_path):
     args = cli.parser().parse_args(_argv(photos, tmp_path / "out", "--patch-size", "4", "--recipe", "deit3"))
@@ -118,6 +136,8 @@ BAD = {  # flags -> what the message says
                                                        "--weights none (a pretrained checkpoint's patch size is fixed)",
     ("--recipe", "augreg", "--weight-decay", "-1"): "--weight-decay must be >= 0, got -1.0",
     ("--opt", "lamb", "--layer-decay", "0.75"): "--layer-decay 0.75 works with --opt sgd or adamw, got --opt lamb",
+    ("--recipe", "deit3", "--bce-target-thresh", "1"): "--bce-target-thresh must be in [0, 1), got 1.0",
+    ("--aa", "3a", "--color-jitter", "2"): "--color-jitter must be a number in [0, 1]",
 }
 
 

@@ -474,3 +474,27 @@ def test_training_backup_refuses_epochs_off_update_boundaries(tmp_path):
         model.fit(x, y, batch_size=2, epochs=1, verbose=0,
                   callbacks=[recipes.TrainingBackup(tmp_path / "b")])
     assert not os.path.exists(tmp_path / "b")
+
+
+def test_weight_decay_shrinks_the_kernels_only():
+    """AdamW's decoupled decay, one update with zero gradients (Adam's own step is then 0): every kernel
+    shrinks by lr x decay, and nothing else moves: the biases (the attention's are 2-D), the norms, the
+    class and distillation tokens, the position embeddings (timm's `no_weight_decay`)."""
+    import keras_vit
+
+    model = keras_vit.VisionTransformer(image_size=16, patch_size=8, hidden_size=16, mlp_dim=32, num_heads=2,
+                                        num_layers=1, classes=3, distillation_token=True)
+    recipes.compile_for_finetuning(model, total_steps=10, base_lr=0.1, warmup_steps=0, optimizer="adamw",
+                                   weight_decay=0.5, batch_size=2, jit_compile=False)
+    before = {v.path: ops.convert_to_numpy(v) for v in model.trainable_variables}
+    model.optimizer.apply_gradients([(ops.zeros(v.shape), v) for v in model.trainable_variables])
+    kept = {v.path for v in recipes.not_decayed(model)}
+    assert {"cls/cls", "dist/tokens", "posembed_input/pos_embedding",
+            "encoderblock_0/MultiHeadDotProductAttention_1/query/bias"} <= kept
+    for v in model.trainable_variables:
+        after = ops.convert_to_numpy(v)
+        if v.path in kept:
+            np.testing.assert_array_equal(after, before[v.path], err_msg=v.path)
+        else:
+            assert v.name == "kernel", v.path
+            np.testing.assert_allclose(after, before[v.path] * (1 - 0.1 * 0.5), rtol=1e-6, err_msg=v.path)

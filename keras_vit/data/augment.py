@@ -3,7 +3,8 @@ and how each feed runs them, in timm's order (`timm.data.create_transform` for t
 
 1. the Inception crop, the resize and the flip (the plan of `keras_vit.data.stream`);
 2. RandAugment (`auto_augment`, timm's ``--aa``, e.g. "rand-m9-mstd0.5-inc1"; `keras_vit.data.rand_augment`)
-   on the resized crop rounded to uint8, geometric ops filling with the ViT normalisation's mean (128, 128, 128);
+   on the resized crop rounded to uint8, geometric ops filling with the ViT normalisation's mean (128, 128, 128),
+   or DeiT III's 3-Augment (``--aa 3a`` with ``color_jitter``; `keras_vit.data.three_augment`) in its place;
 3. the normalisation to [-1, 1];
 4. random erasing (`re_prob`, `re_mode`, `re_count`: timm's ``--reprob``, ``--remode``, ``--recount``;
    `keras_vit.data.random_erasing`) of the normalised float32 image.
@@ -27,15 +28,15 @@ import functools
 
 import numpy as np
 
-from keras_vit.data import preprocess, rand_augment
+from keras_vit.data import preprocess, rand_augment, three_augment
 from keras_vit.data.random_erasing import DRAW_FIELDS, MODES, RandomErasing
 from keras_vit.data.stream import ERASE_STREAM, RAND_AUGMENT_STREAM, position_rng
 
 # each option's name in Python (`from_directory`, `load`) and on the command line (timm's train.py spelling)
 PYTHON_NAMES = {"auto_augment": "`auto_augment`", "re_prob": "`re_prob`", "re_mode": "`re_mode`",
-                "re_count": "`re_count`", "aug_repeats": "`aug_repeats`"}
+                "re_count": "`re_count`", "aug_repeats": "`aug_repeats`", "color_jitter": "`color_jitter`"}
 FLAG_NAMES = {"auto_augment": "--aa", "re_prob": "--reprob", "re_mode": "--remode", "re_count": "--recount",
-              "aug_repeats": "--aug-repeats"}
+              "aug_repeats": "--aug-repeats", "color_jitter": "--color-jitter"}
 # the dtypes of `Augment.plan`'s arrays (RandAugment's kernels, arguments and interpolations; erasing's boxes)
 PLAN_DTYPES = ("int32", "float64", "bool", "int64")
 _PIXEL = np.float32(127.5)  # the ViT normalisation: x = (pixel - 127.5) / 127.5
@@ -59,9 +60,9 @@ def check_options(values, names=PYTHON_NAMES):
         raise ValueError(f"{names[option]} must be {expected}; got {values[option]!r}")
 
     aa = values.get("auto_augment")
-    if aa is not None:
+    if aa is not None and aa != three_augment.NAME:
         if not isinstance(aa, str):
-            refuse("auto_augment", "a RandAugment string such as 'rand-m9-mstd0.5-inc1', or None")
+            refuse("auto_augment", "a RandAugment string such as 'rand-m9-mstd0.5-inc1', '3a' or None")
         try:
             rand_augment.parse(aa)
         except ValueError as err:
@@ -71,6 +72,10 @@ def check_options(values, names=PYTHON_NAMES):
         refuse("re_prob", "a probability in [0, 1] (0: no random erasing)")
     if values.get("re_mode", "pixel") not in MODES:
         refuse("re_mode", f"one of {', '.join(MODES)}")
+    jitter = values.get("color_jitter")
+    if jitter is not None and (isinstance(jitter, bool) or not isinstance(jitter, (int, float, np.floating))
+                               or not 0 <= jitter <= 1):
+        refuse("color_jitter", "a number in [0, 1] (3-Augment's colour jitter; 0: none), or None (0.4)")
     for option in ("re_count", "aug_repeats"):
         value = values.get(option, 1)
         if not _is_int(value) or value < 1:
@@ -88,11 +93,14 @@ class Augment:
     timm's `create_transform` names them.
 
     Args:
-        auto_augment: a RandAugment string in timm's language (e.g. "rand-m9-mstd0.5-inc1", DeiT's), or None.
+        auto_augment: a RandAugment string in timm's language (e.g. "rand-m9-mstd0.5-inc1", DeiT's), "3a"
+            (DeiT III's 3-Augment), or None.
         re_prob: the probability that random erasing erases an image, in [0, 1] (DeiT 0.25; 0: off).
         re_mode: the erased boxes' fill: "pixel" (normal noise per pixel), "rand" (per channel) or "const".
         re_count: the most boxes an image gets (each image 1 to `re_count`), an integer >= 1.
         aug_repeats: each image this many times in a row of a pass, differently augmented, an integer >= 1.
+        color_jitter: with "3a", the colour jitter's strength in [0, 1] (timm's ``--color-jitter``; None: timm's
+            default 0.4; DeiT III 0.3); unused otherwise, as timm turns the jitter off beside RandAugment.
 
     Raises:
         ValueError: an option outside its range, named (`check_options`).
@@ -103,6 +111,7 @@ class Augment:
     re_mode: str = "pixel"
     re_count: int = 1
     aug_repeats: int = 1
+    color_jitter: float = None
 
     def __post_init__(self):
         self.check()
@@ -129,9 +138,12 @@ class Augment:
 
     @functools.cached_property
     def rand_augment(self):
-        """The parsed `RandAugmentConfig` (geometric ops filling with the ViT mean), or None."""
+        """The parsed `RandAugmentConfig` (geometric ops filling with the ViT mean), a `ThreeAugment`, or None."""
         if self.auto_augment is None:
             return None
+        if self.auto_augment == three_augment.NAME:
+            jitter = three_augment.DEFAULT_JITTER if self.color_jitter is None else self.color_jitter
+            return three_augment.parse(self.auto_augment, color_jitter=jitter)
         return rand_augment.parse(self.auto_augment, fill=rand_augment.fill_color("vit"))
 
     @functools.cached_property
@@ -151,7 +163,7 @@ class Augment:
         `image_dtype` ("float32" in [-1, 1] or "uint8"), its draws from (`seed`, `pass_index`, `position`)."""
         config = self.rand_augment
         if config is not None:
-            steps = rand_augment.draw(config, position_rng(seed, pass_index, position, RAND_AUGMENT_STREAM))
+            steps = config.draw(position_rng(seed, pass_index, position, RAND_AUGMENT_STREAM))
             image = rand_augment.apply_pillow(preprocess.finish(image, "uint8"), steps, config.fill)
             image = image.astype(np.float32)
         if self.eraser is None:
@@ -170,7 +182,7 @@ class Augment:
         ops = self.plan_shapes[0][1]
         kernels, args, bicubic = np.full((n, ops), -1, np.int32), np.zeros((n, ops)), np.zeros((n, ops), bool)
         for i, j in enumerate(positions if config is not None else ()):
-            steps = rand_augment.draw(config, position_rng(seed, pass_index, int(j), RAND_AUGMENT_STREAM))
+            steps = config.draw(position_rng(seed, pass_index, int(j), RAND_AUGMENT_STREAM))
             kernels[i], args[i], bicubic[i] = rand_augment.plan_arrays(steps, ops)
         if self.eraser is None:
             return kernels, args, bicubic, np.zeros((n, 0, len(DRAW_FIELDS)), np.int64)

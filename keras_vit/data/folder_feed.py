@@ -42,7 +42,7 @@ def from_directory(directory, image_size, batch_size, validation_split=0.1, seed
                    strict=False, repeat=True, skip_batches=0, eval_batch_size=None, drop_remainder=True,
                    process_index=0, process_count=1, image_dtype="float32", pipeline="auto", workers=None,
                    max_pixels=MAX_PIXELS, verbose=False, verify="full", auto_augment=None, re_prob=0.0,
-                   re_mode="pixel", re_count=1, aug_repeats=1):
+                   re_mode="pixel", re_count=1, aug_repeats=1, color_jitter=None):
     """Training and validation pipelines of a folder of your own images.
 
     The folder holds one subfolder of images per class (``photos/cat/*.jpg``; nested folders are read, the
@@ -78,11 +78,14 @@ def from_directory(directory, image_size, batch_size, validation_split=0.1, seed
         verify: "full" (decode each file once before training; its result cached, so the next start reads
             only new or changed files) or "header" (read headers only: much faster the first time); see
             ``keras_vit.scan``.
-        auto_augment: timm's RandAugment string (``--aa``), e.g. "rand-m9-mstd0.5-inc1"; None: none.
+        auto_augment: timm's RandAugment string (``--aa``), e.g. "rand-m9-mstd0.5-inc1", or "3a" (DeiT III's
+            3-Augment); None: none.
         re_prob: the probability of random erasing an image, in [0, 1] (timm's ``--reprob``; 0: none).
         re_mode: the erased boxes' fill, "pixel", "rand" or "const" (timm's ``--remode``).
         re_count: up to this many boxes an image (timm's ``--recount``).
         aug_repeats: each image this many times a pass, augmented apart (timm's ``--aug-repeats``; 1: off).
+        color_jitter: with ``auto_augment="3a"`` (DeiT III's 3-Augment), the colour jitter's strength (timm's
+            ``--color-jitter``; None: 0.4).
 
     Returns:
         ``(train, validation)``: datasets of ``(images, labels)`` batches (``validation`` is None with
@@ -96,7 +99,7 @@ def from_directory(directory, image_size, batch_size, validation_split=0.1, seed
     """
     size = pair(image_size, "image_size")
     check_image_dtype(image_dtype)
-    augment = Augment(auto_augment, re_prob, re_mode, re_count, aug_repeats)
+    augment = Augment(auto_augment, re_prob, re_mode, re_count, aug_repeats, color_jitter)
     batch_size, eval_batch_size = check_stream(batch_size, eval_batch_size, skip_batches, seed, repeat,
                                                 drop_remainder, process_index, process_count)
     if pipeline not in PIPELINES:

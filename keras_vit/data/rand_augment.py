@@ -39,7 +39,7 @@ INCREASING_OPS = ("AutoContrast", "Equalize", "Invert", "Rotate", "PosterizeIncr
                   "SharpnessIncreasing", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
 # the image functions the ops run (an op is a kernel and a rule from magnitude to argument); the index of a
 # kernel is its number in `plan_arrays`
-KERNELS = DEFAULT_OPS
+KERNELS = DEFAULT_OPS + ("GaussianBlur",)  # the kernels a plan row indexes (3-Augment adds the blur)
 GEOMETRIC = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
 LEVEL_DENOM = 10.0  # timm's `_LEVEL_DENOM`: magnitude m is the fraction m / 10 of each op's range
 TIMM_FILL = (128, 128, 128)  # timm's `_FILL`, the fill of geometric ops without an image mean
@@ -88,6 +88,7 @@ OPS = {
     "ShearY": ("ShearY", lambda m, s: s * m / LEVEL_DENOM * 0.3, True),
     "TranslateXRel": ("TranslateXRel", lambda m, s: s * m / LEVEL_DENOM * TRANSLATE_PCT, True),
     "TranslateYRel": ("TranslateYRel", lambda m, s: s * m / LEVEL_DENOM * TRANSLATE_PCT, True),
+    "GaussianBlur": ("GaussianBlur", None, False),  # 3-Augment's (keras_vit.data.three_augment): arg the radius
 }
 
 
@@ -143,6 +144,10 @@ class RandAugmentConfig:
             raise ValueError(f"`fill` must be 3 integers in [0, 255] (an RGB colour); got {self.fill!r}")
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"`interpolation` must be one of {INTERPOLATIONS}; got {self.interpolation!r}")
+
+    def draw(self, rng):
+        """`draw(self, rng)`: the steps of one image from `rng` (as `ThreeAugment.draw`, so a feed calls either)."""
+        return draw(self, rng)
 
     @property
     def upper(self):
@@ -268,9 +273,11 @@ def _affine(image, matrix, step, fill):
 
 def _pillow_step(image, step, fill):
     """One step on a Pillow RGB image, as timm's op functions do it."""
-    from PIL import Image, ImageEnhance, ImageOps
+    from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
     kernel, arg = step.kernel, step.arg
+    if kernel == "GaussianBlur":
+        return image.filter(ImageFilter.GaussianBlur(radius=arg))
     if kernel in ("Color", "Contrast", "Brightness", "Sharpness"):
         return getattr(ImageEnhance, kernel)(image).enhance(arg)
     if kernel == "Rotate":

@@ -201,7 +201,8 @@ def dev_splits(split, dev_fraction):
 def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *,
          dev_fraction=None, shuffle_buffer=10_000, seed=0, repeat=True, skip_batches=0,
          eval_batch_size=None, download=True, drop_remainder=True, process_index=0, process_count=1,
-         image_dtype="float32", auto_augment=None, re_prob=0.0, re_mode="pixel", re_count=1, aug_repeats=1):
+         image_dtype="float32", auto_augment=None, re_prob=0.0, re_mode="pixel", re_count=1, aug_repeats=1,
+         color_jitter=None):
     """Training and evaluation pipelines of a TFDS image-classification dataset.
 
     Args:
@@ -237,8 +238,8 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
             batches. Give the distribution ``auto_shard_dataset=False``.
         image_dtype: "float32" (images in [-1, 1]) or "uint8" (in [0, 255], rounded after the
             resize, for a model built with ``input_dtype="uint8"``).
-        auto_augment: timm's RandAugment string (``--aa``, e.g. "rand-m9-mstd0.5-inc1") run on each
-            training image's crop after the resize and flip, before normalisation; None: none.
+        auto_augment: timm's RandAugment string (``--aa``, e.g. "rand-m9-mstd0.5-inc1") or "3a" (DeiT III's
+            3-Augment) run on each training image's crop after the resize and flip, before normalisation; None: none.
         re_prob: the probability of random erasing a training image after normalisation, in [0, 1]
             (timm's ``--reprob``; 0: none; with uint8 images the erased image is mapped back to pixels).
         re_mode: the erased boxes' fill, "pixel", "rand" or "const" (timm's ``--remode``).
@@ -246,6 +247,8 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
         aug_repeats: each training example this many times in a row of a pass, augmented apart, the
             pass as long as without (timm's ``--aug-repeats``; 1: off). See ``keras_vit.data.augment``:
             every draw is a pure function of (seed, pass, position), so ``skip_batches`` stays exact.
+        color_jitter: with ``auto_augment="3a"`` (DeiT III's 3-Augment), the colour jitter's strength (timm's
+            ``--color-jitter``; None: 0.4).
 
     Returns:
         ``(train_ds, eval_ds)``: ``tf.data.Dataset`` of ``(images, labels)``,
@@ -259,7 +262,7 @@ def load(name, image_size, batch_size, split=("train", "test"), data_dir=None, *
     tf, tfds = _tf()
     size = pair(image_size, "image_size")
     check_image_dtype(image_dtype)
-    augment = Augment(auto_augment, re_prob, re_mode, re_count, aug_repeats)
+    augment = Augment(auto_augment, re_prob, re_mode, re_count, aug_repeats, color_jitter)
     shuffle_buffer = positive_int("shuffle_buffer", shuffle_buffer)
     batch_size, eval_batch_size = check_stream(batch_size, eval_batch_size, skip_batches, seed, repeat,
                                                 drop_remainder, process_index, process_count)

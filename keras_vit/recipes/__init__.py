@@ -41,6 +41,7 @@ from keras_vit.recipes.compile import (
     compile_for_pretraining,
     fit_steps,
     gradient_accumulation_steps,
+    not_decayed,
 )
 from keras_vit.recipes.layer_decay import LayerDecayAdamW, LayerDecaySGD, layer_decay_scales
 from keras_vit.recipes.schedules import (
@@ -58,6 +59,7 @@ __all__ = [
     "fit_steps",
     "compile_for_finetuning",
     "compile_for_pretraining",
+    "not_decayed",
     "SparseCategoricalCrossentropyWithSmoothing",
     "FinetuneSetup",
     "FINETUNE_SETUPS",

@@ -106,21 +106,29 @@ class BinaryCrossentropyOnTargets(keras.losses.Loss):
     The targets are soft (MixUp's and CutMix's mixed, smoothed ones) or, with ``sparse_labels``, integer
     labels made one-hot and smoothed as timm smooths them (``1 - label_smoothing + label_smoothing / classes``
     on the label, ``label_smoothing / classes`` elsewhere). The outputs are sigmoid probabilities, or
-    logits with ``from_logits``.
+    logits with ``from_logits``. With ``target_threshold`` the targets are made hard: 1 above it, 0 elsewhere
+    (timm's ``--bce-target-thresh``; DeiT III's own code binarizes the mixed targets at 0, so that both
+    classes of a MixUp or CutMix pair are positives).
 
     Args:
         from_logits: whether the predictions are logits (else per-class sigmoid probabilities).
         label_smoothing: in [0, 1), for integer labels (soft targets carry their own).
         sparse_labels: integer labels (True) or per-class targets (False).
+        target_threshold: None (soft targets), or a number in [0, 1): targets above it become 1, others 0.
         name: the loss's name.
     """
 
-    def __init__(self, from_logits=False, label_smoothing=0.0, sparse_labels=False,
+    def __init__(self, from_logits=False, label_smoothing=0.0, sparse_labels=False, target_threshold=None,
                  name="binary_crossentropy_on_targets", **kwargs):
         super().__init__(name=name, **kwargs)
         self.from_logits = bool(from_logits)
         self.label_smoothing = float(label_smoothing)
         self.sparse_labels = bool(sparse_labels)
+        if target_threshold is not None:
+            target_threshold = _check_positive_float("target_threshold", target_threshold, allow_zero=True)
+            if target_threshold >= 1:
+                raise ValueError(f"`target_threshold` must be in [0, 1) or None; got {target_threshold}.")
+        self.target_threshold = target_threshold
 
     def call(self, y_true, y_pred):
         if self.sparse_labels:
@@ -131,12 +139,14 @@ class BinaryCrossentropyOnTargets(keras.losses.Loss):
             y_true = ops.one_hot(y_true, num_classes, dtype=y_pred.dtype)
             y_true = y_true * (1.0 - self.label_smoothing) + self.label_smoothing / num_classes
         y_true = ops.cast(y_true, y_pred.dtype)
+        if self.target_threshold is not None:
+            y_true = ops.cast(ops.greater(y_true, self.target_threshold), y_pred.dtype)
         return keras.losses.binary_crossentropy(y_true, y_pred, from_logits=self.from_logits)
 
     def get_config(self):
         config = super().get_config()
         config.update(from_logits=self.from_logits, label_smoothing=self.label_smoothing,
-                      sparse_labels=self.sparse_labels)
+                      sparse_labels=self.sparse_labels, target_threshold=self.target_threshold)
         return config
 
 
@@ -167,7 +177,7 @@ def _outputs_logits(model, probabilities=("softmax",)):
     )
 
 
-def _make_loss(model, from_logits, label_smoothing, sparse_labels, bce_loss=False):
+def _make_loss(model, from_logits, label_smoothing, sparse_labels, bce_loss=False, bce_target_threshold=None):
     if from_logits is None:  # a sigmoid head goes with the binary cross-entropy only
         from_logits = _outputs_logits(model, ("sigmoid",) if bce_loss else ("softmax",))
     label_smoothing = _check_positive_float("label_smoothing", label_smoothing, allow_zero=True)
@@ -175,7 +185,7 @@ def _make_loss(model, from_logits, label_smoothing, sparse_labels, bce_loss=Fals
         raise ValueError(f"`label_smoothing` must be in [0, 1); got {label_smoothing}.")
     if bce_loss:
         return BinaryCrossentropyOnTargets(from_logits=from_logits, label_smoothing=label_smoothing,
-                                           sparse_labels=sparse_labels)
+                                           sparse_labels=sparse_labels, target_threshold=bce_target_threshold)
     if not sparse_labels:
         return keras.losses.CategoricalCrossentropy(
             from_logits=from_logits, label_smoothing=label_smoothing)
@@ -254,7 +264,7 @@ def compile_for_finetuning(model, total_steps, base_lr=0.01, warmup_steps=500,
                            label_smoothing=0.0, jit_compile="auto", *,
                            momentum=0.9, global_clipnorm=1.0, ema_momentum=0.9999,
                            from_logits=None, sparse_labels=True, layer_decay=None, optimizer="sgd",
-                           weight_decay=0.0, bce_loss=False, **compile_kwargs):
+                           weight_decay=0.0, bce_loss=False, bce_target_threshold=None, **compile_kwargs):
     """Compile ``model`` with the paper's fine-tuning recipe (B.1.1, Table 4), or another optimizer.
 
     SGD with momentum 0.9, no weight decay, gradient clipping at global norm 1,
@@ -282,7 +292,7 @@ def compile_for_finetuning(model, total_steps, base_lr=0.01, warmup_steps=500,
     ``optimizer`` picks the update rule under the same schedule, clipping, accumulation and EMA: "sgd"
     (the paper's), "adamw" (DeiT's and AugReg's Adam with decoupled weight decay) or "lamb" (DeiT III's;
     no ``layer_decay``). ``weight_decay`` is decoupled as Keras applies it (``weight_decay x learning
-    rate`` per update) and skips the biases, norms and other 1-D variables (timm's rule). ``bce_loss``
+    rate`` per update) on the kernels only (:func:`not_decayed`). ``bce_loss``
     trains with :class:`BinaryCrossentropyOnTargets` (DeiT III), for a model whose head is a sigmoid (or
     logits).
 
@@ -292,6 +302,8 @@ def compile_for_finetuning(model, total_steps, base_lr=0.01, warmup_steps=500,
         optimizer: "sgd", "adamw" or "lamb".
         weight_decay: decoupled weight decay (0: none, the paper's).
         bce_loss: binary cross-entropy instead of cross-entropy.
+        bce_target_threshold: with ``bce_loss``, None (soft targets) or the threshold above which a target
+            counts as 1 (DeiT III: 0.0; :class:`BinaryCrossentropyOnTargets`).
         base_lr: the peak learning rate (Table 4's grid: 0.001 to 0.03).
         warmup_steps: updates of linear warm-up from 0 (the official code: 500).
         batch_size: images per update.
@@ -321,10 +333,25 @@ def compile_for_finetuning(model, total_steps, base_lr=0.01, warmup_steps=500,
         gradient_accumulation_steps=accumulation if accumulation > 1 else None,
         **rule, **_ema_args(ema, ema_momentum, accumulation),
     )
-    if rule.get("weight_decay"):  # timm's rule: no decay of biases, norms' scales and other 1-D variables
-        update.exclude_from_weight_decay(var_list=[v for v in model.trainable_variables if len(v.shape) <= 1])
-    loss = _make_loss(model, from_logits, label_smoothing, sparse_labels, bce_loss)
+    if rule.get("weight_decay"):
+        update.exclude_from_weight_decay(var_list=not_decayed(model))
+    if bce_target_threshold is not None and not bce_loss:
+        raise ValueError(f"`bce_target_threshold` ({bce_target_threshold}) goes with bce_loss=True.")
+    loss = _make_loss(model, from_logits, label_smoothing, sparse_labels, bce_loss, bce_target_threshold)
     return _compile(model, update, loss, jit_compile, compile_kwargs)
+
+
+def not_decayed(model):
+    """The trainable variables of `model` that weight decay leaves alone: all but the kernels (the matrices of
+    the dense, attention and convolution layers, LoRA's factors included), so the biases (the attention's are
+    (heads, head_dim)), the norms, the class and distillation tokens and the position embeddings. This is
+    timm's rule (1-D variables, biases and `no_weight_decay()`: pos_embed, cls_token, dist_token) and
+    big_vision's (decay on `.*/kernel$`).
+
+    Args:
+        model: a built Keras model.
+    """
+    return [v for v in model.trainable_variables if not v.name.endswith("kernel")]
 
 
 def _finetune_optimizer(name, momentum, weight_decay, layer_decay):

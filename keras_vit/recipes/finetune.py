@@ -226,7 +226,8 @@ def _load_data(dataset, args, step_batch, done):
             data_dir=args.data_dir, seed=args.seed, shuffle_buffer=args.shuffle_buffer,
             skip_batches=done, process_index=process_index, process_count=process_count,
             image_dtype=args.input_dtype, auto_augment=args.aa, re_prob=args.reprob or 0.0,
-            aug_repeats=args.aug_repeats or 1)  # --recipe's augmentations (none in the paper's)
+            aug_repeats=args.aug_repeats or 1,
+            color_jitter=getattr(args, "color_jitter", None))  # --recipe's augmentations (none in the paper's)
     except OSError as e:  # the data could not be downloaded: the message says what to do
         raise SystemExit(f"error: {e}") from None
     mix = presets.mixup_of(args, data.dataset_info(dataset, data_dir=args.data_dir).num_classes)

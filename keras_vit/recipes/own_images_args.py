@@ -13,7 +13,7 @@ from keras_vit.recipes.presets import DEFAULT, OPTIMIZERS, PRESET_FLAGS, PRESETS
 FLAGS = ("directory", "model", "weights", "image_size", "epochs", "steps", "batch_size", "device_batch_size", "lr",
          "lora", "layer_decay", "validation_split", "labels_csv", "seed", "strict", "verify", "pipeline", "naflex",
          "drop_path", "mixup", "cutmix", "mixup_switch_prob", "smoothing", "aa", "reprob", "remode", "recount",
-         "aug_repeats",
+         "aug_repeats", "color_jitter", "bce_target_thresh",
          "teacher", "distillation", "distillation_tau", "distillation_alpha",
          "recipe", "opt", "weight_decay", "clip_grad", "drop", "bce_loss", "patch_size")
 
@@ -128,6 +128,9 @@ def _add_recipe(p):
     p.add_argument("--bce-loss", action=argparse.BooleanOptionalAction, default=None,
                    help="DeiT III's binary cross-entropy on the (mixed, smoothed) targets; the head is then a "
                    "sigmoid (timm's --bce-loss; default: the recipe's, cross-entropy but for deit3)")
+    p.add_argument("--bce-target-thresh", type=_number, default=None, metavar="T",
+                   help="with --bce-loss, targets above T count as 1, others 0 (timm's --bce-target-thresh; deit3: "
+                   "0, DeiT III's binarized MixUp targets; default: soft targets)")
     p.add_argument("--patch-size", type=_positive(int), default=None, metavar="P",
                    help="with --weights none: build --model with P px patches, e.g. 4 on 32 px images "
                    "(default: the variant's)")
@@ -144,6 +147,8 @@ def _check_recipe(args):
             raise ValueError(f"{flag} must be >= 0, got {value}")
     if args.drop is not None and not 0 <= args.drop < 1:
         raise ValueError(f"--drop must be in [0, 1), got {args.drop}")
+    if args.bce_target_thresh is not None and not 0 <= args.bce_target_thresh < 1:
+        raise ValueError(f"--bce-target-thresh must be in [0, 1), got {args.bce_target_thresh}")
     if args.patch_size is not None:
         if args.weights != "none":
             raise ValueError(f"--patch-size {args.patch_size} builds a model from scratch: it needs --weights none "
@@ -202,8 +207,8 @@ def _add_augmentation(p):
     """timm's per-image augmentations (keras_vit.data.augment), spelled as timm's train.py spells them; their
     ranges are checked by `Augment.from_flags` (check_args)."""
     p.add_argument("--aa", default=None, metavar="STRING",
-                   help="RandAugment in timm's language on each training crop, e.g. rand-m9-mstd0.5-inc1 (DeiT's; "
-                   "timm's --aa; default: off)")
+                   help="RandAugment in timm's language on each training crop, e.g. rand-m9-mstd0.5-inc1 (DeiT's), "
+                   "or 3a (DeiT III's 3-Augment) (timm's --aa; default: off)")
     p.add_argument("--reprob", type=_number, default=None, metavar="P",
                    help="random erasing: the probability in [0, 1] that a training image is erased (timm's --reprob; "
                    "DeiT 0.25; default: off)")
@@ -215,6 +220,9 @@ def _add_augmentation(p):
     p.add_argument("--aug-repeats", type=int, default=None, metavar="K",
                    help="repeated augmentation: each image K times in a row of an epoch, augmented apart, the epoch "
                    "as long (timm's --aug-repeats; DeiT 3; default: 1, off)")
+    p.add_argument("--color-jitter", type=_number, default=None, metavar="J",
+                   help="with --aa 3a (DeiT III's 3-Augment), the colour jitter's strength in [0, 1] (timm's "
+                   "--color-jitter; deit3: 0.3; default 0.4)")
 
 
 def _check_augmentation(args):

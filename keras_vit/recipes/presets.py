@@ -12,13 +12,13 @@ warm-up steps of ~94k are 11%).
 """
 
 # the flags a preset sets, in the order the override line names them
-PRESET_FLAGS = ("opt", "lr", "weight_decay", "clip_grad", "smoothing", "bce_loss", "drop", "drop_path", "mixup",
-                "cutmix", "mixup_switch_prob", "aa", "reprob", "aug_repeats")
+PRESET_FLAGS = ("opt", "lr", "weight_decay", "clip_grad", "smoothing", "bce_loss", "bce_target_thresh", "drop",
+                "drop_path", "mixup", "cutmix", "mixup_switch_prob", "aa", "color_jitter", "reprob", "aug_repeats")
 OPTIMIZERS = ("sgd", "adamw", "lamb")
 SWITCH_PROB = 0.5  # --mixup-switch-prob's default, timm's
 
-_OFF = {"smoothing": None, "bce_loss": False, "drop": None, "drop_path": None, "mixup": None, "cutmix": None,
-        "mixup_switch_prob": None, "aa": None, "reprob": None, "aug_repeats": None}
+_OFF = {"smoothing": None, "bce_loss": False, "bce_target_thresh": None, "drop": None, "drop_path": None, "mixup": None,
+        "cutmix": None, "mixup_switch_prob": None, "aa": None, "color_jitter": None, "reprob": None, "aug_repeats": None}
 
 PRESETS = {
     # the paper's fine-tuning (Dosovitskiy et al. 2021, appendix B.1.1, Table 4): SGD momentum 0.9, no weight
@@ -31,12 +31,13 @@ PRESETS = {
              "drop_path": 0.1, "mixup": 0.8, "cutmix": 1.0, "mixup_switch_prob": 0.5, "aa": "rand-m9-mstd0.5-inc1",
              "reprob": 0.25, "aug_repeats": 3},
     # DeiT III (Touvron et al. 2022, Table 1, ImageNet-1k, ViT-B): LAMB lr 3e-3 at batch 2048, weight decay
-    # 0.02, clipping 1.0, binary cross-entropy without label smoothing, MixUp 0.8, CutMix 1.0, repeated
-    # augmentation 3, stochastic depth 0.1 (ViT-B's; S 0.0/0.05, L 0.4), no random erasing. Its 3-Augment
-    # (grayscale / solarize / blur, colour jitter 0.3) and simple random crop are not in keras-vit: the preset
-    # leaves them out (no RandAugment) and keeps finetune's Inception crop and flip.
+    # 0.02, clipping 1.0, binary cross-entropy without label smoothing on targets binarized at 0 (its code's
+    # `targets.gt(0.0)`), MixUp 0.8, CutMix 1.0, repeated augmentation 3, stochastic depth 0.1 (ViT-B's; S
+    # 0.0/0.05, L 0.4), no random erasing, 3-Augment (grayscale / solarize / blur) with colour jitter 0.3. Its
+    # simple random crop is not in keras-vit: the preset keeps finetune's Inception crop and flip.
     "deit3": {**_OFF, "opt": "lamb", "lr": 3e-3, "weight_decay": 0.02, "clip_grad": 1.0, "bce_loss": True,
-              "drop_path": 0.1, "mixup": 0.8, "cutmix": 1.0, "mixup_switch_prob": 0.5, "aug_repeats": 3},
+              "bce_target_thresh": 0.0, "drop_path": 0.1, "mixup": 0.8, "cutmix": 1.0, "mixup_switch_prob": 0.5,
+              "aa": "3a", "color_jitter": 0.3, "aug_repeats": 3},
     # AugReg (Steiner et al. 2021, "How to train your ViT"; big_vision configs/vit_i1k.py, the "medium2" setting
     # it picks for S/16 to L/16 on ImageNet-1k): Adam with decoupled weight decay, lr 1e-3 (batch 4096, not
     # scaled), weight decay 0.1 (big_vision's 1e-4 not multiplied by the lr, Keras' AdamW multiplies it),
@@ -125,17 +126,19 @@ def model_options(args, logits=False):
 
 def compile_options(args, batch_size):
     """`compile_for_finetuning`'s arguments the flags `args` set: the learning rate at `batch_size`
-    (`scaled_lr`), the optimizer, weight decay, clipping (0: off) and loss.
+    (`scaled_lr`), the optimizer, weight decay, clipping (0: off) and loss (with --bce-loss, its
+    --bce-target-thresh).
 
     Args:
         args: the parsed flags, after `apply` (those a Python caller leaves out read as the paper's).
         batch_size: the run's images per update.
     """
     paper = PRESETS[DEFAULT]
+    bce = bool(getattr(args, "bce_loss", False))
     return {"base_lr": scaled_lr(args, batch_size), "optimizer": getattr(args, "opt", None) or paper["opt"],
             "weight_decay": getattr(args, "weight_decay", None) or 0.0,
             "global_clipnorm": getattr(args, "clip_grad", paper["clip_grad"]) or None,
-            "bce_loss": bool(getattr(args, "bce_loss", False))}
+            "bce_loss": bce, "bce_target_threshold": getattr(args, "bce_target_thresh", None) if bce else None}
 
 
 def mixup_of(args, classes):
@@ -164,7 +167,7 @@ def table(name):
         name: the preset's name.
     """
     preset = PRESETS[check_name(name)]
-    rows = [f"| `{_spelled(k)}` | {preset[k]} |" for k in PRESET_FLAGS if preset[k] not in (None, False)]
+    rows = [f"| `{_spelled(k)}` | {preset[k]} |" for k in PRESET_FLAGS if preset[k] is not None and preset[k] is not False]
     return "\n".join(["| flag | value |", "|---|---|", *rows])
 
 
