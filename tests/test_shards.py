@@ -225,3 +225,20 @@ def test_the_pydatasets_threads_feed_fit(written):
     keras_vit.recipes.compile_for_finetuning(model, total_steps=4, warmup_steps=0, batch_size=4)
     history = model.fit(train, steps_per_epoch=2, epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all() and len(history.history["loss"]) == 2
+
+
+def test_labels_and_class_sizes_come_without_reading_the_images(written):
+    """An evaluation's labels are read from the label members alone (the images skipped unread), and the
+    classes' sizes from the info file that write_shards writes."""
+    root, pattern = written
+    shard_set = S.open_shards(pattern)
+    read = [(f"{os.path.basename(p)}:{key}", label) for p in shard_set.paths
+            for key, _, _, label in S.samples(p, shard_set.class_names)]
+    assert S.sample_labels(shard_set) == read
+    parts = [parts for p in shard_set.paths for _, parts, _ in S._grouped(p, read=S._is_label)]
+    assert all(data is None for each in parts for ext, data in each.items() if ext not in S.LABEL_EXTENSIONS)
+    assert shard_set.class_counts == tuple(np.bincount([label for _, label in read]).tolist()) == (8, 8, 8)
+    numbers = [3, 17]
+    found = S.read_samples(shard_set, numbers)
+    everything = [s for p in shard_set.paths for s in S.samples(p, shard_set.class_names)]
+    assert sorted(found) == numbers and all(found[n][0] == everything[n][0] for n in numbers)

@@ -6,6 +6,12 @@ pipelines do: the same order, crops and flips, JPEGs decoded as Pillow decodes t
 `tf.image.resize` does. Each process reads its samples in one sequential pass over its shards (the
 samples' bytes in a shuffle buffer of at most `shuffle_buffer`); the workers share that stream and split the
 decoding, so the batches do not depend on their number.
+
+A training stream runs timm's augmentations as the folder feed does (`keras_vit.data.augment.Augment`:
+RandAugment, random erasing), each sample's draws from ``position_rng(seed, pass, sample, stream)``: keyed on
+the sample's number in the set (as its crop and flip are), not on its place in a process's stream, so the
+processes that read their own shards draw apart. Repeated augmentation is refused: a streamed pass reads each
+sample once.
 """
 
 import dataclasses
@@ -16,15 +22,12 @@ import threading
 import numpy as np
 
 from keras_vit.configs import pair
+from keras_vit.data.augment import PLAN_DTYPES, PYTHON_NAMES, Augment
 from keras_vit.data.folder import TF_JPEG, TF_PNG
 from keras_vit.data.folder_feed import PIPELINES, tensorflow_available, tf_jpeg_box
-from keras_vit.data.preprocess import (
-    check_image_dtype,
-    finish,
-    finish_tensor,
-    resize_bilinear,
-)
+from keras_vit.data.preprocess import check_image_dtype, resize_bilinear
 from keras_vit.data.shards import (
+    ShardSet,
     crop_and_flip,
     decode,
     image_size_of,
@@ -111,8 +114,8 @@ def _one_pass(plan, pass_index, start):
 
 
 def raw_examples(plan, skip_batches=0, repeat=True):
-    """This process's examples from batch `skip_batches` on: (bytes, kind, label, crop box, flip), each
-    batch's `plan.rows` in a row; one pass without `repeat`."""
+    """This process's examples from batch `skip_batches` on: (bytes, kind, label, crop box, flip, pass,
+    sample), each batch's `plan.rows` in a row; one pass without `repeat`."""
     start = skip_batches * (plan.rows if plan.by_shard else plan.batch_size)
     pass_index = 0
     while repeat and start >= plan.pass_length(pass_index):
@@ -130,7 +133,7 @@ def raw_examples(plan, skip_batches=0, repeat=True):
                 box, flip = crop_and_flip(plan.seed, p, sample, height, width)
             else:
                 box, flip = np.asarray([0, 0, height, width], np.int64), False
-            yield data, kind, label, box, flip
+            yield data, kind, label, box, flip, p, sample
         if not repeat:
             return
         pass_index, start = pass_index + 1, 0
@@ -147,11 +150,14 @@ def num_batches(plan, skip_batches, repeat, drop_remainder):
     return left // plan.batch_size if drop_remainder else -(-left // plan.batch_size)
 
 
-def finish_example(data, kind, box, flip, size, image_dtype):
-    """One raw example as the pipelines give it, in numpy: decoded, cropped to `box`, resized, flipped."""
+def finish_example(example, plan, size, image_dtype, augment):
+    """One raw example (`raw_examples`' tuple) of `plan` as the pipelines give it, in numpy: decoded, cropped
+    to its box, resized, flipped, augmented by `augment` (its draws from the plan's seed, the pass and the
+    sample)."""
+    data, kind, _, box, flip, pass_index, sample = example
     top, left, h, w = (int(v) for v in box)
     image = resize_bilinear(decode(data, kind)[top:top + h, left:left + w], size)
-    return finish(image[:, ::-1] if flip else image, image_dtype)
+    return augment.finish_image(image[:, ::-1] if flip else image, image_dtype, plan.seed, pass_index, sample)
 
 
 class _Shared:
@@ -175,8 +181,9 @@ class _Shared:
             return self.waiting.pop(i)
 
 
-def pydataset(plan, size, image_dtype, skip_batches, repeat, drop_remainder, workers):
-    """The `keras.utils.PyDataset` of `plan`: batches of (images, int32 labels) numpy arrays."""
+def pydataset(plan, size, image_dtype, skip_batches, repeat, drop_remainder, workers, augment):
+    """The `keras.utils.PyDataset` of `plan`: batches of (images, int32 labels) numpy arrays, the images
+    augmented by `augment` (an `Augment`)."""
     import keras
 
     count = num_batches(plan, skip_batches, repeat, drop_remainder)
@@ -203,11 +210,11 @@ def pydataset(plan, size, image_dtype, skip_batches, repeat, drop_remainder, wor
             images, labels = [], []
             for i in range(index * rows, (index + 1) * rows):
                 try:
-                    data, kind, label, box, flip = shared.get(i)
+                    example = shared.get(i)
                 except StopIteration:  # the last, short batch of a single pass
                     break
-                images.append(finish_example(data, kind, box, flip, size, image_dtype))
-                labels.append(label)
+                images.append(finish_example(example, plan, size, image_dtype, augment))
+                labels.append(example[2])
             return np.stack(images), np.asarray(labels, np.int32)
 
     return ShardBatches()
@@ -230,27 +237,44 @@ def _tf_decode_box(tf, data, kind, box):
     return tf.cond(tf.equal(kind, TF_JPEG), jpeg, other)
 
 
-def tf_dataset(plan, size, image_dtype, skip_batches, repeat, drop_remainder):
-    """The `tf.data.Dataset` of `plan`: read by a Python generator, decoded in TensorFlow's threads."""
+def _draws(plan, size, augment, passes, numbers, kept):
+    """`augment`'s draws (`Augment.plan`'s arrays, those numbered `kept`) of the examples of a chunk, each from
+    its (pass, sample)."""
+    if not kept:  # no augmentation: nothing to draw
+        return ()
+    rows = [augment.plan(plan.seed, int(p), [int(j)], *size) for p, j in zip(passes, numbers)]
+    return tuple(np.concatenate(column).astype(PLAN_DTYPES[i]) for i, column in enumerate(zip(*rows)) if i in kept)
+
+
+def tf_dataset(plan, size, image_dtype, skip_batches, repeat, drop_remainder, augment):
+    """The `tf.data.Dataset` of `plan`: read by a Python generator, decoded in TensorFlow's threads, the
+    images augmented by `augment` (an `Augment`; its draws made in the generator, its ops in the map)."""
     import tensorflow as tf
 
+    # the draws' arrays without a zero-sized dimension (an augmentation left out): from_generator crashes on those
+    shapes = augment.plan_shapes
+    kept = [i for i, shape in enumerate(shapes) if 0 not in shape[1:]]
     signature = (tf.TensorSpec((None,), tf.string), tf.TensorSpec((None,), tf.int32),
-                 tf.TensorSpec((None,), tf.int32), tf.TensorSpec((None, 4), tf.int64), tf.TensorSpec((None,), tf.bool))
+                 tf.TensorSpec((None,), tf.int32), tf.TensorSpec((None, 4), tf.int64), tf.TensorSpec((None,), tf.bool),
+                 *(tf.TensorSpec(shapes[i], PLAN_DTYPES[i]) for i in kept))
 
     def chunks():  # TF_CHUNK examples a call of the generator: its per-element cost would bound the feed
         examples = raw_examples(plan, skip_batches, repeat)
         while chunk := list(itertools.islice(examples, TF_CHUNK)):
-            data, kinds, labels, boxes, flips = zip(*chunk)
+            data, kinds, labels, boxes, flips, passes, numbers = zip(*chunk)
             yield (np.asarray(data, object), np.asarray(kinds, np.int32), np.asarray(labels, np.int32),
-                   np.stack(boxes).astype(np.int64), np.asarray(flips, bool))
+                   np.stack(boxes).astype(np.int64), np.asarray(flips, bool),
+                   *_draws(plan, size, augment, passes, numbers, kept))
 
     ds = tf.data.Dataset.from_generator(chunks, output_signature=signature).unbatch()
 
-    def finish_map(data, kind, label, box, flip):
+    def finish_map(data, kind, label, box, flip, *given):
+        given = dict(zip(kept, given))
+        draws = [given[i] if i in given else tf.zeros(shape[1:], PLAN_DTYPES[i]) for i, shape in enumerate(shapes)]
         image = tf.image.resize(_tf_decode_box(tf, data, kind, box), size, "bilinear")
         image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
         image.set_shape([*size, 3])
-        return finish_tensor(tf, image, image_dtype), label
+        return augment.finish_tensor(tf, image, image_dtype, *draws), label
 
     ds = ds.map(finish_map, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.batch(plan.rows, drop_remainder=drop_remainder)
@@ -261,9 +285,24 @@ def tf_dataset(plan, size, image_dtype, skip_batches, repeat, drop_remainder):
         tf.data.INFINITE_CARDINALITY if count is None else count)).prefetch(tf.data.AUTOTUNE)
 
 
+def check_augment(augment, training, names=PYTHON_NAMES):
+    """`augment` (an `Augment`) if a shard stream can run it: refuses repeated augmentation, and any
+    augmentation of an evaluation stream (`training` False), the options named as `names` spells them."""
+    if augment.aug_repeats != 1:
+        raise ValueError(f"{names['aug_repeats']} {augment.aug_repeats}: a stream of tar shards reads each sample "
+                         "once a pass and cannot show it again in a row; expected 1 (no repeats), or train on the "
+                         "folder the shards were written from")
+    given = [names[k] for k, v in dataclasses.asdict(augment).items() if v != getattr(Augment, k)]
+    if given and not training:
+        raise ValueError(f"{', '.join(given)} augment a training stream; an evaluation stream (training=False) "
+                         "takes none")
+    return augment
+
+
 def from_shards(pattern, image_size, batch_size, seed=0, *, shuffle_buffer=2048, skip_batches=0, repeat=True,
                 drop_remainder=True, training=True, process_index=0, process_count=1, image_dtype="float32",
-                pipeline="auto", workers=None):
+                pipeline="auto", workers=None, auto_augment=None, re_prob=0.0, re_mode="pixel", re_count=1,
+                aug_repeats=1, color_jitter=None):
     """Batches of WebDataset-style tar shards (``keras_vit.data.shards``; `write_shards` writes them from a
     folder), streamed: the shards are read in order, never the whole set in memory.
 
@@ -271,6 +310,11 @@ def from_shards(pattern, image_size, batch_size, seed=0, *, shuffle_buffer=2048,
     reads the shards in a seeded order through a shuffle buffer whose draws are seeded too, and crops each
     image (the official Inception crop) and flips it from (seed, pass, sample). ``skip_batches`` therefore
     resumes a run exactly, and tf.data and the ``PyDataset`` give the same batches.
+
+    A training stream takes timm's augmentations as ``from_directory``'s does (``keras_vit.data.augment``):
+    RandAugment on the resized crop (uint8) before normalisation, random erasing after it, drawn per sample
+    from (seed, pass, sample), the same on both pipelines (to one level of 255 but for a few pixels, as
+    there). Repeated augmentation (``aug_repeats``) is refused: the stream reads each sample once a pass.
 
     With several processes and at least as many shards as processes, each process reads its own shards
     (every ``process_count``-th of the pass's order; its rows of each global batch come from them), so the
@@ -282,7 +326,8 @@ def from_shards(pattern, image_size, batch_size, seed=0, *, shuffle_buffer=2048,
     shard and key.
 
     Args:
-        pattern: the shards: a path, a glob, a brace range (``shards/train-{000000..000127}.tar``) or a list.
+        pattern: the shards: a path, a glob, a brace range (``shards/train-{000000..000127}.tar``) or a list;
+            or a ``ShardSet`` already opened (``keras_vit.data.shards.open_shards``).
         image_size: the images' (height, width), or one int for square images.
         batch_size: the global batch (divisible by ``process_count``).
         seed: the seed of the shards' order, the buffer's draws, the crops and the flips.
@@ -296,6 +341,13 @@ def from_shards(pattern, image_size, batch_size, seed=0, *, shuffle_buffer=2048,
         pipeline: "tf.data", "pydataset" (a ``keras.utils.PyDataset``, no TensorFlow needed) or "auto"
             (tf.data when TensorFlow is installed).
         workers: the PyDataset's decoding threads (default: the machine's cores).
+        auto_augment: timm's RandAugment string (``--aa``), e.g. "rand-m9-mstd0.5-inc1"; None: none.
+        re_prob: the probability of random erasing an image, in [0, 1] (timm's ``--reprob``; 0: none).
+        re_mode: the erased boxes' fill, "pixel", "rand" or "const" (timm's ``--remode``).
+        re_count: up to this many boxes an image (timm's ``--recount``).
+        aug_repeats: 1 (the stream reads each sample once a pass; more is refused).
+        color_jitter: with ``auto_augment="3a"`` (DeiT III's 3-Augment), the colour jitter's strength; None:
+            ``Augment``'s default.
 
     Returns:
         A dataset of ``(images, labels)`` batches with ``class_names`` and ``shard_set`` (the shards, their
@@ -303,26 +355,30 @@ def from_shards(pattern, image_size, batch_size, seed=0, *, shuffle_buffer=2048,
 
     Raises:
         ValueError: one message naming what was expected and what came: bad arguments, no shard matching,
-            a missing info file, shards of different class sets.
+            a missing info file, shards of different class sets, augmentations of an evaluation stream or
+            repeated augmentation.
     """
     size = pair(image_size, "image_size")
     check_image_dtype(image_dtype)
+    jitter = {} if color_jitter is None else {"color_jitter": color_jitter}
+    augment = check_augment(Augment(auto_augment, re_prob, re_mode, re_count, aug_repeats, **jitter), training)
     check_stream(batch_size, None, skip_batches, seed, repeat, drop_remainder, process_index, process_count)
     positive_int("shuffle_buffer", shuffle_buffer)
     if pipeline not in PIPELINES:
         raise ValueError(f"`pipeline` must be one of {PIPELINES}; got {pipeline!r}.")
-    shard_set = open_shards(pattern)
+    shard_set = pattern if isinstance(pattern, ShardSet) else open_shards(pattern)
     plan = ShardPlan(shard_set, seed, shuffle_buffer, bool(training), batch_size, process_index, process_count)
     count = num_batches(plan, skip_batches, repeat, drop_remainder)
     if count is not None and count <= 0:
         raise ValueError(f"`skip_batches` ({skip_batches}) leaves no batch of {plan.rows} in the single pass over "
-                         f"the {len(shard_set)} samples of {pattern!r}; use repeat=True or fewer skipped batches.")
+                         f"the {len(shard_set)} samples of its {len(shard_set.paths)} shard(s); use repeat=True or "
+                         "fewer skipped batches.")
     if pipeline == "auto":
         pipeline = "tf.data" if tensorflow_available() else "pydataset"
     if pipeline == "tf.data":
         require("the tf.data pipeline of an image folder", "the tf.data pipeline of tar shards")
-        ds = tf_dataset(plan, size, image_dtype, skip_batches, repeat, drop_remainder)
+        ds = tf_dataset(plan, size, image_dtype, skip_batches, repeat, drop_remainder, augment)
     else:
-        ds = pydataset(plan, size, image_dtype, skip_batches, repeat, drop_remainder, workers)
+        ds = pydataset(plan, size, image_dtype, skip_batches, repeat, drop_remainder, workers, augment)
     ds.class_names, ds.shard_set = shard_set.class_names, shard_set
     return ds

@@ -73,7 +73,8 @@ def _records(folder, part, seed, verify):
 
 def write_shards(folder, out_pattern, shard_size=1000, seed=0, *, part="train", verify="full"):
     """Writes the images of a folder as tar shards of `shard_size` samples, in a seeded shuffle across them,
-    and the info file beside them (class names; each shard's samples and bytes).
+    and the info file beside them (class names; each shard's samples, bytes and samples of each class: what
+    a reader needs to know a pass's length and the classes' sizes without reading the shards).
 
     A sample is ``<key>.jpg`` or ``<key>.png`` and ``<key>.cls`` (the class index as text); keys are
     numbers. Plain JPEGs and PNGs are copied as they are; any other image (EXIF-rotated, CMYK, 16-bit,
@@ -105,14 +106,15 @@ def write_shards(folder, out_pattern, shard_size=1000, seed=0, *, part="train", 
         os.remove(info)
     table = {}
     for number in range(count):
-        path = out_pattern % number
+        path, mine = out_pattern % number, order[number * shard_size:(number + 1) * shard_size].tolist()
         with atomic_write(path) as tmp, tarfile.open(tmp, "w") as tar:
-            for i in order[number * shard_size:(number + 1) * shard_size].tolist():
+            for i in mine:
                 extension, data = _encoded(folder.root, records[i])
                 _member(tar, f"{i:09d}{extension}", data)
                 _member(tar, f"{i:09d}.cls", str(records[i][1]).encode())
-        table[os.path.basename(path)] = {"samples": min(shard_size, len(records) - number * shard_size),
-                                         "bytes": os.path.getsize(path)}
+        labels = np.bincount([records[i][1] for i in mine], minlength=len(folder.class_names))
+        table[os.path.basename(path)] = {"samples": len(mine), "bytes": os.path.getsize(path),
+                                         "class_counts": labels.tolist()}
     write_json(info, {"class_names": list(folder.class_names), "shards": table,
                       "seed": seed, "source": os.path.abspath(folder.root)})
     _remove_stale(out_pattern, count)

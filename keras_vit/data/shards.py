@@ -1,13 +1,14 @@
 """WebDataset-style tar shards of labelled images, and the seeded plan that streams them.
 
     shards/train-000000.tar ... train-000012.tar    members 000000017.jpg, 000000017.cls, 000000042.png, ...
-    shards/train-info.json                          {"class_names": [...], "shards": {name: {samples, bytes}}}
+    shards/train-info.json                          {"class_names": [...], "shards": {name: {samples, bytes, ...}}}
 
 A sample is the run of adjacent members sharing a key (the name up to its first dot): one image (`.jpg`,
 `.jpeg`, `.png`, or another format Pillow reads) and its label, `key.cls` (the class index as text) or
 `key.json` (``{"label": index or class name}``). The info file beside the shards (the shard name with its
-digits replaced by ``info`` and ``.tar`` by ``.json``) names the classes and each shard's samples and bytes:
-the reader finds a truncated shard from its size before reading it, and knows every pass's length.
+digits replaced by ``info`` and ``.tar`` by ``.json``) names the classes and each shard's samples and bytes
+(and, optional, its ``class_counts``: samples per class): the reader finds a truncated shard from its size
+before reading it, and knows every pass's length (and the classes' sizes) without reading a shard.
 
 JPEGs and PNGs are decoded plainly (no EXIF rotation), as TensorFlow's decoders do, so that tf.data and the
 `PyDataset` give the same pixels; `keras_vit.data.shard_writer` stores any other image as a PNG of its
@@ -21,6 +22,7 @@ that holds at most `shuffle_buffer` samples yields them in that order, and `skip
 import dataclasses
 import glob
 import io
+import itertools
 import json
 import os
 import re
@@ -102,12 +104,15 @@ class ShardSet:
         class_names: the classes, label `i` is `class_names[i]`.
         counts: each shard's usable samples (a truncated shard's complete ones).
         skipped: `(shard, number of samples left out, reason)` of each truncated shard.
+        class_counts: each class's samples in the set from the info files (`write_shards` records them), None
+            when a shard's entry holds none or a shard is truncated.
     """
 
     paths: tuple
     class_names: tuple
     counts: tuple
     skipped: tuple
+    class_counts: tuple = None
 
     @property
     def offsets(self):
@@ -143,7 +148,7 @@ def open_shards(pattern):
             of different class sets (named).
     """
     paths = shard_paths(pattern)
-    infos, classes, counts, skipped = {}, None, [], []
+    infos, classes, counts, skipped, per_class = {}, None, [], [], []
     for path in paths:
         info = _read_info(info_path(path), infos)
         names = tuple(info["class_names"])
@@ -169,10 +174,15 @@ def open_shards(pattern):
                           f"last {count - whole} of {count} samples are skipped", stacklevel=3)
             count = whole
         counts.append(count)
+        per_class.append(entry.get("class_counts") if count == int(entry["samples"]) else None)
     keep = [i for i, c in enumerate(counts) if c > 0]
     if not keep:
         raise ValueError(f"the shards of {pattern!r} hold no usable sample")
-    return ShardSet(tuple(paths[i] for i in keep), classes, tuple(counts[i] for i in keep), tuple(skipped))
+    class_counts = None
+    if all(isinstance(c, list) and len(c) == len(classes) for c in per_class):
+        class_counts = tuple(int(n) for n in np.sum(per_class, axis=0))
+    return ShardSet(tuple(paths[i] for i in keep), classes, tuple(counts[i] for i in keep), tuple(skipped),
+                    class_counts)
 
 
 def _label(shard, key, parts, class_names):
@@ -210,8 +220,9 @@ def kind_of(extension):
     return {".jpg": TF_JPEG, ".jpeg": TF_JPEG, ".png": TF_PNG}.get(extension, PILLOW)
 
 
-def _members(tar, size):
-    """(name, bytes) of the files of an open tar, stopping quietly where the file is cut short."""
+def _members(tar, size, read=None):
+    """(name, bytes) of the files of an open tar, stopping quietly where the file is cut short; with `read`
+    (a test of a member's name) the bytes of the members it refuses are None, skipped unread."""
     while True:
         try:
             member = tar.next()
@@ -219,11 +230,30 @@ def _members(tar, size):
             return
         if member is None or member.offset_data + member.size > size:
             return
-        if member.isfile():
+        if member.isfile() and read is not None and not read(member.name):
+            yield member.name, None
+        elif member.isfile():
             data = tar.extractfile(member).read()
             if len(data) < member.size:
                 return
             yield member.name, data
+
+
+def _grouped(shard, read=None):
+    """(key, {extension: bytes}, last) of the samples of `shard` in order: the runs of adjacent members sharing
+    a key, `last` True for the one the tar ends with; with `read` (see `_members`) the other members' bytes None."""
+    size = os.path.getsize(shard)
+    key, parts = None, {}
+    with open(shard, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
+        for name, data in _members(tar, size, read):
+            new_key, dot, extension = os.path.basename(name).partition(".")
+            if new_key != key and parts:
+                yield key, parts, False
+                parts = {}
+            key = new_key
+            parts["." + extension.lower() if dot else ""] = data
+    if parts:
+        yield key, parts, True
 
 
 def samples(shard, class_names, truncated_ok=False):
@@ -233,20 +263,46 @@ def samples(shard, class_names, truncated_ok=False):
     Raises:
         ValueError: a sample without one image or without a label that names a class (shard and key named).
     """
-    size = os.path.getsize(shard)
-    key, parts = None, {}
-    with open(shard, "rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
-        for name, data in _members(tar, size):
-            base = os.path.basename(name)
-            new_key, dot, extension = base.partition(".")
-            if new_key != key and parts:
-                yield key, *_image(shard, key, parts), _label(shard, key, parts, class_names)
-                parts = {}
-            key = new_key
-            parts["." + extension.lower() if dot else ""] = data
-    cut_short = truncated_ok and not (set(parts) & set(LABEL_EXTENSIONS) and set(parts) & set(IMAGE_EXTENSIONS))
-    if parts and not cut_short:
+    for key, parts, last in _grouped(shard):
+        if last and truncated_ok and not (set(parts) & set(LABEL_EXTENSIONS) and set(parts) & set(IMAGE_EXTENSIONS)):
+            return
         yield key, *_image(shard, key, parts), _label(shard, key, parts, class_names)
+
+
+def _is_label(name):
+    return "." + os.path.basename(name).partition(".")[2].lower() in LABEL_EXTENSIONS
+
+
+def sample_labels(shard_set):
+    """(name, label) of every usable sample of `shard_set` in the set's order (shard by shard, the order an
+    evaluation pass reads), the name ``<shard file>:<key>``. Only the tar headers and the label members are
+    read: the images are skipped unread (a seek past each).
+
+    Raises:
+        ValueError: a sample without a label that names a class (shard and key named).
+    """
+    return [(f"{os.path.basename(path)}:{key}", _label(path, key, parts, shard_set.class_names))
+            for path, count in zip(shard_set.paths, shard_set.counts)
+            for key, parts, _ in itertools.islice(_grouped(path, read=_is_label), count)]
+
+
+def read_samples(shard_set, numbers):
+    """{number: (key, image bytes, kind, label)} of the samples `numbers` (their places in the set's order),
+    reading only the shards that hold them."""
+    wanted, found = set(int(n) for n in numbers), {}
+    for path, first, count in zip(shard_set.paths, shard_set.offsets.tolist(), shard_set.counts):
+        if wanted & set(range(first, first + count)):
+            for number, sample in enumerate(itertools.islice(samples(
+                    path, shard_set.class_names, truncated_ok=True), count), first):
+                if number in wanted:
+                    found[number] = sample
+    return found
+
+
+def is_shard_pattern(text):
+    """Whether `text` (a command line's DIR) names tar shards rather than a folder: it ends in ``.tar`` (a
+    shard, a glob or a brace range of them) and is not a folder."""
+    return os.fspath(text).endswith(".tar") and not os.path.isdir(text)
 
 
 def pass_shards(shard_set, seed, pass_index, process_index=0, process_count=1, shuffle=True):

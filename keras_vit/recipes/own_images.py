@@ -26,6 +26,10 @@ both feeds stream endlessly, so an epoch is a whole number of updates and `--res
 the figures and the report (mistakes.png draws the photographs as they are); `--export` and `--lora` are
 refused with it, `--pipeline` is not used and `--image-size` is only the resolution the start model is
 built at (its position-embedding grid), not the images'.
+
+A DIR ending in ``.tar`` names WebDataset-style tar shards (a shard, a glob or a brace range; `own_shards`), with
+``--validation-shards PATTERN`` their held-out set: the same run, its classes and schedule from the shards'
+info files.
 """
 
 import json
@@ -35,9 +39,10 @@ import time
 
 from keras_vit import writer_lock
 from keras_vit.configs import get_variant, none_or
+from keras_vit.data.shards import is_shard_pattern
 from keras_vit.distribute import num_replicas
 from keras_vit.fileio import atomic_write, check_free_space, check_writable, weights_file_bytes, write_json
-from keras_vit.recipes import finetune_devices, own_images_args, own_images_processes, presets, run_folder
+from keras_vit.recipes import finetune_devices, own_images_args, own_images_processes, own_shards, presets, run_folder
 from keras_vit.recipes.folder_plan import plan
 from keras_vit.recipes.own_images_args import FLAGS
 
@@ -266,16 +271,19 @@ def _feeds(model, args, folder, sched, done):
     images of --image-size or, with --naflex, NaFlex batches."""
     if getattr(args, "naflex", None):
         return _naflex_batches(model, folder, args.naflex, sched.device_batch_size, args.seed, done)
-    import dataclasses
+    if isinstance(folder, own_shards.ShardSource):
+        train, validation = own_shards.feeds(args, folder, sched, done)
+    else:
+        import dataclasses
 
-    from keras_vit import data
-    from keras_vit.data.augment import Augment
+        from keras_vit import data
+        from keras_vit.data.augment import Augment
 
-    augment = dataclasses.asdict(Augment.from_flags(args))  # --aa, --reprob, --remode, --recount, --aug-repeats
-    train, validation = data.from_directory(folder, args.image_size, sched.device_batch_size, skip_batches=done,
-                                            image_dtype="uint8", pipeline=args.pipeline, **augment,
-                                            **own_images_processes.rows())  # this process's rows of each batch
-    validation = own_images_processes.whole_validation(validation, folder, args, sched)
+        augment = dataclasses.asdict(Augment.from_flags(args))  # --aa, --reprob, --remode, --recount, --aug-repeats
+        train, validation = data.from_directory(folder, args.image_size, sched.device_batch_size, skip_batches=done,
+                                                image_dtype="uint8", pipeline=args.pipeline, **augment,
+                                                **own_images_processes.rows())  # this process's rows of each batch
+        validation = own_images_processes.whole_validation(validation, folder, args, sched)
     mix = _mixup(args, len(folder.class_names))
     if mix is None:
         return train, validation
@@ -297,9 +305,12 @@ def _naflex_batches(model, folder, tokens, device_batch, seed, done):
 
 
 def _read_folder(args):
-    """The scanned --directory (its split by --validation-split and --seed), its counts said."""
+    """The scanned --directory (its split by --validation-split and --seed), its counts said; a DIR of tar
+    shards read as `own_shards.ShardSource`."""
     from keras_vit.data.folder import scan
 
+    if is_shard_pattern(args.directory):
+        return own_shards.read_shards(args)
     print(f"reading {args.directory} ...", flush=True)
     folder = scan(args.directory, args.validation_split, args.seed, labels_csv=args.labels_csv, strict=args.strict,
                   verbose=not args.quiet, verify=getattr(args, "verify", "full"))
@@ -421,7 +432,7 @@ def _evaluate_and_save(model, args, validation, folder, history, counts):
     from keras_vit.convert import save_keras
 
     save_keras(model, os.path.join(out, "model.keras"))
-    report.write_figures(out, history, result, folder)
+    report.write_figures(out, history, result, folder, own_shards.photograph_of(folder))
     report.write_per_class(os.path.join(out, "per_class.csv"), result, counts)
     exported = None
     if args.export:

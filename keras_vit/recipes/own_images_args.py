@@ -7,6 +7,7 @@ import os
 
 from keras_vit.data.folder import VERIFY_LEVELS
 from keras_vit.recipes.distill import DEFAULT_ALPHA, DEFAULT_TAU, MODES, check_options, is_release
+from keras_vit.recipes import own_shards
 from keras_vit.recipes.folder_plan import DEFAULT_EPOCHS, DEVICE_BATCH, PAPER_BATCH
 from keras_vit.recipes.presets import DEFAULT, OPTIMIZERS, PRESET_FLAGS, PRESETS, SWITCH_PROB
 
@@ -15,7 +16,7 @@ FLAGS = ("directory", "model", "weights", "image_size", "epochs", "steps", "batc
          "drop_path", "mixup", "cutmix", "mixup_switch_prob", "smoothing", "aa", "reprob", "remode", "recount",
          "aug_repeats", "color_jitter", "bce_target_thresh",
          "teacher", "distillation", "distillation_tau", "distillation_alpha",
-         "recipe", "opt", "weight_decay", "clip_grad", "drop", "bce_loss", "patch_size")
+         "recipe", "opt", "weight_decay", "clip_grad", "drop", "bce_loss", "patch_size", "validation_shards")
 
 
 # --------------------------------------------------------------------------
@@ -44,8 +45,11 @@ def add_parser(sub):
         description="Fine-tune a ViT on DIR: one subfolder of images per class (nested folders are read), or a "
         "labels.csv of 'relative path,class name' rows. The paper's recipe (SGD, warm-up and cosine decay, "
         "clipping), the best epoch on the held-out split kept; writes model.keras (with the class names), the "
-        "curves, a confusion matrix, the worst mistakes, per-class accuracy and report.json into --out.")
-    p.add_argument("directory", metavar="DIR", help="the image folder")
+        "curves, a confusion matrix, the worst mistakes, per-class accuracy and report.json into --out. A DIR "
+        "ending in .tar names WebDataset-style tar shards instead (keras_vit.data.write_shards writes them), "
+        "held out with --validation-shards.")
+    p.add_argument("directory", metavar="DIR", help="the image folder, or tar shards: a shard, a glob or a brace "
+                   "range, e.g. 'shards/train-{000000..000007}.tar' (quoted)")
     p.add_argument("--model", default=None, help="variant factory name, e.g. ViT_B16 or ViT_S16; default: what "
                    "a timm file, Hugging Face folder or keras-hub preset in --weights holds, else ViT_B16")
     p.add_argument("--weights", default=None, help="registry tag, 'none', a .npz / .weights.h5 file, a timm file, a "
@@ -74,6 +78,9 @@ def add_parser(sub):
                    help="fraction of each class held out to validate on (default 0.1)")
     p.add_argument("--labels-csv", default=None, help="a CSV of 'relative path,class name' rows (default: "
                    "DIR/labels.csv when it exists, else the class subfolders)")
+    p.add_argument("--validation-shards", default=None, metavar="PATTERN",
+                   help="with shards as DIR, the held-out shards to validate on (same classes; required with "
+                   "shards, as timm's --val-split of a WebDataset)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the data order and augmentation")
     p.add_argument("--strict", action="store_true", help="refuse a folder with unusable files (default: skip them)")
     p.add_argument("--verify", default="full", choices=VERIFY_LEVELS,
@@ -296,9 +303,10 @@ def check_args(args):
     _check_regularisation(args)
     _check_augmentation(args)
     _check_distillation(args)
+    own_shards.check_args(args)  # what shards cannot take, by flag name
     args.directory = os.path.abspath(args.directory)  # the run's folder, however a resume spells it
     if args.out is None:
-        args.out = os.path.join("runs", f"finetune-{os.path.basename(os.path.normpath(args.directory)) or 'images'}")
+        args.out = os.path.join("runs", f"finetune-{own_shards.run_name(args.directory)}")
     if args.weights is not None and args.weights.endswith(".keras") and args.model is not None:
         raise ValueError(f"--weights {args.weights} is a whole model; --model {args.model} is not used with it")
     if said:

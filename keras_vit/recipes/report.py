@@ -54,8 +54,10 @@ def write_per_class(path, result, counts):
             writer.writerow([name, *counts[name], "" if accuracy is None else f"{accuracy:.4f}"])
 
 
-def write_figures(out, history, result, folder):
-    """curves.png, confusion_matrix.png and mistakes.png in `out`."""
+def write_figures(out, history, result, folder, photograph=None):
+    """curves.png, confusion_matrix.png and mistakes.png in `out`, of the run on `folder` (its `class_names` and
+    `validation` records) whose `history` and evaluation `result` (`evaluate`) they draw; `photograph`: the
+    validation image of an index (uint8 RGB), default read from its file under `folder.root`."""
     from keras_vit.inspection.plots import _figure, save_figure
 
     fig = _figure((10, 4))
@@ -97,7 +99,7 @@ def write_figures(out, history, result, folder):
         ax.axis("off")
     for ax, index in zip(axes, worst):
         path, label, *_ = folder.validation[index]
-        image = Image.fromarray(read_image(os.path.join(folder.root, path)))
+        image = Image.fromarray(photograph(index) if photograph else read_image(os.path.join(folder.root, path)))
         image.thumbnail((THUMBNAIL, THUMBNAIL))  # the photograph as it is, not as the model saw it
         guess = int(result["probabilities"][index].argmax())
         ax.imshow(np.asarray(image))
