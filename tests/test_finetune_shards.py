@@ -1,16 +1,22 @@
 """`keras-vit finetune 'shards/train-{000000..000002}.tar' --validation-shards ...` (keras_vit.recipes.own_shards):
 tar shards trained on as a folder is, resumed exactly, with timm's augmentations and MixUp on both shard
-pipelines, and what shards cannot take refused by flag name before --out is written."""
+pipelines, on 2 processes to the one-process model, and what shards cannot take refused by flag name before
+--out is written."""
 
 import json
 import os
+import pathlib
+import subprocess
 
 import keras
 import numpy as np
 import pytest
-from conftest import TINY, assert_resumed_equals_whole, photo_folder
+from conftest import TINY, assert_resumed_equals_whole, backend, photo_folder
+from test_examples import weights_in
+from test_finetune_multiprocess import CLI, several
+from test_multiprocess import Lines
 
-from keras_vit import cli
+from keras_vit import cli, launch
 from keras_vit.data import rand_augment
 from keras_vit.data import shards as S
 from keras_vit.data.augment import Augment
@@ -197,9 +203,71 @@ def test_what_shards_cannot_take_is_refused_by_name_writing_nothing(written, sta
     assert "goes with a shard pattern DIR" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
-@pytest.mark.one_backend  # several processes are counted from the jax backend's variable
-def test_shards_on_several_processes_are_refused_before_anything_starts(written, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("KERAS_DISTRIBUTION_NUM_PROCESSES", "2")  # as keras_vit.launch sets it for each process
-    argv = ["finetune", written[1], "--validation-shards", written[2], "--out", str(tmp_path / "out")]
-    assert cli.main(argv) == 2
-    assert "train on one process, not on 2" in capsys.readouterr().err and not (tmp_path / "out").exists()
+@independent
+def test_per_process_rows_gives_each_process_its_rows_of_the_one_process_batches(written):
+    """per_process="rows" (what finetune on several processes asks): with as many shards as processes, each
+    process still reads every shard and keeps its rows of the batches of one process (augmented as there); the
+    default then gives each process its own shards instead."""
+    assert len(S.shard_paths(written[1])) == 3
+    feed = dict(**FEED, **AUGMENT, image_dtype="uint8", pipeline="pydataset")
+    one = from_shards(written[1], **feed)
+    rows = [from_shards(written[1], **feed, process_index=i, process_count=2, per_process="rows") for i in range(2)]
+    own = from_shards(written[1], **feed, process_index=0, process_count=2)
+    for batch in range(4):  # into the second pass
+        images, labels = one[batch]
+        np.testing.assert_array_equal(np.concatenate([r[batch][0] for r in rows]), images)
+        np.testing.assert_array_equal(np.concatenate([r[batch][1] for r in rows]), labels)
+    assert not all(np.array_equal(own[b][0], one[b][0][:2]) for b in range(4))
+    with pytest.raises(ValueError, match=r"`per_process` must be one of \('shards', 'rows'\); got 'files'"):
+        from_shards(written[1], **FEED, per_process="files")
+
+
+@several
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_processes_train_on_shards_to_the_one_process_model(start, tmp_path):
+    """`python -m keras_vit.launch -n 2 --cpu-devices 1 -- keras-vit finetune SHARDS ...` (3 training shards, so
+    that each process could read its own) with RandAugment and random erasing: process 0 alone reads the shards'
+    info, says the schedule and writes --out; each process trains its rows of the one-process run's batches,
+    which the same command on one process, run beside it, ends with."""
+    folder = scan(photo_folder(tmp_path / "photos", per_class=3, size=(40, 48)), validation_split=0.2, seed=0)
+    train = write_shards(folder, str(tmp_path / "shards" / "train-%06d.tar"), shard_size=2)
+    held_out = write_shards(folder, str(tmp_path / "shards" / "val-%06d.tar"), shard_size=2, part="validation")
+    assert len(S.shard_paths(train)) == 3 and len(folder.validation) == 3
+
+    def argv(out):
+        return [*CLI, "finetune", train, "--validation-shards", held_out, "--weights", start, "--image-size", "32",
+                "--steps", "2", "--lr", "0.05", *FLAGS[:4], "--quiet", "--out", str(out)]
+
+    env = {**os.environ, "KERAS_BACKEND": backend(), "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": os.pathsep.join([str(pathlib.Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
+    one = subprocess.Popen(argv(tmp_path / "one"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, saved = Lines(), dict(os.environ)
+    os.environ.update(env)
+    try:
+        code = launch.launch(argv(tmp_path / "two"), 2, cpu_devices=1, timeout=400, out=lines)
+        one_out, _ = one.communicate(timeout=420)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        if one.poll() is None:
+            one.kill()
+            one.wait(30)
+    assert code == 0, lines.text()[-6000:]
+    assert one.returncode == 0, one_out[-6000:]
+    said = [line for _, line in lines.lines if "[Gloo]" not in line]
+    for opening in ("reading ", "batch 8 (1 x 8 on the devices of 2 processes), 2 epochs of 1 updates"):
+        assert [line[:4] for line in said if line.partition(" ")[2].startswith(opening)] == ["[0] "], lines.text()
+    assert not [line for line in said if line.startswith(("[1] reading", "[1] batch", "[1] validation"))]
+    assert said[-1].endswith(f"wrote {tmp_path / 'two'}") and not (tmp_path / "two.lock").exists()
+    assert sorted(os.listdir(tmp_path / "two")) == sorted(os.listdir(tmp_path / "one"))
+    a, b = (json.loads((tmp_path / run / "report.json").read_text()) for run in ("one", "two"))
+    assert (a["processes"], a["replicas"], b["processes"], b["replicas"]) == (1, 1, 2, 2)
+    assert a["schedule"] == b["schedule"] and a["best_epoch"] == b["best_epoch"]
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        np.testing.assert_allclose(b["history"][key], a["history"][key], rtol=1e-5, err_msg=key)
+    assert b["validation_accuracy"] == a["validation_accuracy"]
+    weights, others = weights_in(tmp_path / "one" / "model.keras"), weights_in(tmp_path / "two" / "model.keras")
+    assert weights.keys() == others.keys() and np.abs(weights["layers/dense/vars/0"]).max() > 0  # the head trained
+    for name in weights:
+        np.testing.assert_allclose(others[name], weights[name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -41,12 +41,14 @@ from keras_vit.extras import require
 
 # examples the tf.data pipeline's generator yields at a time
 TF_CHUNK = 64
+# how several processes share a stream (`from_shards`' per_process)
+PER_PROCESS = ("shards", "rows")
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardPlan:
     """What one process streams: its shards each pass (all of them when `by_shard` is False), their order
-    through the buffer, and which rows of each global batch are its own."""
+    through the buffer, and which rows of each global batch are its own (`per_process`: see `from_shards`)."""
 
     shard_set: object
     seed: int
@@ -55,11 +57,14 @@ class ShardPlan:
     batch_size: int
     process_index: int = 0
     process_count: int = 1
+    per_process: str = "shards"
 
     @property
     def by_shard(self):
-        """Each process its own shards (enough of them), else every process reads all and takes its rows."""
-        return self.process_count > 1 and len(self.shard_set.paths) >= self.process_count
+        """Each process its own shards (asked for, and enough of them), else every process reads all and takes
+        its rows."""
+        return (self.per_process == "shards" and self.process_count > 1
+                and len(self.shard_set.paths) >= self.process_count)
 
     @property
     def rows(self):
@@ -300,9 +305,9 @@ def check_augment(augment, training, names=PYTHON_NAMES):
 
 
 def from_shards(pattern, image_size, batch_size, seed=0, *, shuffle_buffer=2048, skip_batches=0, repeat=True,
-                drop_remainder=True, training=True, process_index=0, process_count=1, image_dtype="float32",
-                pipeline="auto", workers=None, auto_augment=None, re_prob=0.0, re_mode="pixel", re_count=1,
-                aug_repeats=1, color_jitter=None):
+                drop_remainder=True, training=True, process_index=0, process_count=1, per_process="shards",
+                image_dtype="float32", pipeline="auto", workers=None, auto_augment=None, re_prob=0.0,
+                re_mode="pixel", re_count=1, aug_repeats=1, color_jitter=None):
     """Batches of WebDataset-style tar shards (``keras_vit.data.shards``; `write_shards` writes them from a
     folder), streamed: the shards are read in order, never the whole set in memory.
 
@@ -319,7 +324,9 @@ def from_shards(pattern, image_size, batch_size, seed=0, *, shuffle_buffer=2048,
     With several processes and at least as many shards as processes, each process reads its own shards
     (every ``process_count``-th of the pass's order; its rows of each global batch come from them), so the
     processes read disjoint shards that cover the set every pass. With fewer shards than processes each
-    process reads them all and keeps its rows of each global batch, as ``from_directory`` does.
+    process reads them all and keeps its rows of each global batch, as ``from_directory`` does;
+    ``per_process="rows"`` asks for that whatever the shards: every process then reads every shard (the
+    bytes; it decodes its rows only), and the global batches are those of one process.
 
     A shard shorter than the size its info file records (a copy cut short) loses the samples after its last
     complete one, named in a warning; a sample without a label naming a class stops the stream with its
@@ -337,6 +344,8 @@ def from_shards(pattern, image_size, batch_size, seed=0, *, shuffle_buffer=2048,
         drop_remainder: leave out a single pass's last, short batch.
         training: False: the shards in their order, no buffer, each image resized whole, no flip (evaluation).
         process_index, process_count: this process, and how many read the shards.
+        per_process: how several processes share the stream: "shards" (each its own shards when there are at
+            least as many as processes, else "rows") or "rows" (each its rows of every global batch).
         image_dtype: "float32" (scaled to [-1, 1]) or "uint8".
         pipeline: "tf.data", "pydataset" (a ``keras.utils.PyDataset``, no TensorFlow needed) or "auto"
             (tf.data when TensorFlow is installed).
@@ -364,10 +373,13 @@ def from_shards(pattern, image_size, batch_size, seed=0, *, shuffle_buffer=2048,
     augment = check_augment(Augment(auto_augment, re_prob, re_mode, re_count, aug_repeats, **jitter), training)
     check_stream(batch_size, None, skip_batches, seed, repeat, drop_remainder, process_index, process_count)
     positive_int("shuffle_buffer", shuffle_buffer)
+    if per_process not in PER_PROCESS:
+        raise ValueError(f"`per_process` must be one of {PER_PROCESS}; got {per_process!r}.")
     if pipeline not in PIPELINES:
         raise ValueError(f"`pipeline` must be one of {PIPELINES}; got {pipeline!r}.")
     shard_set = pattern if isinstance(pattern, ShardSet) else open_shards(pattern)
-    plan = ShardPlan(shard_set, seed, shuffle_buffer, bool(training), batch_size, process_index, process_count)
+    plan = ShardPlan(shard_set, seed, shuffle_buffer, bool(training), batch_size, process_index, process_count,
+                     per_process)
     count = num_batches(plan, skip_batches, repeat, drop_remainder)
     if count is not None and count <= 0:
         raise ValueError(f"`skip_batches` ({skip_batches}) leaves no batch of {plan.rows} in the single pass over "

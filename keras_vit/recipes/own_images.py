@@ -272,7 +272,7 @@ def _feeds(model, args, folder, sched, done):
     if getattr(args, "naflex", None):
         return _naflex_batches(model, folder, args.naflex, sched.device_batch_size, args.seed, done)
     if isinstance(folder, own_shards.ShardSource):
-        train, validation = own_shards.feeds(args, folder, sched, done)
+        train, validation = own_shards.feeds(args, folder, sched, done, **own_images_processes.rows())
     else:
         import dataclasses
 
@@ -283,7 +283,7 @@ def _feeds(model, args, folder, sched, done):
         train, validation = data.from_directory(folder, args.image_size, sched.device_batch_size, skip_batches=done,
                                                 image_dtype="uint8", pipeline=args.pipeline, **augment,
                                                 **own_images_processes.rows())  # this process's rows of each batch
-        validation = own_images_processes.whole_validation(validation, folder, args, sched)
+    validation = own_images_processes.whole_validation(validation, folder, args, sched)
     mix = _mixup(args, len(folder.class_names))
     if mix is None:
         return train, validation

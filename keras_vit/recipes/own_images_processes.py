@@ -13,7 +13,9 @@ cluster's launcher setting KERAS_DISTRIBUTION_* or TF_CONFIG), data parallel as 
   modified in the two seconds before the scan and may not be writable, so the others could read the whole
   folder again or, should a file change in between, split it differently; split.json holds no image sizes and
   is written into --out only once every refusal has passed. A collective gives every process process 0's very
-  split, with no file to wait for;
+  split, with no file to wait for. Tar shards (`own_shards`) the same way: process 0 reads their info files and
+  the validation labels and sends them (`ShardSource.shared`), and each process streams every training shard
+  keeping its rows of each global batch (`from_shards(per_process="rows")`), as the folder's feed does;
 - the validation split passed whole by every process (JAX) or read whole by every worker (TensorFlow: its
   auto-sharding off): the global batches hold each row once per process, which leaves the means, loss and
   accuracy, unchanged, and every process gets batches of the same shape, so the per-epoch validation that
@@ -25,7 +27,7 @@ refused in one line.
 
 import dataclasses
 
-from keras_vit.recipes import finetune_devices
+from keras_vit.recipes import finetune_devices, own_shards
 from keras_vit.recipes.finetune_args import several_processes
 
 
@@ -55,22 +57,27 @@ def join(args):
 
 
 def shared_start(args, flags, prepare_out, read_folder):
-    """(resuming, the scanned folder): `prepare_out(args, flags)` and `read_folder(args)` of process 0 on every
-    process (the others never read --out or scan the folder); the flags it decided (a resumed run's) are filled
-    into `flags` and `args` on each, and process 0's refusal is raised on every process."""
+    """(resuming, the scanned folder or the `own_shards.ShardSource`): `prepare_out(args, flags)` and
+    `read_folder(args)` of process 0 on every process (the others never read --out, scan the folder or open the
+    shards); the flags it decided (a resumed run's) are filled into `flags` and `args` on each, and process 0's
+    refusal is raised on every process."""
     from keras_vit.data.folder import ImageFolder
 
     if not several_processes():
         return prepare_out(args, flags), read_folder(args)
 
     def start():
-        resuming = prepare_out(args, flags)
-        return {"resuming": resuming, "flags": flags, "folder": dataclasses.asdict(read_folder(args))}
+        resuming, read = prepare_out(args, flags), read_folder(args)
+        if isinstance(read, own_shards.ShardSource):
+            return {"resuming": resuming, "flags": flags, "shards": read.shared()}
+        return {"resuming": resuming, "flags": flags, "folder": dataclasses.asdict(read)}
 
     sent = finetune_devices.first_process_value(start)
     flags.update(sent["flags"])
     for key, value in sent["flags"].items():
         setattr(args, key, value)
+    if "shards" in sent:
+        return sent["resuming"], own_shards.ShardSource.from_shared(sent["shards"])
     folder = sent["folder"]
     folder.update({key: tuple(tuple(row) if isinstance(row, list) else row for row in folder[key])
                    for key in ("class_names", "train", "validation", "skipped")})
@@ -80,7 +87,8 @@ def shared_start(args, flags, prepare_out, read_folder):
 def distribute(sched, folder):
     """On several processes, sets Keras' data-parallel distribution over every process's devices after checking
     that the `Plan` `sched`'s device batch splits over them and each validation batch of the scanned `folder`
-    over this process's devices; returns the number of processes (1: nothing done)."""
+    (or `own_shards.ShardSource`) over this process's devices; returns the number of processes (1: nothing
+    done)."""
     import keras
 
     count = several_processes()
@@ -108,7 +116,8 @@ def distribute(sched, folder):
 
 
 def rows():
-    """`from_directory`'s process_index and process_count for this process's rows of every training batch."""
+    """`from_directory`'s (and `own_shards.feeds`') process_index and process_count for this process's rows of
+    every training batch."""
     import keras
 
     if not several_processes() or keras.backend.backend() != "jax":  # TensorFlow's strategy splits whole batches
@@ -120,8 +129,9 @@ def rows():
 
 def whole_validation(validation, folder, args, sched):
     """The validation feed every process passes on several processes: the whole split of the scanned `folder`
-    in batches of the device batch of the `Plan` `sched` over the processes (see the module's docstring); one
-    process: `validation` as it is. `args`: the parsed flags (--image-size, --pipeline)."""
+    (or the validation shards of an `own_shards.ShardSource`) in batches of the device batch of the `Plan`
+    `sched` over the processes (see the module's docstring); one process: `validation` as it is. `args`: the
+    parsed flags (--image-size, --pipeline)."""
     import keras
 
     count = several_processes()
@@ -133,6 +143,8 @@ def whole_validation(validation, folder, args, sched):
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         return validation.with_options(options)
+    if isinstance(folder, own_shards.ShardSource):
+        return own_shards.held_out_feed(args, folder, sched.device_batch_size // count)
     from keras_vit import data
 
     return data.from_directory(folder, args.image_size, sched.device_batch_size // count, image_dtype="uint8",

@@ -10,9 +10,13 @@ takes a folder, the rest of the run unchanged (`own_images`).
 - Validation is the shards of ``--validation-shards`` (timm's ``--val-split`` of a WebDataset), which must hold
   the training shards' classes; without it the run is refused, since finetune keeps the best epoch on held-out
   images. Their labels are read from the label members alone (the images skipped unread) for the report.
+- On several processes (`own_images_processes`) process 0 reads the info files and the validation labels and
+  sends them (`ShardSource.shared`); each process streams every training shard and keeps its rows of each
+  global batch (`from_shards(per_process="rows")`: the one-process run's batches, so the run equals it up to
+  float rounding; each process reads every shard's bytes but decodes only its rows).
 - Refused by name, before --out is written: what only a folder has (--validation-split, --labels-csv,
-  --strict, --verify header), --naflex (the shard feed gives square images), --aug-repeats (a streamed pass
-  reads each sample once) and a run of several processes.
+  --strict, --verify header), --naflex (the shard feed gives square images) and --aug-repeats (a streamed pass
+  reads each sample once).
 """
 
 import dataclasses
@@ -20,7 +24,14 @@ import functools
 import os
 import re
 
-from keras_vit.data.shards import decode, is_shard_pattern, open_shards, read_samples, sample_labels
+from keras_vit.data.shards import (
+    ShardSet,
+    decode,
+    is_shard_pattern,
+    open_shards,
+    read_samples,
+    sample_labels,
+)
 from keras_vit.fileio import write_json
 
 # what only a folder has or only the folder feeds run: (flag, attribute, why), refused when not at its default
@@ -40,7 +51,6 @@ def check_args(args):
     --validation-shards without shards; makes --validation-shards absolute. Returns whether DIR names shards."""
     from keras_vit.data.augment import FLAG_NAMES, Augment
     from keras_vit.data.shard_feed import check_augment
-    from keras_vit.recipes.finetune_args import several_processes
 
     shards = is_shard_pattern(args.directory)
     validation = getattr(args, "validation_shards", None)
@@ -56,10 +66,6 @@ def check_args(args):
             given = flag if isinstance(value, bool) else f"{flag} {value}"
             raise ValueError(f"{given}: DIR {args.directory} names tar shards and {why}")
     check_augment(Augment.from_flags(args), True, FLAG_NAMES)  # --aug-repeats
-    count = several_processes()
-    if count:
-        raise ValueError(f"tar shards (DIR {args.directory}) train on one process, not on {count}: run one "
-                         "process, or the folder the shards were written from")
     if validation is not None:
         args.validation_shards = os.path.abspath(validation)
     return True
@@ -125,6 +131,27 @@ class ShardSource:
                                          "samples": [[n, self.class_names[c]] for n, c in self.validation]},
                           "skipped": [list(s) for s in self.skipped]})
 
+    def shared(self):
+        """What process 0 sends the others of a run of several (JSON-able; `from_shared` reads it): the patterns,
+        both `ShardSet`s and the validation labels, so that no other process reads an info file or a shard's
+        labels, and all see the very same sets."""
+        return {"pattern": self.pattern, "validation_pattern": self.validation_pattern,
+                "train": dataclasses.asdict(self.train), "held_out": dataclasses.asdict(self.held_out),
+                "validation": [list(record) for record in self.validation]}
+
+    @classmethod
+    def from_shared(cls, sent):
+        """The `ShardSource` that `shared` gave as `sent` (its lists back to tuples)."""
+        def shard_set(fields):
+            per_class = fields["class_counts"]
+            return ShardSet(tuple(fields["paths"]), tuple(fields["class_names"]), tuple(fields["counts"]),
+                            tuple(tuple(s) for s in fields["skipped"]), per_class and tuple(per_class))
+
+        source = cls(sent["pattern"], sent["validation_pattern"], shard_set(sent["train"]),
+                     shard_set(sent["held_out"]))
+        source.validation = tuple(tuple(record) for record in sent["validation"])  # set where it would be read
+        return source
+
     def photograph(self, index):
         """The validation sample `index` as uint8 RGB (H, W, 3), as it is stored."""
         _, data, kind, _ = read_samples(self.held_out, [index])[index]
@@ -151,19 +178,29 @@ def read_shards(args):
     return source
 
 
-def feeds(args, source, sched, done):
+def feeds(args, source, sched, done, process_index=0, process_count=1):
     """(train, validation) of `source` (a `ShardSource`) for the run of `args`: the endless training stream
-    from device step `done` on with --aa / --reprob / --remode / --recount, and one pass of the validation
+    from device step `done` on with --aa / --reprob / --remode / --recount, this process's rows of each global
+    batch (`process_index` of `process_count`; see the module's docstring), and one pass of the validation
     shards, `sched.device_batch_size` uint8 images a batch (the model scales them itself)."""
     from keras_vit.data.augment import Augment
     from keras_vit.data.shard_feed import from_shards
 
-    common = dict(image_size=args.image_size, batch_size=sched.device_batch_size, seed=args.seed,
-                  image_dtype="uint8", pipeline=args.pipeline)
     augment = dataclasses.asdict(Augment.from_flags(args))
-    train = from_shards(source.train, skip_batches=done, **common, **augment)
-    validation = from_shards(source.held_out, training=False, repeat=False, drop_remainder=False, **common)
-    return train, validation
+    train = from_shards(source.train, args.image_size, sched.device_batch_size, args.seed, skip_batches=done,
+                        image_dtype="uint8", pipeline=args.pipeline, process_index=process_index,
+                        process_count=process_count, per_process="rows", **augment)
+    return train, held_out_feed(args, source, sched.device_batch_size)
+
+
+def held_out_feed(args, source, batch_size):
+    """One pass of the validation shards of `source` (a `ShardSource`) in their order, `batch_size` uint8
+    images of --image-size a batch (the last one short), read whole by this process (`args`: the parsed
+    flags)."""
+    from keras_vit.data.shard_feed import from_shards
+
+    return from_shards(source.held_out, args.image_size, batch_size, args.seed, training=False, repeat=False,
+                       drop_remainder=False, image_dtype="uint8", pipeline=args.pipeline)
 
 
 def photograph_of(source):
@@ -172,4 +209,5 @@ def photograph_of(source):
     return source.photograph if isinstance(source, ShardSource) else None
 
 
-__all__ = ["FOLDER_ONLY", "ShardSource", "check_args", "feeds", "photograph_of", "read_shards", "run_name"]
+__all__ = ["FOLDER_ONLY", "ShardSource", "check_args", "feeds", "held_out_feed", "photograph_of", "read_shards",
+           "run_name"]
