@@ -68,14 +68,17 @@ def test_unusable_files_are_skipped_and_listed_or_refused_with_strict(tmp_path):
     (root / "coffee" / "cut.jpg").write_bytes(whole[: len(whole) // 2])
     (root / "coffee" / "text.png").write_text("a text file named like an image")
     _png_claiming(root / "astronaut" / "huge.png", 10000, 10000)
-    folder = F.scan(root, 0.34)
+    folder = F.scan(root, 0.34, verify="full")
     reasons = dict(folder.skipped)
     assert set(reasons) == {"cat/empty.jpg", "coffee/cut.jpg", "coffee/text.png", "astronaut/huge.png"}
     assert "0 bytes" in reasons["cat/empty.jpg"] and "truncated" in reasons["coffee/cut.jpg"]
     assert "10000x10000 pixels" in reasons["astronaut/huge.png"]
     assert sum(folder.counts()["cat"]) == 3  # .txt and .DS_Store are not image files at all
     with pytest.raises(ValueError, match=r"4 file\(s\) under .* cannot be used \(strict\).*empty.jpg"):
-        F.scan(root, 0.34, strict=True)
+        F.scan(root, 0.34, strict=True, verify="full")
+    header = F.scan(root, 0.34)  # the default reads headers: the truncated file is the feed's to skip
+    assert set(dict(header.skipped)) == set(reasons) - {"coffee/cut.jpg"}
+    assert "coffee/cut.jpg" in {r[0] for r in header.train + header.validation}
 
 
 @independent

@@ -49,7 +49,7 @@ def probes(monkeypatch):
 def test_the_second_scan_reads_no_file_and_equals_the_first(old_folder, probes):
     first = scan(old_folder, seed=3)
     assert len(probes) == 12
-    assert os.path.isfile(scan_cache.cache_path(old_folder, folder_module.MAX_PIXELS, "full"))
+    assert os.path.isfile(scan_cache.cache_path(old_folder, folder_module.MAX_PIXELS, "header"))
     probes.clear()
     assert scan(old_folder, seed=3) == first
     assert probes == []
@@ -84,7 +84,7 @@ def test_a_file_modified_just_before_the_scan_is_read_again(old_folder, probes):
 @pytest.mark.parametrize("damage", ["truncated", "another folder's"])
 def test_a_damaged_or_foreign_cache_is_rebuilt_with_one_warning(old_folder, tmp_path, probes, damage):
     first = scan(old_folder)
-    path = scan_cache.cache_path(old_folder, folder_module.MAX_PIXELS, "full")
+    path = scan_cache.cache_path(old_folder, folder_module.MAX_PIXELS, "header")
     if damage == "truncated":
         with open(path, "r+b") as f:
             f.truncate(os.path.getsize(path) // 2)
@@ -92,7 +92,7 @@ def test_a_damaged_or_foreign_cache_is_rebuilt_with_one_warning(old_folder, tmp_
         other = photo_folder(tmp_path / "other", per_class=2)
         _age(other)
         scan(other)
-        shutil.copy(scan_cache.cache_path(other, folder_module.MAX_PIXELS, "full"), path)
+        shutil.copy(scan_cache.cache_path(other, folder_module.MAX_PIXELS, "header"), path)
     probes.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -12,6 +12,7 @@
   batches and `skip_batches` resumes exactly;
 - `folder`: a folder of one's own images scanned and split (`scan`, `ImageFolder`, `read_image`);
 - `folder_feed`: a folder as batches (`from_directory`: tf.data, or a `PyDataset` without TensorFlow);
+- `folder_read`: each file read checked against its scan, skipped and named when it cannot be read;
 - `scan_cache`: what a scan learned of each file, kept so that the next start reads no file again;
 - `shards`, `shard_feed`, `shard_writer`: WebDataset-style tar shards (`write_shards` from a folder,
   `from_shards` as batches on both paths);

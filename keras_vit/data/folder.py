@@ -5,9 +5,10 @@
 
 `scan` finds the classes (sorted names of the class subfolders, or of the classes of a `labels.csv`), every
 image file under them (nested folders and symlinked class folders included), each file's size after its
-EXIF orientation, and which files cannot be used and why (not an image, empty, truncated, too large). Each
-file is decoded once at reduced scale to find truncated and corrupt ones before training rather than in the
-middle of an epoch. A stratified split puts `ceil(n * split)` of each class's `n` images (in a seeded
+EXIF orientation, and which files cannot be used and why (not an image, empty, too large; truncated too with
+`verify="full"`). By default only each file's header is read (`verify="header"`): a truncated or corrupt file
+is then skipped by the feed as it is read (`keras_vit.data.folder_read`); `verify="full"` decodes each file
+once at reduced scale to find those before training. A stratified split puts `ceil(n * split)` of each class's `n` images (in a seeded
 shuffle) into validation: an `ImageFolder` record of which file went where, written with
 `ImageFolder.save`. The feeds that read it are in `keras_vit.data.folder_feed`.
 """
@@ -305,7 +306,7 @@ def _probe_all(root, files, max_pixels, verify, threads, verbose, cache):
 
 
 def scan(root, validation_split=0.1, seed=0, *, labels_csv=None, strict=False, max_pixels=MAX_PIXELS,
-         threads=None, verbose=False, verify="full", cache=True):
+         threads=None, verbose=False, verify="header", cache=True):
     """Reads the image folder `root` into an `ImageFolder` (see the module's docstring).
 
     Args:
@@ -318,9 +319,10 @@ def scan(root, validation_split=0.1, seed=0, *, labels_csv=None, strict=False, m
         max_pixels: larger images are skipped (refused with `strict`).
         threads: decoding threads (default: the machine's cores).
         verbose: a progress bar while the files are checked.
-        verify: "full" decodes each file once (at reduced scale), so that a truncated or corrupt file is
-            skipped here rather than met in the middle of an epoch; "header" reads each file's header only
-            (about 30 times faster: a bad file then stops training with its name).
+        verify: "header" (the default) reads each file's header only (size, format, orientation: about 30
+            times faster; a file that then fails to decode is skipped by the feed as it is read, named in
+            the log, `keras_vit.data.folder_read`); "full" decodes each file once (at reduced scale), so that
+            a truncated or corrupt file is listed in `skipped` (refused with `strict`) before training.
         cache: keep what was learned of each file in the scan cache (`keras_vit.data.scan_cache`), so
             that the next scan of the folder reads only the files added or changed since.
 

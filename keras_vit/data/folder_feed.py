@@ -5,7 +5,9 @@ without it (`pydatasets`: Python threads; Pillow and numpy release the GIL).
 Both run the folder's plan (`keras_vit.data.stream`) and give the same batches: they decode JPEGs exactly
 as Pillow does (TensorFlow's "INTEGER_ACCURATE" DCT) and resize as `tf.image.resize` does (bilinear,
 half-pixel centres, no antialiasing), so their images agree to one level of 255 (the float rounding of two
-resizers) and the labels, crops and flips exactly.
+resizers) and the labels, crops and flips exactly. A file that cannot be read as it was scanned is skipped
+by both alike (`keras_vit.data.folder_read`): tf.data decodes `DECODE_GROUP` examples at a time, drops those
+that fail (`ignore_errors`) and puts back in their places what the `PyDataset` reads there.
 """
 
 import os
@@ -14,13 +16,12 @@ import numpy as np
 
 from keras_vit.configs import pair
 from keras_vit.data.augment import PLAN_DTYPES, Augment
-from keras_vit.data.folder import (
-    MAX_PIXELS,
-    PILLOW,
-    TF_JPEG,
-    ImageFolder,
-    read_image,
-    scan,
+from keras_vit.data.folder import MAX_PIXELS, TF_JPEG, ImageFolder, read_image, scan
+from keras_vit.data.folder_read import (
+    SkippedFiles,
+    pass_plans,
+    train_crop,
+    validation_image,
 )
 from keras_vit.data.preprocess import (
     check_image_dtype,
@@ -28,11 +29,22 @@ from keras_vit.data.preprocess import (
     finish_tensor,
     resize_bilinear,
 )
-from keras_vit.data.stream import Stream, check_stream, plan_pass, this_process
+from keras_vit.data.stream import (
+    Stream,
+    check_stream,
+    this_process,
+    this_process_example,
+)
 from keras_vit.extras import require
 
 # pixels beyond a JPEG crop that are decoded too (see tf_datasets' decode_box)
 JPEG_CROP_MARGIN = 32
+
+# examples the tf.data feed decodes as a group (groups in parallel): a failed one is put back by its group's end
+DECODE_GROUP = 16
+
+# the last two bytes of a whole JPEG file (its EOI marker): a truncated one lacks them
+JPEG_END = b"\xff\xd9"
 
 
 PIPELINES = ("auto", "tf.data", "pydataset")
@@ -41,15 +53,20 @@ PIPELINES = ("auto", "tf.data", "pydataset")
 def from_directory(directory, image_size, batch_size, validation_split=0.1, seed=0, *, labels_csv=None,
                    strict=False, repeat=True, skip_batches=0, eval_batch_size=None, drop_remainder=True,
                    process_index=0, process_count=1, image_dtype="float32", pipeline="auto", workers=None,
-                   max_pixels=MAX_PIXELS, verbose=False, verify="full", auto_augment=None, re_prob=0.0,
+                   max_pixels=MAX_PIXELS, verbose=False, verify="header", auto_augment=None, re_prob=0.0,
                    re_mode="pixel", re_count=1, aug_repeats=1, color_jitter=None):
     """Training and validation pipelines of a folder of your own images.
 
     The folder holds one subfolder of images per class (``photos/cat/*.jpg``; nested folders are read, the
     sorted subfolder names are the classes), or a ``labels.csv`` of (relative path, class name) rows.
     JPEG, PNG, BMP, GIF (first frame) and WebP files are read, their EXIF orientation applied, grayscale,
-    palette, RGBA, CMYK and 16-bit images converted to RGB. Files that cannot be used (not images, empty,
-    truncated, larger than ``max_pixels``) are skipped and listed (``strict=True`` refuses them instead).
+    palette, RGBA, CMYK and 16-bit images converted to RGB. Files the scan finds unusable (not images, empty,
+    larger than ``max_pixels``; truncated too with ``verify="full"``) are skipped and listed in
+    ``image_folder.skipped`` (``strict=True`` refuses them instead). A file that fails when it is read
+    (truncated or corrupt, removed or resized since the scan) is skipped there and then, named once in the
+    log (the "keras_vit" logger) and listed in ``skipped_files``: a training example takes the next readable
+    file of its pass in its place (a fresh crop of it), so the batch stays full and the stream the same on
+    both pipelines; a validation image is left out of its batch (see ``keras_vit.data.folder_read``).
     ``ceil(n * validation_split)`` of each class's ``n`` images (a shuffle seeded by ``seed``) validate.
 
     Training images get the paper's preprocessing as ``load`` does (Inception crop of 5-100% of the area,
@@ -75,9 +92,10 @@ def from_directory(directory, image_size, batch_size, validation_split=0.1, seed
             TensorFlow needed; ``workers`` threads) or "auto": tf.data when TensorFlow is installed.
         max_pixels: larger images are skipped (refused with ``strict``).
         verbose: a progress bar while the folder is checked.
-        verify: "full" (decode each file once before training; its result cached, so the next start reads
-            only new or changed files) or "header" (read headers only: much faster the first time); see
-            ``keras_vit.scan``.
+        verify: "header" (read each file's header only before training: fast; a file that does not decode
+            is skipped while reading, as above) or "full" (decode each file once before training, so that a
+            truncated file is listed in ``image_folder.skipped`` before the first step); the scan's result
+            is cached either way, so the next start reads only new or changed files (``keras_vit.scan``).
         auto_augment: timm's RandAugment string (``--aa``), e.g. "rand-m9-mstd0.5-inc1", or "3a" (DeiT III's
             3-Augment); None: none.
         re_prob: the probability of random erasing an image, in [0, 1] (timm's ``--reprob``; 0: none).
@@ -89,8 +107,10 @@ def from_directory(directory, image_size, batch_size, validation_split=0.1, seed
 
     Returns:
         ``(train, validation)``: datasets of ``(images, labels)`` batches (``validation`` is None with
-        ``validation_split=0``), each with ``class_names`` and ``image_folder`` (the ``ImageFolder``:
-        which file went where, what was skipped; ``image_folder.save(path)`` writes it) attributes.
+        ``validation_split=0``), each with ``class_names``, ``image_folder`` (the ``ImageFolder``: which
+        file went where, what the scan skipped; ``image_folder.save(path)`` writes it) and
+        ``skipped_files`` (a ``SkippedFiles``, shared by both: ``(relative path, reason)`` of each file
+        skipped while reading, so far) attributes.
         ``repeat=True`` streams forever: give ``model.fit`` a ``steps_per_epoch``.
 
     Raises:
@@ -118,39 +138,41 @@ def from_directory(directory, image_size, batch_size, validation_split=0.1, seed
     stream = Stream(batch_size, start, repeat, drop_remainder, process_index, process_count)
     if pipeline == "auto":
         pipeline = "tf.data" if tensorflow_available() else "pydataset"
+    skipped = SkippedFiles(folder.root)
     if pipeline == "tf.data":
         require("the tf.data pipeline of an image folder")
-        train, validation = tf_datasets(folder, size, stream, eval_batch_size, image_dtype, augment)
+        train, validation = tf_datasets(folder, size, stream, eval_batch_size, image_dtype, augment, skipped)
     else:
-        train, validation = pydatasets(folder, size, stream, eval_batch_size, image_dtype, workers, augment)
+        train, validation = pydatasets(folder, size, stream, eval_batch_size, image_dtype, workers, augment, skipped)
     for ds in (train, validation):
         if ds is not None:
-            ds.class_names, ds.image_folder = folder.class_names, folder
+            ds.class_names, ds.image_folder, ds.skipped_files = folder.class_names, folder, skipped
     return train, validation
 
 
-def _train_item(folder, size, image_dtype, augment, plans, g):
+def _train_item(folder, size, image_dtype, augment, plans, skipped, g):
     """(image, label) of example `g` of the training stream, in numpy."""
-    n = len(folder.train)
-    order, boxes, flips = plans(g // n)
-    path, label, _, _, decoder = folder.train[order[g % n]]
-    top, left, h, w = boxes[g % n]
-    image = read_image(os.path.join(folder.root, path), plain=decoder != PILLOW)
-    image = resize_bilinear(image[top:top + h, left:left + w], size)
-    image = image[:, ::-1] if flips[g % n] else image
-    return augment.finish_image(image, image_dtype, folder.seed, g // n, g % n), label
+    pass_index, position = divmod(g, len(folder.train))
+    plan = plans(pass_index)
+    crop, label = train_crop(folder, skipped, plan, pass_index, position)
+    image = resize_bilinear(crop, size)
+    image = image[:, ::-1] if plan[2][position] else image
+    return augment.finish_image(image, image_dtype, folder.seed, pass_index, position), label
 
 
-def _eval_item(folder, size, image_dtype, i):
-    path, label, _, _, decoder = folder.validation[i]
-    image = read_image(os.path.join(folder.root, path), plain=decoder != PILLOW)
-    return finish(resize_bilinear(image, size), image_dtype), label
+def _eval_item(folder, size, image_dtype, skipped, i):
+    """(image, label) of validation image `i`, in numpy; None when its file is skipped."""
+    image = validation_image(folder, skipped, i)
+    return None if image is None else (finish(resize_bilinear(image, size), image_dtype), folder.validation[i][1])
 
 
-def pydatasets(folder, image_size, stream, eval_batch_size, image_dtype="float32", workers=None, augment=None):
+def pydatasets(folder, image_size, stream, eval_batch_size, image_dtype="float32", workers=None, augment=None,
+               skipped=None):
     """(train, validation) `keras.utils.PyDataset`s of the folder's plan (no TensorFlow needed), the training
     images augmented by `augment` (a `keras_vit.data.augment.Augment`; None: crop and flip only); validation
-    is None without validation images. Batches are (images, int32 labels) numpy arrays."""
+    is None without validation images. Batches are (images, int32 labels) numpy arrays. Files that cannot
+    be read as scanned are recorded in `skipped` (a `SkippedFiles`; None: a new one) and replaced or left
+    out (`keras_vit.data.folder_read`)."""
     import functools
 
     import keras
@@ -158,7 +180,9 @@ def pydatasets(folder, image_size, stream, eval_batch_size, image_dtype="float32
     size = pair(image_size, "image_size")
     workers = workers or os.cpu_count() or 1
     augment = augment or Augment()
-    plans = functools.lru_cache(maxsize=4)(lambda p: plan_pass(folder.train, folder.seed, p, augment.aug_repeats))
+    skipped = skipped if skipped is not None else SkippedFiles(folder.root)
+    plans = pass_plans(folder, augment.aug_repeats)
+    empty = (np.zeros((0, *size, 3), image_dtype), np.zeros((0,), np.int32))
 
     class Batches(keras.utils.PyDataset):
         def __init__(self, count, rows, item):
@@ -177,7 +201,10 @@ def pydatasets(folder, image_size, stream, eval_batch_size, image_dtype="float32
         def __getitem__(self, index):
             if self.count is not None and not 0 <= index < self.count:
                 raise IndexError(f"batch {index} of {self.count}")
-            images, labels = zip(*(self.item(i) for i in self.rows(index)))
+            items = [item for item in map(self.item, self.rows(index)) if item is not None]
+            if not items:  # every validation image of the batch skipped
+                return empty
+            images, labels = zip(*items)
             return np.stack(images), np.asarray(labels, np.int32)
 
     n = len(folder.train)
@@ -187,29 +214,36 @@ def pydatasets(folder, image_size, stream, eval_batch_size, image_dtype="float32
         return range(first, first + stream.rows if stream.repeat else min(first + stream.rows, n))
 
     train = Batches(stream.num_batches(n), train_rows,
-                    functools.partial(_train_item, folder, size, image_dtype, augment, plans))
+                    functools.partial(_train_item, folder, size, image_dtype, augment, plans, skipped))
     if not folder.validation:
         return train, None
     m, rows = len(folder.validation), eval_batch_size // stream.process_count
-    mine = max(0, -(-(m - stream.process_index * rows) // eval_batch_size))  # batches holding rows of this process
-    validation = Batches(mine, lambda index: range(
+    validation = Batches(_validation_batches(m, eval_batch_size, stream), lambda index: range(
         min(m, index * eval_batch_size + stream.process_index * rows),
         min(m, index * eval_batch_size + (stream.process_index + 1) * rows)),
-        functools.partial(_eval_item, folder, size, image_dtype))
+        functools.partial(_eval_item, folder, size, image_dtype, skipped))
     return train, validation
 
 
-def tf_datasets(folder, image_size, stream, eval_batch_size, image_dtype="float32", augment=None):
+def _validation_batches(m, eval_batch_size, stream):
+    """How many validation batches (of `m` images, `eval_batch_size` a batch) hold rows of this process."""
+    return max(0, -(-(m - stream.process_index * (eval_batch_size // stream.process_count)) // eval_batch_size))
+
+
+def tf_datasets(folder, image_size, stream, eval_batch_size, image_dtype="float32", augment=None, skipped=None):
     """(train, validation) `tf.data.Dataset`s of the folder's plan, decoding in TensorFlow's threads (Pillow
     for what TensorFlow does not decode as Pillow does), the training images augmented by `augment` (a
-    `keras_vit.data.augment.Augment`; None: crop and flip only); validation is None without validation images."""
+    `keras_vit.data.augment.Augment`; None: crop and flip only); validation is None without validation images.
+    Files that cannot be read as scanned are recorded in `skipped` (a `SkippedFiles`; None: a new one) and
+    replaced or left out as the `PyDataset` does (`keras_vit.data.folder_read`)."""
     import tensorflow as tf
 
     size = pair(image_size, "image_size")
-    train = _tf_train(tf, folder, size, stream, image_dtype, augment or Augment())
+    skipped = skipped if skipped is not None else SkippedFiles(folder.root)
+    train = _tf_train(tf, folder, size, stream, image_dtype, augment or Augment(), skipped)
     if not folder.validation:
         return train, None
-    return train, _tf_validation(tf, folder, size, stream, eval_batch_size, image_dtype)
+    return train, _tf_validation(tf, folder, size, stream, eval_batch_size, image_dtype, skipped)
 
 
 def _tf_tables(tf, root, records):
@@ -243,35 +277,84 @@ def tf_jpeg_box(tf, data, box, shape):
     return tf.slice(window, tf.concat([box[:2] - start, [0]], 0), tf.concat([box[2:], [3]], 0))
 
 
-def _tf_decode_box(tf, path, decoder, box, shape):
-    """The `box` (top, left, height, width) of the image, as a full decode would give it (a JPEG's through
-    `tf_jpeg_box`)."""
+def _tf_checked_box(tf, path, decoder, box, shape):
+    """(the `box` (top, left, height, width) of the image at `path`, whether the file is whole and of the
+    scanned `shape`): a JPEG's box through `tf_jpeg_box` (a cropped decode reads no further than the box, so
+    a JPEG is whole when it ends with its end marker), another file decoded whole. A file that does not
+    decode raises (`_tf_read_checked` puts back what the `PyDataset` reads in its place)."""
     def jpeg():
-        return tf_jpeg_box(tf, tf.io.read_file(path), box, shape)
+        data = tf.io.read_file(path)
+        ok = tf.logical_and(tf.equal(tf.strings.substr(data, -2, 2), JPEG_END), tf.reduce_all(
+            tf.equal(tf.cast(tf.image.extract_jpeg_shape(data)[:2], tf.int64), shape)))
+        return tf_jpeg_box(tf, data, box, shape), ok
 
     def whole():
-        return tf.slice(_tf_decode(tf, path, decoder), tf.concat([box[:2], [0]], 0), tf.concat([box[2:], [3]], 0))
+        image = _tf_decode(tf, path, decoder)
+        ok = tf.reduce_all(tf.equal(tf.shape(image, out_type=tf.int64)[:2], shape))
+        return tf.slice(image, tf.concat([box[:2], [0]], 0), tf.concat([box[2:], [3]], 0)), ok
 
     return tf.cond(tf.equal(decoder, TF_JPEG), jpeg, whole)
 
 
-def _tf_pass_plan(folder, size, augment, pass_index):
-    """plan_pass's (order, boxes, flips) of a pass and `augment`'s draws for its positions (numpy)."""
+def _tf_read_checked(tf, ds, read, fallback):
+    """The values of `read(*example)` for the elements `(k, example)` of `ds` (k = 0, 1, 2, ...: `enumerate`'s),
+    in order, where `read` gives (*values, ok): an example whose `read` fails (an error while decoding) or
+    is not ok is put back in its place by `fallback(ks)` (numpy: the values of the examples `ks`, stacked,
+    as the `PyDataset` makes them). The examples are read in parallel `DECODE_GROUP` at a time, groups in parallel,
+    each group closed by a marker, so that a gap is filled by the end of its group (never a wait for a
+    next good file that may not come)."""
+    def ok(k, *values_ok):
+        return values_ok[-1]
+
+    def found(k, *values_ok):
+        return k, *values_ok[:-1], True
+
+    def group(ks, examples):
+        read_ok = tf.data.Dataset.from_tensor_slices((ks, examples)).map(
+            lambda k, example: (k, *(read(*example) if isinstance(example, tuple) else read(example))),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        good = read_ok.filter(ok).map(found).ignore_errors()
+        marker = (ks[-1] + 1, *(tf.zeros(s.shape, s.dtype) for s in good.element_spec[1:-1]), False)
+        return good.concatenate(tf.data.Dataset.from_tensors(marker))
+
+    def step(expected, element):  # a marker (k past its group) brings the gap before it, no values
+        return element[0] + tf.cast(element[-1], tf.int64), (tf.range(expected, element[0]), *element[1:])
+
+    def fill(missing, *values_real):
+        values, own = values_real[:-1], tf.cast(values_real[-1], tf.int32)
+
+        def put_back():
+            back = tf.numpy_function(fallback, [missing], tuple(v.dtype for v in values))
+            return tuple(tf.concat([tf.ensure_shape(f, [None, *v.shape]), v[None][:own]], 0)
+                         for f, v in zip(back, values))
+
+        return tf.cond(tf.size(missing) > 0, put_back, lambda: tuple(v[None][:own] for v in values))
+
+    ds = ds.batch(DECODE_GROUP).interleave(group, block_length=DECODE_GROUP + 1, num_parallel_calls=tf.data.AUTOTUNE,
+                                           deterministic=True)
+    return ds.scan(tf.constant(0, tf.int64), step).map(fill).unbatch()
+
+
+def _tf_pass_plan(folder, size, augment, plans, pass_index):
+    """plan_pass's (order, boxes, flips) of a pass (`plans(pass_index)`) and `augment`'s draws for its
+    positions (numpy)."""
     n = len(folder.train)
-    return (*plan_pass(folder.train, folder.seed, pass_index, augment.aug_repeats),
-            *augment.plan(folder.seed, pass_index, range(n), *size))
+    return (*plans(pass_index), *augment.plan(folder.seed, pass_index, range(n), *size))
 
 
-def _tf_train(tf, folder, size, stream, image_dtype, augment):
+def _tf_train(tf, folder, size, stream, image_dtype, augment, skipped):
     """The training batches: passes over the folder's training images in plan_pass's order, crops and
-    flips (and `augment`'s augmentations), from image `stream.start` on, this process's rows of each batch."""
+    flips (and `augment`'s augmentations), from image `stream.start` on, this process's rows of each batch;
+    an example whose file is skipped made as the `PyDataset` makes it (`keras_vit.data.folder_read`)."""
     autotune = tf.data.AUTOTUNE
     n = len(folder.train)
     paths, labels, decoders, shapes = _tf_tables(tf, folder.root, folder.train)
     first_pass, offset = divmod(stream.start, n)
+    plans = pass_plans(folder, augment.aug_repeats, keep=2)
+    where = (stream.batch_size, stream.process_index, stream.process_count)
 
     def one_pass(pass_index):
-        plan = tf.numpy_function(lambda p: _tf_pass_plan(folder, size, augment, int(p)), [pass_index],
+        plan = tf.numpy_function(lambda p: _tf_pass_plan(folder, size, augment, plans, int(p)), [pass_index],
                                  (tf.int64, tf.int64, tf.bool, *(tf.as_dtype(d) for d in PLAN_DTYPES)),
                                  stateful=False)
         shapes = ((None,), (None, 4), (None,), *augment.plan_shapes)
@@ -279,36 +362,55 @@ def _tf_train(tf, folder, size, stream, image_dtype, augment):
         return ds.skip(tf.where(pass_index == first_pass, tf.constant(offset, tf.int64), 0))
 
     def train_map(index, box, flip, *draws):
-        image = tf.image.resize(_tf_decode_box(tf, paths[index], decoders[index], box, shapes[index]), size,
-                                "bilinear")
+        crop, ok = _tf_checked_box(tf, paths[index], decoders[index], box, shapes[index])
+        image = tf.image.resize(crop, size, "bilinear")
         image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
         image.set_shape([*size, 3])
-        return augment.finish_tensor(tf, image, image_dtype, *draws), labels[index]
+        return augment.finish_tensor(tf, image, image_dtype, *draws), labels[index], ok
+
+    def put_back(ks):
+        items = [_train_item(folder, size, image_dtype, augment, plans, skipped,
+                             stream.start + this_process_example(int(k), *where)) for k in ks]
+        return np.stack([i[0] for i in items]).astype(image_dtype), np.asarray([i[1] for i in items], np.int32)
 
     last = 2**62 if stream.repeat else first_pass + 1
     train = tf.data.Dataset.range(first_pass, last).flat_map(one_pass)
-    train = this_process(train, stream.batch_size, stream.process_index, stream.process_count)
-    train = train.map(train_map, num_parallel_calls=autotune, deterministic=True)
+    train = this_process(train, *where).enumerate()
+    train = _tf_read_checked(tf, train, train_map, put_back)
     train = train.batch(stream.rows, drop_remainder=stream.drop_remainder)
     count = stream.num_batches(n)
     return train.apply(tf.data.experimental.assert_cardinality(
         tf.data.INFINITE_CARDINALITY if count is None else count)).prefetch(autotune)
 
 
-def _tf_validation(tf, folder, size, stream, eval_batch_size, image_dtype):
-    """The validation batches: the folder's validation images resized whole, this process's rows of each."""
+def _tf_validation(tf, folder, size, stream, eval_batch_size, image_dtype, skipped):
+    """The validation batches: the folder's validation images resized whole, this process's rows of each,
+    those whose files are skipped left out."""
     autotune = tf.data.AUTOTUNE
-    paths_v, labels_v, decoders_v, _ = _tf_tables(tf, folder.root, folder.validation)
+    paths_v, labels_v, decoders_v, shapes_v = _tf_tables(tf, folder.root, folder.validation)
+    where = (eval_batch_size, stream.process_index, stream.process_count)
 
     def eval_map(index):
-        image = tf.image.resize(_tf_decode(tf, paths_v[index], decoders_v[index]), size, "bilinear")
+        image = _tf_decode(tf, paths_v[index], decoders_v[index])
+        ok = tf.reduce_all(tf.equal(tf.shape(image, out_type=tf.int64)[:2], shapes_v[index]))
+        image = tf.image.resize(image, size, "bilinear")
         image.set_shape([*size, 3])
-        return finish_tensor(tf, image, image_dtype), labels_v[index]
+        return finish_tensor(tf, image, image_dtype), labels_v[index], True, ok
 
-    validation = this_process(tf.data.Dataset.range(len(folder.validation)), eval_batch_size,
-                               stream.process_index, stream.process_count)
-    validation = validation.map(eval_map, num_parallel_calls=autotune, deterministic=True)
-    return validation.batch(eval_batch_size // stream.process_count).prefetch(autotune)
+    def put_back(ks):
+        items = [_eval_item(folder, size, image_dtype, skipped, this_process_example(int(k), *where)) for k in ks]
+        blank = (np.zeros((*size, 3), image_dtype), -1)
+        images, labels = zip(*(blank if item is None else item for item in items))
+        return (np.stack(images).astype(image_dtype), np.asarray(labels, np.int32),
+                np.asarray([item is not None for item in items]))
+
+    validation = this_process(tf.data.Dataset.range(len(folder.validation)), *where).enumerate()
+    validation = _tf_read_checked(tf, validation, eval_map, put_back)
+    validation = validation.batch(eval_batch_size // stream.process_count)
+    validation = validation.map(lambda images, labels, kept: (tf.boolean_mask(images, kept),
+                                                              tf.boolean_mask(labels, kept)))
+    count = _validation_batches(len(folder.validation), eval_batch_size, stream)
+    return validation.apply(tf.data.experimental.assert_cardinality(count)).prefetch(autotune)
 
 
 def tensorflow_available():

@@ -77,6 +77,12 @@ def this_process(ds, batch_size, process_index, process_count):
     return ds.map(lambda n, example: example)
 
 
+def this_process_example(k, batch_size, process_index, process_count):
+    """Where the `k`-th example that `this_process` keeps is in the stream (counted from its start)."""
+    rows = batch_size // process_count
+    return (k // rows) * batch_size + process_index * rows + k % rows
+
+
 # the official Inception crop (keras_vit.data's AREA_RANGE, ASPECT_RATIO_RANGE) and its attempts
 CROP_ATTEMPTS = 100
 
@@ -130,6 +136,7 @@ def plan_pass(records, seed, pass_index, aug_repeats=1):
 # so [seed, pass, position, 0] would be plan_pass's own [seed, pass] generator at position 0)
 ERASE_STREAM = 1
 RAND_AUGMENT_STREAM = 2
+SUBSTITUTE_STREAM = 3  # the crop of a file read in place of one that cannot be read (folder_read)
 
 
 def position_rng(seed, pass_index, position, stream):

@@ -214,7 +214,7 @@ def _run(args, callbacks, writer=True):
     out = args.out
     backup = finetune_devices.backup(os.path.join(out, BACKUP))
     done = backup.restore(model) if resuming else 0  # train steps done before an interruption
-    train, validation = _feeds(model, args, folder, sched, done)
+    train, validation, read_skips = _feeds(model, args, folder, sched, done)
     if not writer:
         _fit(model, args, train, validation, backup, {}, done // sched.steps_per_epoch, sched, callbacks, writer)
         _best_model(model, args, os.path.join(out, BACKUP, "best.weights.h5"))  # with process 0, which saves it
@@ -233,12 +233,13 @@ def _run(args, callbacks, writer=True):
     seconds, best_path = _fit(model, args, train, validation, backup, history, initial_epoch, sched, callbacks)
     best = _best_model(model, args, best_path)
     with finetune_devices.saving_alone():  # several processes: process 0 alone from here, with a copy of the weights
-        result, exported = _evaluate_and_save(best, args, validation, folder, history, counts)
+        result, exported = _evaluate_and_save(best, args, validation, folder, history, counts, read_skips)
     scores = history.get("val_accuracy", [])
     summary = {
         "directory": os.path.abspath(args.directory), "class_names": list(folder.class_names),
         "images": {k: {"train": v[0], "validation": v[1]} for k, v in counts.items()},
         "skipped": [{"file": p, "reason": r} for p, r in folder.skipped],
+        "skipped_while_reading": [{"file": p, "reason": r} for p, r in read_skips],  # failed to decode in the feed
         "schedule": {"batch_size": sched.batch_size, "device_batch_size": sched.device_batch_size,
                      "epochs": sched.epochs, "updates_per_epoch": sched.updates_per_epoch,
                      "warmup_updates": sched.warmup, "base_lr": args.lr},
@@ -266,11 +267,13 @@ def _mixup(args, classes):
 
 
 def _feeds(model, args, folder, sched, done):
-    """(train, validation) of the scanned `folder` for `model`: endless training streams from device step
+    """(train, validation, the files that failed as they were read: `(path, reason)`s, filled in while
+    training) of the scanned `folder` for `model`: endless training streams from device step
     `done` on, `sched.device_batch_size` uint8 images a step (the model scales them itself), square
     images of --image-size or, with --naflex, NaFlex batches."""
     if getattr(args, "naflex", None):
-        return _naflex_batches(model, folder, args.naflex, sched.device_batch_size, args.seed, done)
+        return (*_naflex_batches(model, folder, args.naflex, sched.device_batch_size, args.seed, done), ())
+    read_skips = ()
     if isinstance(folder, own_shards.ShardSource):
         train, validation = own_shards.feeds(args, folder, sched, done, **own_images_processes.rows())
     else:
@@ -283,13 +286,14 @@ def _feeds(model, args, folder, sched, done):
         train, validation = data.from_directory(folder, args.image_size, sched.device_batch_size, skip_batches=done,
                                                 image_dtype="uint8", pipeline=args.pipeline, **augment,
                                                 **own_images_processes.rows())  # this process's rows of each batch
+        read_skips = train.skipped_files
     validation = own_images_processes.whole_validation(validation, folder, args, sched)
     mix = _mixup(args, len(folder.class_names))
     if mix is None:
-        return train, validation
+        return train, validation, read_skips
     from keras_vit.data.mixup import mixed_feeds
 
-    return mixed_feeds(train, validation, mix, skip_batches=done)
+    return (*mixed_feeds(train, validation, mix, skip_batches=done), read_skips)
 
 
 def _naflex_batches(model, folder, tokens, device_batch, seed, done):
@@ -313,7 +317,7 @@ def _read_folder(args):
         return own_shards.read_shards(args)
     print(f"reading {args.directory} ...", flush=True)
     folder = scan(args.directory, args.validation_split, args.seed, labels_csv=args.labels_csv, strict=args.strict,
-                  verbose=not args.quiet, verify=getattr(args, "verify", "full"))
+                  verbose=not args.quiet, verify=own_images_args.verify_level(args))
     print(f"{len(folder.class_names)} classes, {len(folder.train)} training and {len(folder.validation)} validation "
           f"images" + (f"; {len(folder.skipped)} file(s) skipped (listed in {SPLIT})" if folder.skipped else ""))
     return folder
@@ -420,7 +424,7 @@ def _best_model(model, args, best_path):
     return model
 
 
-def _evaluate_and_save(model, args, validation, folder, history, counts):
+def _evaluate_and_save(model, args, validation, folder, history, counts, read_skips=()):
     """The best epoch's `model` (`_best_model`) evaluated on the validation split and written to --out:
     model.keras, the figures, per_class.csv, with --export the served artefact. Returns (the evaluation, the
     artefact's path or None)."""
@@ -428,7 +432,7 @@ def _evaluate_and_save(model, args, validation, folder, history, counts):
     from keras_vit.recipes import report
 
     out = args.out
-    result = report.evaluate(model, validation, folder)
+    result = report.evaluate(model, validation, folder, read_skips)
     from keras_vit.convert import save_keras
 
     save_keras(model, os.path.join(out, "model.keras"))

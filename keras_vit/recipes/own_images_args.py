@@ -83,10 +83,11 @@ def add_parser(sub):
                    "shards, as timm's --val-split of a WebDataset)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the data order and augmentation")
     p.add_argument("--strict", action="store_true", help="refuse a folder with unusable files (default: skip them)")
-    p.add_argument("--verify", default="full", choices=VERIFY_LEVELS,
-                   help="full: decode every file once before training, to skip bad ones (its result cached: the next "
-                   "start reads only new or changed files); header: read headers only, much faster the first time, "
-                   "a bad file then stops training with its name (default: full)")
+    p.add_argument("--verify", default=None, choices=VERIFY_LEVELS,
+                   help="header: read each file's header before training (size, orientation), a file that fails to "
+                   "decode later is skipped and named, its batch kept full; full: decode every file once before "
+                   "training (both cached: the next start reads only new or changed files). Default: header, "
+                   "full with --naflex, whose feed does not skip")
     p.add_argument("--pipeline", default="auto", choices=("auto", "tf.data", "pydataset"),
                    help="the input pipeline (default: tf.data where TensorFlow is installed)")
     p.add_argument("--naflex", type=_positive(int), default=None, metavar="TOKENS",
@@ -115,6 +116,12 @@ def _number(text):
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def verify_level(args):
+    """--verify of `args`, or its default: a header scan (the square feeds skip a file that fails to decode,
+    naming it), a full one with --naflex (its feed does not skip)."""
+    return getattr(args, "verify", None) or ("full" if getattr(args, "naflex", None) else VERIFY_LEVELS[0])
 
 
 def _add_recipe(p):

@@ -33,16 +33,21 @@ def worst_mistakes(labels, probabilities, k=WORST):
     return wrong[np.argsort(-probabilities[wrong, predicted[wrong]], kind="stable")][:k]
 
 
-def evaluate(model, validation, folder):
-    """The model's predictions on the validation split, in the folder's order, and what follows from them."""
+def evaluate(model, validation, folder, left_out=()):
+    """The model's predictions on the validation split, in the folder's order, and what follows from them;
+    `left_out`: `(path, reason)`s of the files the feed could not read (left out of their batches; read after
+    predicting, as the feed fills it), whose records are skipped. ``result["records"]`` holds the index in
+    `folder.validation` of each prediction."""
     probabilities = np.asarray(model.predict(validation, verbose=0), np.float64)
-    labels = np.asarray([r[1] for r in folder.validation])
+    gone = {path for path, _ in left_out}
+    records = [i for i, r in enumerate(folder.validation) if r[0] not in gone]
+    labels = np.asarray([folder.validation[i][1] for i in records])
     if len(probabilities) != len(labels):
         raise RuntimeError(f"{len(probabilities)} predictions for {len(labels)} validation images")
     matrix = confusion_matrix(labels, probabilities.argmax(axis=1), len(folder.class_names))
-    return {"accuracy": float(np.trace(matrix) / matrix.sum()), "confusion": matrix.tolist(),
+    return {"accuracy": float(np.trace(matrix) / max(1, matrix.sum())), "confusion": matrix.tolist(),
             "per_class": dict(zip(folder.class_names, per_class_accuracy(matrix))),
-            "labels": labels, "probabilities": probabilities}
+            "labels": labels, "probabilities": probabilities, "records": records}
 
 
 def write_per_class(path, result, counts):
@@ -98,6 +103,7 @@ def write_figures(out, history, result, folder, photograph=None):
     for ax in axes:
         ax.axis("off")
     for ax, index in zip(axes, worst):
+        index = result["records"][index]
         path, label, *_ = folder.validation[index]
         image = Image.fromarray(photograph(index) if photograph else read_image(os.path.join(folder.root, path)))
         image.thumbnail((THUMBNAIL, THUMBNAIL))  # the photograph as it is, not as the model saw it
