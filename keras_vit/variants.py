@@ -154,6 +154,9 @@ _DOC = """Builds {checkpoint} ({arch}), the `{name}` variant of the paper.
             position embeddings resized to the new grid.
         input_dtype: "float32" ([-1, 1] images) or "uint8" ([0, 255] images, scaled to [-1, 1] by
             the model's first layer on the device: a quarter of the bytes sent to it).
+        distillation_token: DeiT's distillation token and second head, trained on a teacher by
+            `keras_vit.recipes.distill.Distiller`; None takes the weights' (a DeiT distilled file's),
+            else False.
     Returns:
         A `keras.Model`.
     """
@@ -172,7 +175,7 @@ def _factory(variant):
               classifier_activation="auto", name=None, image_size=None, classifier=None,
               dropout_rate=0.0, attention_dropout_rate=0.0, representation_size="auto", remat=False,
               input_shape=None, pooling="representation", patch_size=None, input_dtype="float32",
-              drop_path_rate=None):
+              drop_path_rate=None, distillation_token=None):
         if image_size is None and input_shape is not None and len(input_shape) == 3 and None not in input_shape[:2]:
             image_size = tuple(input_shape[:2])
         if isinstance(weights, (str, os.PathLike)) and is_foreign(os.fspath(weights)) and os.path.exists(weights):
@@ -180,6 +183,8 @@ def _factory(variant):
         args = resolve_build_args(variant, weights, image_size, classes, include_top, representation_size, classifier)
         if drop_path_rate is not None:
             args["drop_path_rate"] = drop_path_rate  # else the file's, if it names one
+        if distillation_token is not None:
+            args["distillation_token"] = distillation_token  # else the file's (a DeiT distilled one's)
         arch = get_variant(variant).build_args()
         if patch_size is not None and patch_size != arch["patch_size"]:
             arch["patch_size"] = patch_size  # the builder checks it; a registry tag names the file to resize

@@ -135,3 +135,6 @@ def test_the_folder_feeds_mix_their_batches_by_step(tmp_path, pipeline):
         np.testing.assert_allclose(y, want_y)
     (vx, vy), = take(one_hot, 1)
     assert vy.shape == (len(vx), 3) and (vy.sum(-1) == 1).all()
+    if pipeline == "pydataset":  # the wrappers keep the feed's threads: Keras prefetches them as it did the feed
+        for wrapper, feed in ((mixed, plain), (one_hot, validation)):
+            assert feed.workers > 1 and (wrapper.workers, wrapper.max_queue_size) == (feed.workers, feed.max_queue_size)

@@ -247,13 +247,21 @@ class OneHotBatches(keras.utils.PyDataset):
         return images, np.eye(self.num_classes, dtype=np.float32)[np.asarray(labels)]
 
 
+def _threads(feed):
+    """A PyDataset's workers, use_multiprocessing and max_queue_size, for a PyDataset that wraps it: Keras runs
+    a wrapper of the default workers=1 with no thread pool, in the training loop's own thread, no prefetch."""
+    return {"workers": feed.workers, "use_multiprocessing": feed.use_multiprocessing,
+            "max_queue_size": feed.max_queue_size}
+
+
 def mixed_feeds(train, validation, mixup, skip_batches=0):
     """(train, validation) of a feed (`keras_vit.data.from_directory`'s tf.data datasets or PyDatasets) for
     training on MixUp's soft targets: the `train` batches mixed by `mixup` (a `MixUp`), batch k at step
     `skip_batches + k`, and the `validation` labels one-hot (None stays None)."""
     if isinstance(train, keras.utils.PyDataset):
-        train = MixedBatches(train, mixup, skip_batches)
-        return train, validation if validation is None else OneHotBatches(validation, mixup.num_classes)
+        train = MixedBatches(train, mixup, skip_batches, **_threads(train))  # the wrapped feed's prefetch
+        return train, validation if validation is None else OneHotBatches(validation, mixup.num_classes,
+                                                                          **_threads(validation))
     import tensorflow as tf
 
     def mix(step, images, labels):
