@@ -115,12 +115,13 @@ def keras_vit_pipelines(folder, batch):
 
 class TimmWorker:
     """timm's loader in a process of `python` (an interpreter with torch, torchvision and timm), one timed
-    repeat per `run()`."""
+    repeat per `run()`: `script --timm-worker folder --batch B --batches N [extra]` (this file's, or another
+    benchmark's that answers the same lines: its versions first, then a JSON line per "run [name]")."""
 
-    def __init__(self, python, folder, batch, batches):
-        self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--timm-worker", folder, "--batch",
-                                      str(batch), "--batches", str(batches)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, cwd=HERE)
+    def __init__(self, python, folder, batch, batches, script=None, extra=()):
+        self.proc = subprocess.Popen([python, script or os.path.abspath(__file__), "--timm-worker", folder,
+                                      "--batch", str(batch), "--batches", str(batches), *extra],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE)
         self.versions = self._read()
 
     def _read(self):
@@ -129,8 +130,8 @@ class TimmWorker:
             raise RuntimeError(f"the timm worker stopped (exit status {self.proc.wait()})")
         return json.loads(line)
 
-    def run(self):
-        self.proc.stdin.write("run\n")
+    def run(self, name=""):
+        self.proc.stdin.write(f"run {name}".rstrip() + "\n")
         self.proc.stdin.flush()
         return self._read()["images_per_s"]
 
@@ -141,17 +142,26 @@ class TimmWorker:
             self.proc.wait(timeout=60)
 
 
+def timm_transform(use_prefetcher=True, **kwargs):
+    """Runs in the timm interpreter: timm's training transform of this benchmark (the crop and flip of
+    keras_vit.data; `use_prefetcher`: to a uint8 tensor, timm's own uint8 path), more of
+    `create_transform`'s arguments in `kwargs` (the augmentations of augmented_feed.py)."""
+    from timm.data import create_transform
+
+    return create_transform(IMAGE_SIZE, is_training=True, scale=SCALE, ratio=RATIO, hflip=0.5, vflip=0.0,
+                            color_jitter=None, interpolation="bilinear", use_prefetcher=use_prefetcher, **kwargs)
+
+
 def timm_worker(args):
     """Runs in the timm interpreter: one timed repeat per 'run' line on stdin, a JSON line each."""
     import PIL
     import timm
     import torch
     import torchvision
-    from timm.data import ImageDataset, create_transform
+    from timm.data import ImageDataset
     from timm.data.loader import fast_collate
 
-    transform = create_transform(IMAGE_SIZE, is_training=True, scale=SCALE, ratio=RATIO, hflip=0.5, vflip=0.0,
-                                 color_jitter=None, interpolation="bilinear", use_prefetcher=True)
+    transform = timm_transform()
     dataset = ImageDataset(args.timm_worker, transform=transform)
     print(json.dumps({"torch": torch.__version__, "torchvision": torchvision.__version__, "timm": timm.__version__,
                       "pillow": PIL.__version__, "transform": " ".join(str(transform).split())}), flush=True)
@@ -229,8 +239,10 @@ def versions():
 
 
 # --------------------------------------------------------------------------
-def parse(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse(argv, description=None):
+    """The command line `argv` of this benchmark (and of augmented_feed.py, which takes the same, its own
+    `description`)."""
+    parser = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a small folder, few batches and a tiny model (the test)")
     parser.add_argument("--images", type=int, help=f"JPEGs written (default {FULL['images']})")
     parser.add_argument("--folder", help="use this folder of class subfolders instead of writing one")

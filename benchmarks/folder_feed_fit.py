@@ -48,8 +48,11 @@ def _time_fetches(backend, record):
     return True
 
 
-def fit_worker(args):
-    """Runs with KERAS_BACKEND set: one JSON line of the step times per feed and round."""
+def fit_worker(args, augment=None):
+    """Runs with KERAS_BACKEND set: one JSON line of the step times per feed and round. `augment`: None (the
+    plain feed), or {"feed": from_directory's augmentation arguments, "mixup": MixUp's} (augmented_feed.py):
+    the folder's batches augmented and mixed (`mixed_feeds`), the in-memory ones the same batches, soft
+    targets."""
     import keras
 
     sys.path.insert(0, ROOT)
@@ -62,12 +65,18 @@ def fit_worker(args):
     else:
         model = getattr(keras_vit, args.model)(weights=None, image_size=size, classes=len(PHOTOS), input_dtype="uint8")
     fits = args.fit_rounds * len(FEEDS) + 1
+    augment = augment or {}
     keras_vit.recipes.compile_for_finetuning(model, total_steps=fits * (steps + 1), base_lr=0.01, warmup_steps=steps,
-                                             batch_size=batch)
+                                             batch_size=batch, sparse_labels="mixup" not in augment)
     feeds = {}
     for pipeline, name in (("tf.data", "folder, tf.data"), ("pydataset", "folder, PyDataset")):
         feeds[name], _ = data.from_directory(args.fit_worker, size, batch, validation_split=0.0, pipeline=pipeline,
-                                             image_dtype="uint8")
+                                             image_dtype="uint8", **augment.get("feed", {}))
+    if "mixup" in augment:
+        from keras_vit.data.mixup import MixUp, mixed_feeds
+
+        mix = MixUp(num_classes=len(PHOTOS), **augment["mixup"])
+        feeds = {name: mixed_feeds(feed, None, mix)[0] for name, feed in feeds.items()}
     cached = [b for _, b in zip(range(steps + 1), feeds["folder, tf.data"].as_numpy_iterator())]
     x, y = np.concatenate([b[0] for b in cached]), np.concatenate([b[1] for b in cached])
 
@@ -106,12 +115,12 @@ def fit_worker(args):
     print(json.dumps({"backend": keras.backend.backend(), "rounds": rounds, "waits": waits}), flush=True)
 
 
-def measure_fits(args, folder):
-    """{backend: worker result or {"error": ...}}."""
+def measure_fits(args, folder, script=SCRIPT):
+    """{backend: worker result or {"error": ...}}, each from `script --fit-worker folder ...` (a process each)."""
     out = {}
     for backend in args.backends:
         env = {**os.environ, "KERAS_BACKEND": backend}
-        command = [sys.executable, SCRIPT, "--fit-worker", folder]
+        command = [sys.executable, script, "--fit-worker", folder]
         for key in ("model", "fit_image_size", "fit_batch", "fit_steps", "fit_rounds"):
             command += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
         load = load_average()

@@ -11,9 +11,9 @@ PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
 JPEG_SIZE = (500, 375)  # width, height
 
 
-def write_folder(root, n, seed=0):
-    """`n` JPEGs of 500x375 (quality 90), random crops of scikit-image's photographs, `n / 4` in each of the
-    class folders `root/<photograph>/`. Returns `root`."""
+def write_folder(root, n, seed=0, size=JPEG_SIZE):
+    """`n` JPEGs of `size` (width, height; 500x375 by default), quality 90, random crops of scikit-image's
+    photographs, `n / 4` in each of the class folders `root/<photograph>/`. Returns `root`."""
     from PIL import Image
     from skimage import data
 
@@ -24,9 +24,9 @@ def write_folder(root, n, seed=0):
         photo = photos[name]
         height, width = photo.shape[:2]
         h = int(rng.uniform(0.6, 1.0) * height)
-        w = min(width, round(h * JPEG_SIZE[0] / JPEG_SIZE[1]))
+        w = min(width, round(h * size[0] / size[1]))
         top, left = rng.integers(0, height - h + 1), rng.integers(0, width - w + 1)
-        crop = Image.fromarray(photo[top:top + h, left:left + w]).resize(JPEG_SIZE, Image.BILINEAR)
+        crop = Image.fromarray(photo[top:top + h, left:left + w]).resize(size, Image.BILINEAR)
         if rng.uniform() < 0.5:
             crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
         os.makedirs(os.path.join(root, name), exist_ok=True)

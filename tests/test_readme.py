@@ -516,6 +516,8 @@ CHECKED = {
         "Distiller fits a student from a frozen teacher in tests/test_distill.py",
     ("docs/own-images.md", 'write_shards("photos"'):
         "write_shards and from_shards run on a folder of photographs in tests/test_shards.py",
+    ("docs/own-images.md", 'part="validation")'):
+        "write_shards of a scanned folder's two parts, and finetune on them, run in tests/test_finetune_shards.py",
     ("docs/naflex.md", 'folder_batches("photos", plan)'):
         "the feed's folder_batches and a NaFlex model's fit run in tests/test_naflex_feed.py and "
         "tests/test_naflex_recipes.py",
