@@ -141,7 +141,9 @@ def test_folder_feed_quick_run_measures_the_keras_vit_feeds_and_says_why_timm_di
         assert float(rate.replace(",", "")) > 0 and ratio == "-", (name, rows[name])
     assert rows[folder_feed.TIMM][0].startswith("not run: no --timm-python given"), rows[folder_feed.TIMM]
     fit = rows[backend]  # step in memory, (step, ratio to it) per folder pipeline, ms taking the next batch
-    assert len(fit) == 6 and all(float(cell.rstrip("x")) > 0 for cell in fit[:5]), fit
+    # seconds a step printed to 1 ms (a tiny step on a quiet machine reads 0.000), ratios to the in-memory step
+    assert len(fit) == 6 and all(float(fit[i]) >= 0 for i in (0, 1, 3)), fit
+    assert all(fit[i].endswith("x") and float(fit[i][:-1]) > 0 for i in (2, 4)), fit
     if backend != "tensorflow":  # TensorFlow takes the batch inside its compiled step
         assert all(float(ms) >= 0 for ms in fit[5].split("; ")), fit
     assert proc.stdout.startswith("CPU: ") and "load average" in proc.stdout
