@@ -45,7 +45,9 @@ def test_augmented_feed_quick_run_times_the_mixed_feeds_and_fits_on_them():
     for dtype in augmented_feed.DTYPES:
         assert rows[augmented_feed.TIMM.format(dtype)][0].startswith("not run: no --timm-python given")
     fit = rows[backend]  # step in memory, (step, ratio to it) per folder pipeline, ms taking the next batch
-    assert len(fit) == 6 and all(float(cell.rstrip("x")) > 0 for cell in fit[:5]), fit
+    # seconds a step printed to 1 ms (a tiny step on a quiet machine reads 0.000), ratios to the in-memory step
+    assert len(fit) == 6 and all(float(fit[i]) >= 0 for i in (0, 1, 3)), fit
+    assert all(fit[i].endswith("x") and float(fit[i][:-1]) > 0 for i in (2, 4)), fit
 
 
 @pytest.mark.backend_independent
