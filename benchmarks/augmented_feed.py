@@ -27,6 +27,7 @@ DeiT's augmentations on both sides:
    held in memory (folder_feed_fit.py, soft targets).
 """
 
+import functools
 import json
 import os
 import statistics
@@ -36,7 +37,7 @@ import tempfile
 import folder_feed
 from folder_feed import IMAGE_SIZE, TimmWorker, timed, timm_transform
 from folder_feed_fit import fit_table, fit_worker, measure_fits
-from photo_folder import PHOTOS, cpu_name, load_average, write_folder
+from photo_folder import PHOTOS, cpu_name, write_folder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -149,24 +150,16 @@ def measure_pipelines(args, folder):
     else:
         timm_info = {"not_run": "no --timm-python given (timm needs torchvision, which cannot be installed beside "
                                 "this torch: give an interpreter that has torch, torchvision and timm)"}
-    names = list(starts) + ([TIMM.format(dtype) for dtype in DTYPES] if timm else [])
-    rates = {name: [] for name in names}
-    loads = [load_average()]
+    def soft_targets(name, first):
+        assert first[1].shape == (args.batch, len(PHOTOS)), (name, first[1].shape)
+
+    peers = {TIMM.format(dtype): functools.partial(timm.run, dtype) for dtype in DTYPES} if timm else {}
     try:
-        for r in range(args.repeats):
-            for name in names if r % 2 == 0 else names[::-1]:  # the order alternates: each sees the same load
-                if name in starts:
-                    rate, first = timed(starts[name], args.batches)
-                    assert first[0].shape == (args.batch, IMAGE_SIZE, IMAGE_SIZE, 3), (name, first[0].shape)
-                    assert first[1].shape == (args.batch, len(PHOTOS)), (name, first[1].shape)  # soft targets
-                else:
-                    rate = timm.run(name.rsplit(", ", 1)[1])
-                rates[name].append(rate)
-                loads.append(load_average())
+        rates, loads = folder_feed.rounds(args, starts, peers, soft_targets)
     finally:
         if timm:
             timm.close()
-    return rates, {"timm": timm_info, "load_average": [min(loads), max(loads)]}
+    return rates, {"timm": timm_info, "load_average": loads}
 
 
 def pipeline_table(rates, timm_info):

@@ -194,23 +194,33 @@ def measure_pipelines(args, folder):
     else:
         timm_info = {"not_run": "no --timm-python given (timm needs torchvision, which cannot be installed beside "
                                 "this torch: give an interpreter that has torch, torchvision and timm)"}
-    names = list(starts) + ([TIMM] if timm else [])
-    rates = {name: [] for name in names}
-    loads = [load_average()]
     try:
-        for r in range(args.repeats):
-            for name in names if r % 2 == 0 else names[::-1]:  # the order alternates: each sees the same load
-                if name == TIMM:
-                    rates[name].append(timm.run())
-                else:
-                    rate, first = timed(starts[name], args.batches)
-                    assert first[0].shape == (args.batch, IMAGE_SIZE, IMAGE_SIZE, 3), (name, first[0].shape)
-                    rates[name].append(rate)
-                loads.append(load_average())
+        rates, loads = rounds(args, starts, {TIMM: timm.run} if timm else {})
     finally:
         if timm:
             timm.close()
-    return rates, {"timm": timm_info, "load_average": [min(loads), max(loads)]}
+    return rates, {"timm": timm_info, "load_average": loads}
+
+
+def rounds(args, starts, peers, check=None):
+    """({name: [img/s per round]}, [lowest, highest load average]) of the keras-vit pipelines `starts` ({name:
+    start}) and the `peers` ({name: a call returning img/s}), `args.repeats` rounds of `args.batches` batches, each
+    pipeline in turn, the order reversed every other round (each sees the same load); `check(name, first batch)`
+    beside the shape check of the images."""
+    names = list(starts) + list(peers)
+    rates, loads = {name: [] for name in names}, [load_average()]
+    for r in range(args.repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            if name in starts:
+                rate, first = timed(starts[name], args.batches)
+                assert first[0].shape == (args.batch, IMAGE_SIZE, IMAGE_SIZE, 3), (name, first[0].shape)
+                if check:
+                    check(name, first)
+            else:
+                rate = peers[name]()
+            rates[name].append(rate)
+            loads.append(load_average())
+    return rates, [min(loads), max(loads)]
 
 
 def pipeline_table(rates, timm_info):

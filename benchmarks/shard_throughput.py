@@ -23,14 +23,15 @@ The time to scan the folder or open the shards is left out (benchmarks/folder_sc
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import sys
 import tempfile
 
-from folder_feed import IMAGE_SIZE, TimmWorker, timed, timm_transform, versions
-from photo_folder import cpu_name, load_average, write_folder
+from folder_feed import IMAGE_SIZE, TimmWorker, rounds, timed, timm_transform, versions
+from photo_folder import cpu_name, write_folder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -127,23 +128,13 @@ def measure(args, folder, pattern):
             timm_info = {"not_run": f"{args.timm_python} could not run timm's readers ({err})"}
     else:
         timm_info = {"not_run": "no --timm-python given (an interpreter with torch, torchvision, timm and webdataset)"}
-    names = list(starts) + (list(TIMM.values()) if timm else [])
-    rates = {name: [] for name in names}
-    loads = [load_average()]
+    peers = {label: functools.partial(timm.run, reader) for reader, label in TIMM.items()} if timm else {}
     try:
-        for r in range(args.repeats):
-            for name in names if r % 2 == 0 else names[::-1]:
-                if name in starts:
-                    rate, first = timed(starts[name], args.batches)
-                    assert first[0].shape == (args.batch, IMAGE_SIZE, IMAGE_SIZE, 3), (name, first[0].shape)
-                else:
-                    rate = timm.run(next(reader for reader, label in TIMM.items() if label == name))
-                rates[name].append(rate)
-                loads.append(load_average())
+        rates, loads = rounds(args, starts, peers)
     finally:
         if timm:
             timm.close()
-    return rates, {"timm": timm_info, "load_average": [min(loads), max(loads)]}
+    return rates, {"timm": timm_info, "load_average": loads}
 
 
 def table(rates, timm_info):
