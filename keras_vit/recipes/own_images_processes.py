@@ -142,7 +142,10 @@ def whole_validation(validation, folder, args, sched):
 
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        return validation.with_options(options)
+        # batched last: tf.distribute finds the batch size only there, to give each worker its part of every
+        # batch; behind a map (the folder feed's, which leaves out a skipped file) it cuts each batch into a
+        # piece a replica that every worker reads in turn, while Keras steps once a batch: half the images scored
+        return validation.unbatch().batch(sched.device_batch_size).with_options(options)
     if isinstance(folder, own_shards.ShardSource):
         return own_shards.held_out_feed(args, folder, sched.device_batch_size // count)
     from keras_vit import data
