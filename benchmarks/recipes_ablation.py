@@ -54,23 +54,24 @@ CHOOSING_SEEDS = 2  # the seeds of the presets' runs that choose the preset abla
 DISTILLED = " + hard distillation"  # after the ablated preset's name
 
 
-def spelled(preset, off=(), batch=64):
+def spelled(preset, off=(), batch=64, lr=None):
     """The finetune flags of `preset` (keras_vit.recipes.presets) spelled out, with the components `off`
     (names of COMPONENTS) turned off: `--recipe paper` and every flag of the preset the paper's differs from,
-    the rate given as the preset scales it to `batch`. Spelled out because a flag a preset sets can be
-    overridden but not unset (`--aa` has no "off" value).
+    the rate given as the preset scales it to `batch` (or `lr`). Spelled out because a flag a preset sets can
+    be overridden but not unset (`--aa` has no "off" value).
 
     Args:
         preset: the preset's name.
         off: the components turned off.
         batch: the run's batch (the rate's scaling).
+        lr: the run's --lr, or None for the preset's.
     """
     from keras_vit.recipes import presets
 
     values = dict(presets.PRESETS[preset])
     for name in off:
         values.update(COMPONENTS[name])
-    values["lr"] = presets.scaled_lr(argparse.Namespace(recipe=preset, lr=None), batch)
+    values["lr"] = presets.scaled_lr(argparse.Namespace(recipe=preset, lr=lr), batch)
     argv = ["--recipe", "paper"]
     for flag in presets.PRESET_FLAGS:
         value, paper = values[flag], presets.PRESETS["paper"][flag]
@@ -85,27 +86,38 @@ def spelled(preset, off=(), batch=64):
 
 
 def rows(ablated=None, only=None):
-    """{row name: how it runs} in the table's order: ("recipe", preset) a finetune run of the preset,
-    ("without", preset, component) the preset with a component off (`spelled`), ("keras.io",) keras.io's
-    recipe, ("distilled", preset) the preset distilled from the teacher. Without `ablated` the first phase
-    (the presets and keras.io's); with it the second (`ablated` with each of its components off, and
-    distilled).
+    """{row name: how it runs} in the table's order: ("recipe", preset, lr) a finetune run of the preset
+    (`lr`: its --lr, None for the preset's own), ("without", preset, lr, component) that run with a component
+    off (`spelled`), ("keras.io",) keras.io's recipe, ("distilled", preset, lr) the run distilled from the
+    teacher. Without `ablated` the first phase: the presets, those whose rate scales with the batch also at
+    their published rate as it is (`published`), and keras.io's; with it the second (the first phase's row
+    `ablated` with each of its components off, and distilled).
 
     Args:
-        ablated: the preset whose components are removed one at a time, or None.
+        ablated: the name of the first phase's preset row whose components are removed one at a time, or None.
         only: the names of the rows to keep, or None for all.
     """
     from keras_vit.recipes import presets
 
+    first = {name: ("recipe", name, None) for name in presets.PRESETS}
+    first |= {published(name): ("recipe", name, presets.PRESETS[name]["lr"]) for name in presets.LR_BATCH}
     if ablated is None:
-        table = {name: ("recipe", name) for name in presets.PRESETS} | {KERAS_IO: ("keras.io",)}
+        table = first | {KERAS_IO: ("keras.io",)}
     else:
-        preset = presets.PRESETS[ablated]
+        _, name, lr = first[ablated]
+        preset = presets.PRESETS[name]
         used = [c for c, flags in COMPONENTS.items() if any(preset.get(f) for f in flags)]
         named = {c: "3-Augment" if c == "RandAugment" and not preset["aa"].startswith("rand") else c for c in used}
-        table = {f"{ablated} without {named[c]}": ("without", ablated, c) for c in used}
-        table[ablated + DISTILLED] = ("distilled", ablated)
+        table = {f"{ablated} without {named[c]}": ("without", name, lr, c) for c in used}
+        table[ablated + DISTILLED] = ("distilled", name, lr)
     return {k: v for k, v in table.items() if only is None or k in only}
+
+
+def published(preset):
+    """The row name of `preset` run at its published rate, not scaled to the run's batch."""
+    from keras_vit.recipes import presets
+
+    return f"{preset}, --lr {presets.PRESETS[preset]['lr']:g}"
 
 
 def finetune(train_dir, out, flags, seed, size):
@@ -187,14 +199,13 @@ def run_one(name, how, seed, folders, size, teacher, work):
     out = os.path.join(work, f"{name.replace(' ', '_')}-{seed}")
     if how[0] == "keras.io":
         model, seconds = keras_io(train_dir, seed, size, len(os.listdir(train_dir)))
-    elif how[0] == "distilled":
-        flags = ["--recipe", how[1], "--teacher", teacher, "--distillation", "hard", "--no-bce-loss"]  # DeiT III's
-        # binary cross-entropy does not combine with DeiT's distillation losses, cross-entropies of a softmax
-        model, seconds = finetune(train_dir, out, flags, seed, size)
     elif how[0] == "without":
-        model, seconds = finetune(train_dir, out, spelled(how[1], [how[2]], size["batch"]), seed, size)
+        model, seconds = finetune(train_dir, out, spelled(how[1], [how[3]], size["batch"], how[2]), seed, size)
     else:
-        model, seconds = finetune(train_dir, out, ["--recipe", how[1]], seed, size)
+        flags = ["--recipe", how[1], *(["--lr", str(how[2])] if how[2] is not None else [])]
+        if how[0] == "distilled":  # DeiT III's binary cross-entropy does not combine with DeiT's distillation
+            flags += ["--teacher", teacher, "--distillation", "hard", "--no-bce-loss"]  # losses (of a softmax)
+        model, seconds = finetune(train_dir, out, flags, seed, size)
     return accuracy(model, test), seconds
 
 

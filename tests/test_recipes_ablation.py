@@ -42,10 +42,15 @@ def test_spelled_out_flags_turn_one_component_off():
 
 @pytest.mark.backend_independent
 def test_rows_of_the_two_phases():
-    assert list(recipes_ablation.rows()) == [*presets.PRESETS, recipes_ablation.KERAS_IO]
+    published = [recipes_ablation.published(name) for name in presets.LR_BATCH]
+    assert published == ["deit, --lr 0.0005", "deit3, --lr 0.003"]  # the papers' rates, not scaled to the batch
+    assert list(recipes_ablation.rows()) == [*presets.PRESETS, *published, recipes_ablation.KERAS_IO]
+    assert _applied(recipes_ablation.spelled("deit", ["RandAugment"], 64, lr=5e-4), 64)["lr"] == 5e-4
+    assert recipes_ablation.rows(published[0])[published[0] + " without RandAugment"][1:] == ("deit", 5e-4,
+                                                                                           "RandAugment")
     for preset in presets.PRESETS:
         second = recipes_ablation.rows(preset)
-        used = [how[2] for how in second.values() if how[0] == "without"]
+        used = [how[3] for how in second.values() if how[0] == "without"]
         for component, flags in recipes_ablation.COMPONENTS.items():  # those the preset sets, and only those
             assert (component in used) == any(presets.PRESETS[preset].get(f) for f in flags), (preset, component)
         assert list(second)[-1] == preset + recipes_ablation.DISTILLED
