@@ -40,7 +40,7 @@ from keras_vit.extras import require
 # pixels beyond a JPEG crop that are decoded too (see tf_datasets' decode_box)
 JPEG_CROP_MARGIN = 32
 
-# examples the tf.data feed decodes as a group (groups in parallel): a failed one is put back by its group's end
+# examples the tf.data feed decodes as a group (groups in parallel): a failed one is put back as its group ends
 DECODE_GROUP = 16
 
 # the last two bytes of a whole JPEG file (its EOI marker): a truncated one lacks them
@@ -300,39 +300,33 @@ def _tf_read_checked(tf, ds, read, fallback):
     """The values of `read(*example)` for the elements `(k, example)` of `ds` (k = 0, 1, 2, ...: `enumerate`'s),
     in order, where `read` gives (*values, ok): an example whose `read` fails (an error while decoding) or
     is not ok is put back in its place by `fallback(ks)` (numpy: the values of the examples `ks`, stacked,
-    as the `PyDataset` makes them). The examples are read in parallel `DECODE_GROUP` at a time, groups in parallel,
-    each group closed by a marker, so that a gap is filled by the end of its group (never a wait for a
-    next good file that may not come)."""
-    def ok(k, *values_ok):
-        return values_ok[-1]
-
-    def found(k, *values_ok):
-        return k, *values_ok[:-1], True
-
+    as the `PyDataset` makes them). The examples are read `DECODE_GROUP` at a time, one after the other, two
+    groups a core in parallel (one thread pool: a parallel read inside each group was slower): a group's
+    failed reads are dropped (`ignore_errors`) and what is left comes as one batch, so a group is always one
+    element whose gaps are found and filled at once, with no wait for a next good file and no step per
+    example beyond the read."""
     def group(ks, examples):
-        read_ok = tf.data.Dataset.from_tensor_slices((ks, examples)).map(
-            lambda k, example: (k, *(read(*example) if isinstance(example, tuple) else read(example))),
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        good = read_ok.filter(ok).map(found).ignore_errors()
-        marker = (ks[-1] + 1, *(tf.zeros(s.shape, s.dtype) for s in good.element_spec[1:-1]), False)
-        return good.concatenate(tf.data.Dataset.from_tensors(marker))
+        good = tf.data.Dataset.from_tensor_slices((ks, examples)).map(
+            lambda k, example: (k, *(read(*example) if isinstance(example, tuple) else read(example)))
+        ).ignore_errors().batch(DECODE_GROUP)
+        none = tuple(tf.zeros([0, *spec.shape[1:]], spec.dtype) for spec in good.element_spec)  # all failed
+        return good.concatenate(tf.data.Dataset.from_tensors(none)).take(1).map(lambda *read_ks: (ks, *read_ks))
 
-    def step(expected, element):  # a marker (k past its group) brings the gap before it, no values
-        return element[0] + tf.cast(element[-1], tf.int64), (tf.range(expected, element[0]), *element[1:])
-
-    def fill(missing, *values_real):
-        values, own = values_real[:-1], tf.cast(values_real[-1], tf.int32)
+    def fill(ks, read_ks, *values_ok):
+        values, kept = values_ok[:-1], tf.boolean_mask(read_ks, values_ok[-1])
 
         def put_back():
+            missing = tf.sparse.to_dense(tf.sets.difference(ks[None], kept[None]))[0]
             back = tf.numpy_function(fallback, [missing], tuple(v.dtype for v in values))
-            return tuple(tf.concat([tf.ensure_shape(f, [None, *v.shape]), v[None][:own]], 0)
-                         for f, v in zip(back, values))
+            order = tf.argsort(tf.concat([kept, missing], 0))
+            return tuple(tf.gather(tf.concat([tf.boolean_mask(v, values_ok[-1]), tf.ensure_shape(b, v.shape)], 0),
+                                   order) for v, b in zip(values, back))
 
-        return tf.cond(tf.size(missing) > 0, put_back, lambda: tuple(v[None][:own] for v in values))
+        return tf.cond(tf.size(kept) < tf.size(ks), put_back, lambda: values)
 
-    ds = ds.batch(DECODE_GROUP).interleave(group, block_length=DECODE_GROUP + 1, num_parallel_calls=tf.data.AUTOTUNE,
-                                           deterministic=True)
-    return ds.scan(tf.constant(0, tf.int64), step).map(fill).unbatch()
+    ds = ds.batch(DECODE_GROUP).interleave(group, cycle_length=2 * (os.cpu_count() or 1),
+                                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.map(fill, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
 
 
 def _tf_pass_plan(folder, size, augment, plans, pass_index):
