@@ -220,3 +220,37 @@ def test_finetune_reports_a_file_that_fails_as_it_is_read(tmp_path, start):
     report = json.loads((out / "report.json").read_text())
     assert report["skipped"] == [] and report["flags"]["verify"] is None
     assert [entry["file"] for entry in report["skipped_while_reading"]] == [bad]
+
+
+@independent
+def test_the_naflex_feed_skips_a_bad_file_as_the_square_feed_does(tmp_path, caplog):
+    """naflex_feed.folder_batches: a training file cut after the scan is replaced by the next readable file of
+    its pass (made with the flip of its position), a cut validation file left out of its batch, both named once
+    in the log and in skipped_files."""
+    from keras_vit.data import naflex_feed
+    from keras_vit.data.folder import read_image
+    from keras_vit.data.naflex_sequence import image_sequence, naflex_grid
+
+    folder = _photos(tmp_path)
+    plan = naflex_feed.NaFlexPlan(patch_size=8, seq_lens=(12, 24), max_tokens_per_batch=48, eval_seq_len=24)
+    epoch = plan.epoch(len(folder.train), 0)
+    bad_row = int(epoch.order[1])
+    bad, bad_validation = folder.train[bad_row][0], folder.validation[0][0]
+    _cut(_file(folder, bad), keep=0.4)
+    _cut(_file(folder, bad_validation), keep=0.4)
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        train, validation = naflex_feed.folder_batches(folder, plan, image_dtype="uint8")
+        first = train[0]
+        later = [train[i] for i in range(1, len(train))]
+        val_labels = np.concatenate([validation[i][1] for i in range(len(validation))])
+    assert [p for p, _ in train.skipped_files] == sorted([bad, bad_validation]) and len(_said(caplog)) == 2
+    stand_in = next(int(r) for r in epoch.order[2:] if int(r) != bad_row)  # the next file of the pass
+    assert first[1][1] == folder.train[stand_in][1] and len(first[1]) == epoch.starts[1]  # the batch full
+    assert sum(len(labels) for _, labels in (first, *later)) == epoch.starts[-1]
+    image = read_image(os.path.join(folder.root, folder.train[stand_in][0]))
+    seq_len = int(epoch.seq_lens[0])
+    expected = image_sequence(image, 8, naflex_grid(*image.shape[:2], 8, seq_len), seq_len, bool(epoch.flips[1]),
+                              "vit", "uint8")
+    for key, value in expected.items():
+        np.testing.assert_array_equal(first[0][key][1], value)
+    assert val_labels.tolist() == [record[1] for record in folder.validation[1:]]

@@ -90,6 +90,16 @@ def read_as_scanned(root, record):
     return image
 
 
+def read_or_skip(root, record, skipped):
+    """`read_as_scanned`'s image of `record` (of folder `root`), or None when it cannot be used now, the
+    reason recorded in `skipped` (a `SkippedFiles`)."""
+    try:
+        return read_as_scanned(root, record)
+    except ValueError as err:
+        skipped.add(record[0], str(err))
+        return None
+
+
 def pass_plans(folder, aug_repeats=1, keep=4):
     """`plan_pass` of the folder's training records as a function of the pass index, the last `keep`
     passes remembered (a pass is planned once, not once an image)."""
@@ -107,27 +117,35 @@ def train_crop(folder, skipped, plan, pass_index, position):
     """
     order, boxes = plan[0], plan[1]
     record = folder.train[order[position]]
-    try:
-        image = read_as_scanned(folder.root, record)
+    image = read_or_skip(folder.root, record, skipped)
+    if image is not None:
         top, left, height, width = boxes[position]
         return image[top:top + height, left:left + width], record[1]
-    except ValueError as err:
-        skipped.add(record[0], str(err))
+    index, image = substitute(order, position, lambda i: read_or_skip(folder.root, folder.train[i], skipped),
+                              folder, skipped)
+    record = folder.train[index]
+    rng = position_rng(folder.seed, pass_index, position, SUBSTITUTE_STREAM)
+    top, left, height, width = crop_boxes([record[2]], [record[3]], rng)[0]
+    return image[top:top + height, left:left + width], record[1]
+
+
+def substitute(order, position, read, folder, skipped):
+    """(index, image) of the training example that takes the place of the one at `position` of a pass in
+    `order` (indices of the folder's training records), whose file is skipped: the first index after it
+    (wrapping round) whose `read(index)` is not None.
+
+    Raises:
+        ValueError: no file of the pass can be read (the folder named).
+    """
     n, failed = len(order), {int(order[position])}
     for step in range(1, n):
         index = int(order[(position + step) % n])
         if index in failed:
             continue
-        record = folder.train[index]
-        try:
-            image = read_as_scanned(folder.root, record)
-        except ValueError as err:
-            skipped.add(record[0], str(err))
-            failed.add(index)
-            continue
-        rng = position_rng(folder.seed, pass_index, position, SUBSTITUTE_STREAM)
-        top, left, height, width = crop_boxes([record[2]], [record[3]], rng)[0]
-        return image[top:top + height, left:left + width], record[1]
+        image = read(index)
+        if image is not None:
+            return index, image
+        failed.add(index)
     raise ValueError(f"none of the {len(folder.train)} training images of {folder.root!r} can be read now "
                      f"(expected the images the folder was scanned with); skipped: {list(skipped)[:5]}")
 
@@ -135,9 +153,4 @@ def train_crop(folder, skipped, plan, pass_index, position):
 def validation_image(folder, skipped, index):
     """The uint8 image of validation record `index`, or None when its file is skipped (recorded in
     `skipped`, a `SkippedFiles`)."""
-    record = folder.validation[index]
-    try:
-        return read_as_scanned(folder.root, record)
-    except ValueError as err:
-        skipped.add(record[0], str(err))
-        return None
+    return read_or_skip(folder.root, folder.validation[index], skipped)

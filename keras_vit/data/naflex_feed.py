@@ -34,7 +34,8 @@ import keras
 import numpy as np
 
 from keras_vit.data.augment import PYTHON_NAMES
-from keras_vit.data.folder import PILLOW, ImageFolder, read_image, scan
+from keras_vit.data.folder import ImageFolder, scan
+from keras_vit.data.folder_read import SkippedFiles, read_or_skip, substitute
 from keras_vit.data.naflex_plan import (
     EVAL_SEQ_LEN,
     MAX_TOKENS_PER_BATCH,
@@ -281,16 +282,20 @@ class NaFlexBatches(keras.utils.PyDataset):
             return self.plan.steps_per_epoch(len(self.images))
         return -(-len(self.images) // self.plan.eval_batch_size)
 
-    def batch_plan(self, index):
-        """(seq_len, image indices, flips) of batch `index` of the current pass (of the endless stream
-        with `repeat`)."""
-        passes = 0
+    def _locate(self, index):
+        """(the training pass, the batch in it) of batch `index` (of the endless stream with `repeat`)."""
         if self.repeat:
             if index < 0:
                 raise IndexError(f"batch {index} of an endless stream")
-            passes, index = divmod(self.skip_batches + index, self.plan.steps_per_epoch(len(self.images)))
-        elif not 0 <= index < len(self):
+            return divmod(self.skip_batches + index, self.plan.steps_per_epoch(len(self.images)))
+        if not 0 <= index < len(self):
             raise IndexError(f"batch {index} of {len(self)}")
+        return 0, index
+
+    def batch_plan(self, index):
+        """(seq_len, image indices, flips) of batch `index` of the current pass (of the endless stream
+        with `repeat`)."""
+        passes, index = self._locate(index)
         if not self.training:
             size = self.plan.eval_batch_size
             rows = np.arange(index * size, min(len(self.images), (index + 1) * size))
@@ -301,12 +306,26 @@ class NaFlexBatches(keras.utils.PyDataset):
 
     def __getitem__(self, index):
         seq_len, rows, flips = self.batch_plan(index)
-        sequences = []
-        for row, flip in zip(rows, flips):
-            image = check_image(self.images[row])
+        sequences, labels = [], []
+        for j, (row, flip) in enumerate(zip(rows, flips)):
+            image = self.images[row]
+            if image is None and not self.training:  # a folder's file that cannot be read now: left out
+                continue
+            if image is None:  # ... or, in training, the next readable file of the pass takes its place
+                passes, batch = self._locate(index)
+                epoch = self.plan.epoch(len(self.images), self.epoch + passes)
+                row, image = substitute(epoch.order, epoch.starts[batch] + j, self.images.__getitem__,
+                                        self.images.folder, self.images.skipped)
+            image = check_image(image)
             grid = naflex_grid(image.shape[0], image.shape[1], self.plan.patch_size, seq_len)
             sequences.append(image_sequence(image, self.plan.patch_size, grid, seq_len, flip, self.mode, self.image_dtype))
-        return stack_batch(sequences, [self.labels[row] for row in rows])
+            labels.append(self.labels[row])
+        if not sequences:  # every image of a validation batch left out
+            patch = self.plan.patch_size
+            blank = image_sequence(np.zeros((patch, patch, 3), np.uint8), patch, naflex_grid(patch, patch, patch, 1),
+                                   seq_len, False, self.mode, self.image_dtype)
+            return {key: value[None][:0] for key, value in blank.items()}, np.zeros(0, np.int32)
+        return stack_batch(sequences, labels)
 
     def on_epoch_end(self):
         """Moves a training stream of one pass to its next pass (`model.fit` calls it after each epoch;
@@ -316,23 +335,28 @@ class NaFlexBatches(keras.utils.PyDataset):
 
 
 class _FolderImages:
-    """The images of `ImageFolder` records, read from disk as they are indexed."""
+    """The images of `ImageFolder` records, read from disk as they are indexed; None for a file that cannot
+    be read as it was scanned, recorded in `skipped` (a `SkippedFiles`; `keras_vit.data.folder_read`)."""
 
-    def __init__(self, folder, records):
-        self.folder, self.records = folder, records
+    def __init__(self, folder, records, skipped):
+        self.folder, self.records, self.skipped = folder, records, skipped
 
     def __len__(self):
         return len(self.records)
 
     def __getitem__(self, index):
-        path, _, _, _, decoder = self.records[index]
-        return read_image(os.path.join(self.folder.root, path), plain=decoder != PILLOW)
+        return read_or_skip(self.folder.root, self.records[index], self.skipped)
 
 
 def folder_batches(directory, plan, validation_split=0.1, *, mode="vit", image_dtype="float32", workers=None,
                    repeat=False, skip_batches=0, **scan_options):
     """(train, validation) `NaFlexBatches` of a folder of your own images (`photos/<class>/*.jpg`, or
     a `labels.csv`; see `keras_vit.data.from_directory`), read from disk as batches are made.
+
+    A file that cannot be read when its batch is made (truncated or corrupt, which a header scan does not
+    find, removed or resized since the scan) is skipped as `from_directory` skips it: named once in the log
+    and listed in ``skipped_files``; a training image takes the next readable file of its pass in its place
+    (with the flip of its position and its own label), a validation image is left out of its batch.
 
     Args:
         directory: the folder, or an `ImageFolder` already scanned (`keras_vit.scan`).
@@ -346,8 +370,9 @@ def folder_batches(directory, plan, validation_split=0.1, *, mode="vit", image_d
             re_prob, re_mode, re_count, aug_repeats) are refused by name: NaFlex images are flipped only.
 
     Returns:
-        (train, validation): `NaFlexBatches` with `class_names` and `image_folder` attributes;
-        validation is None without validation images.
+        (train, validation): `NaFlexBatches` with `class_names`, `image_folder` and `skipped_files` (a
+        `keras_vit.data.folder_read.SkippedFiles` both share) attributes; validation is None without
+        validation images.
 
     Raises:
         ValueError: what `keras_vit.scan` raises, or bad arguments.
@@ -362,14 +387,14 @@ def folder_batches(directory, plan, validation_split=0.1, *, mode="vit", image_d
     folder = directory if isinstance(directory, ImageFolder) else scan(
         directory, validation_split, int(plan.seed), **scan_options)
     workers = workers or os.cpu_count() or 1
-    out = []
+    out, skipped = [], SkippedFiles(folder.root)
     for records, training in ((folder.train, True), (folder.validation, False)):
         if not records:
             out.append(None)
             continue
         stream = {"repeat": repeat, "skip_batches": skip_batches} if training else {}
-        batches = NaFlexBatches(_FolderImages(folder, records), [r[1] for r in records], plan, training, mode=mode,
-                                image_dtype=image_dtype, workers=workers, **stream)
-        batches.class_names, batches.image_folder = folder.class_names, folder
+        batches = NaFlexBatches(_FolderImages(folder, records, skipped), [r[1] for r in records], plan, training,
+                                mode=mode, image_dtype=image_dtype, workers=workers, **stream)
+        batches.class_names, batches.image_folder, batches.skipped_files = folder.class_names, folder, skipped
         out.append(batches)
     return tuple(out)

@@ -272,7 +272,8 @@ def _feeds(model, args, folder, sched, done):
     `done` on, `sched.device_batch_size` uint8 images a step (the model scales them itself), square
     images of --image-size or, with --naflex, NaFlex batches."""
     if getattr(args, "naflex", None):
-        return (*_naflex_batches(model, folder, args.naflex, sched.device_batch_size, args.seed, done), ())
+        train, validation = _naflex_batches(model, folder, args.naflex, sched.device_batch_size, args.seed, done)
+        return train, validation, train.skipped_files
     read_skips = ()
     if isinstance(folder, own_shards.ShardSource):
         train, validation = own_shards.feeds(args, folder, sched, done, **own_images_processes.rows())

@@ -86,8 +86,7 @@ def add_parser(sub):
     p.add_argument("--verify", default=None, choices=VERIFY_LEVELS,
                    help="header: read each file's header before training (size, orientation), a file that fails to "
                    "decode later is skipped and named, its batch kept full; full: decode every file once before "
-                   "training (both cached: the next start reads only new or changed files). Default: header, "
-                   "full with --naflex, whose feed does not skip")
+                   "training (both cached: the next start reads only new or changed files). Default: header")
     p.add_argument("--pipeline", default="auto", choices=("auto", "tf.data", "pydataset"),
                    help="the input pipeline (default: tf.data where TensorFlow is installed)")
     p.add_argument("--naflex", type=_positive(int), default=None, metavar="TOKENS",
@@ -119,9 +118,9 @@ def _number(text):
 
 
 def verify_level(args):
-    """--verify of `args`, or its default: a header scan (the square feeds skip a file that fails to decode,
-    naming it), a full one with --naflex (its feed does not skip)."""
-    return getattr(args, "verify", None) or ("full" if getattr(args, "naflex", None) else VERIFY_LEVELS[0])
+    """--verify of `args`, or its default: a header scan (every feed skips a file that fails to decode,
+    naming it)."""
+    return getattr(args, "verify", None) or VERIFY_LEVELS[0]
 
 
 def _add_recipe(p):
