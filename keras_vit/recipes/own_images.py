@@ -267,13 +267,11 @@ def _mixup(args, classes):
 
 
 def _feeds(model, args, folder, sched, done):
-    """(train, validation, the files that failed as they were read: `(path, reason)`s, filled in while
-    training) of the scanned `folder` for `model`: endless training streams from device step
-    `done` on, `sched.device_batch_size` uint8 images a step (the model scales them itself), square
-    images of --image-size or, with --naflex, NaFlex batches."""
+    """(train, validation, the files that failed as they were read: `(path, reason)`s, filled in while training)
+    of the scanned `folder` for `model`: endless training streams from device step `done` on,
+    `sched.device_batch_size` uint8 images a step, square images of --image-size or, with --naflex, NaFlex's."""
     if getattr(args, "naflex", None):
-        train, validation = _naflex_batches(model, folder, args.naflex, sched.device_batch_size, args.seed, done)
-        return train, validation, train.skipped_files
+        return _naflex_batches(model, folder, args.naflex, sched.device_batch_size, args.seed, done)
     read_skips = ()
     if isinstance(folder, own_shards.ShardSource):
         train, validation = own_shards.feeds(args, folder, sched, done, **own_images_processes.rows())
@@ -298,15 +296,16 @@ def _feeds(model, args, folder, sched, done):
 
 
 def _naflex_batches(model, folder, tokens, device_batch, seed, done):
-    """(train, validation) NaFlex batches of the scanned `folder` for the NaFlex `model`: `device_batch`
-    images of `tokens` patches each (uint8: the model scales them itself), the training stream endless
-    from batch `done` on."""
+    """(train, validation, the files that failed as they were read) NaFlex batches of the scanned `folder` for
+    the NaFlex `model`: `device_batch` images of `tokens` patches each (uint8: the model scales them itself),
+    the training stream endless from batch `done` on."""
     from keras_vit.data import naflex_feed
     from keras_vit.structure import find_vit
 
     plan = naflex_feed.NaFlexPlan(patch_size=find_vit(model).embedding.patch_size, seq_lens=(tokens,),
                                   max_tokens_per_batch=tokens * device_batch, eval_seq_len=tokens, seed=seed)
-    return naflex_feed.folder_batches(folder, plan, image_dtype="uint8", repeat=True, skip_batches=done)
+    train, validation = naflex_feed.folder_batches(folder, plan, image_dtype="uint8", repeat=True, skip_batches=done)
+    return train, validation, train.skipped_files
 
 
 def _read_folder(args):
