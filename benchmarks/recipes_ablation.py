@@ -4,6 +4,8 @@ training crop touches), several seeds a row, the test accuracy's mean and spread
 
     python benchmarks/recipes_ablation.py                    # the full table (about an hour on 2 CPU cores)
     python benchmarks/recipes_ablation.py --quick            # 1 seed, 1 epoch, 2 rows: seconds
+    python benchmarks/recipes_ablation.py --epochs 15 --rows paper augreg "keras.io recipe" \
+        --out benchmarks/results/recipes-15-epochs.json      # longer runs of some rows
 
 The rows (`rows`): the presets of `keras-vit finetune --recipe` against each other and keras.io's "Image
 classification with Vision Transformer" recipe (its optimizer and augmentation layers, no schedule, no MixUp)
@@ -223,6 +225,7 @@ def summarise(runs):
 def markdown(summary, ablated, teacher=None):
     """The table of `summary` (`summarise`'s) as Markdown rows, in percent, each row's difference from the
     preset `ablated`; `teacher`: the teacher's test accuracy, said in a row of its own."""
+    ablated = ablated or next(iter(summary), None)  # no preset ablated: the differences from the first row
     base = summary.get(ablated, {}).get("mean")
     lines = [f"| row | test accuracy (%) | std | vs {ablated} | seeds | train s |", "|---|---|---|---|---|---|"]
     for name, row in summary.items():
@@ -292,8 +295,8 @@ size["ablated"] where given), its ablation
     runs = _wait_for(results_path, first, choosing, result)  # the other processes' runs of the phase
     presets_measured = summarise({k: runs[k] for k, how in first.items() if how[0] == "recipe"})
     ablatable = [k for k in presets_measured if any(how[0] == "without" for how in rows(k).values())]
-    ablated = size.get("ablated") or max(ablatable, key=lambda k: presets_measured[k]["mean"])
-    second = rows(ablated, only=size["rows"])
+    ablated = size.get("ablated") or max(ablatable, key=lambda k: presets_measured[k]["mean"], default=None)
+    second = rows(ablated, only=size["rows"]) if ablated else {}
     if any(how[0] == "distilled" for how in second.values()):
         teacher = _teacher(teacher, folders, test, size, work, result)
     _run_rows({**first, **second}, size["seeds"], result, results_path, (folders[0], test), teacher, work)
@@ -353,8 +356,11 @@ def main(argv=None):
     p.add_argument("--work", default=None, help="the folder for photographs and runs (default: a temporary one)")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="these seeds only (e.g. one process each)")
     p.add_argument("--teacher", default=None, help="a teacher .keras file trained before (default: train one)")
+    p.add_argument("--epochs", type=int, default=None, help=f"epochs a run (default {FULL['epochs']}; give --out)")
+    p.add_argument("--rows", nargs="+", default=None, help="these rows only, by name (default: all)")
     args = p.parse_args(argv)
-    size = dict(QUICK if args.quick else FULL, **({"seeds": args.seeds} if args.seeds else {}))
+    given = {"seeds": args.seeds, "epochs": args.epochs, "rows": args.rows}
+    size = dict(QUICK if args.quick else FULL, **{k: v for k, v in given.items() if v})
     path = args.out or (None if args.quick else RESULTS)
     with tempfile.TemporaryDirectory() as tmp:
         result = measure(size, args.work or tmp, path, args.teacher)
