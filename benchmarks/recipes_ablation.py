@@ -222,14 +222,29 @@ def summarise(runs):
     return out
 
 
-def markdown(summary, ablated, teacher=None):
+def paired(runs, name, base):
+    """(mean, standard error) of row `name`'s accuracy minus row `base`'s over the seeds both ran (a seed
+    gives both rows the same split, initial weights and data order), in points; the error is None for one
+    seed."""
+    diffs = [100 * (runs[name][seed]["accuracy"] - runs[base][seed]["accuracy"]) for seed in runs[name]
+             if seed in runs[base]]
+    error = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
+    return statistics.fmean(diffs), error
+
+
+def markdown(summary, ablated, teacher=None, runs=None):
     """The table of `summary` (`summarise`'s) as Markdown rows, in percent, each row's difference from the
-    preset `ablated`; `teacher`: the teacher's test accuracy, said in a row of its own."""
+    preset `ablated` (with `runs`, `summarise`'s input, the mean of the seeds' differences and its standard
+    error); `teacher`: the teacher's test accuracy, said in a row of its own."""
     ablated = ablated or next(iter(summary), None)  # no preset ablated: the differences from the first row
-    base = summary.get(ablated, {}).get("mean")
-    lines = [f"| row | test accuracy (%) | std | vs {ablated} | seeds | train s |", "|---|---|---|---|---|---|"]
+    lines = [f"| row | test accuracy (%) | std | vs {ablated} (points) | seeds | train s |",
+             "|---|---|---|---|---|---|"]
     for name, row in summary.items():
-        delta = "" if base is None or name == ablated else f"{100 * (row['mean'] - base):+.1f}"
+        delta = ""
+        if name != ablated and ablated in summary:
+            mean, error = paired(runs, name, ablated) if runs else (100 * (row["mean"] - summary[ablated]["mean"]),
+                                                                    None)
+            delta = f"{mean:+.1f}" + ("" if error is None else f" ± {error:.1f}")
         lines.append(f"| {name} | {100 * row['mean']:.1f} | {100 * row['std']:.1f} | {delta} | {row['n']} | "
                      f"{row['seconds']:.0f} |")
     if teacher is not None:
@@ -364,7 +379,7 @@ def main(argv=None):
     path = args.out or (None if args.quick else RESULTS)
     with tempfile.TemporaryDirectory() as tmp:
         result = measure(size, args.work or tmp, path, args.teacher)
-    print(markdown(result["summary"], result["ablated"], result.get("teacher_accuracy")))
+    print(markdown(result["summary"], result["ablated"], result.get("teacher_accuracy"), result["runs"]))
     return result
 
 

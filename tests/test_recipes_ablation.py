@@ -97,3 +97,16 @@ def test_a_variant_factory_builds_the_distillation_token_of_a_student_from_scrat
     assert {"head", "head_dist"} <= names and "head_dist" not in {layer.name for layer in plain.layers}
     # the token, its position embedding and the second head
     assert student.count_params() == plain.count_params() + 192 + 192 + 192 * 3 + 3
+
+
+@pytest.mark.backend_independent
+def test_differences_are_paired_by_seed():
+    def run(*accuracies):
+        return {str(seed): {"accuracy": a, "seconds": 1.0} for seed, a in enumerate(accuracies)}
+
+    runs = {"a": run(0.5, 0.7, 0.4), "b": run(0.4, 0.4)}  # b has no seed 2
+    diffs = 100 * (np.array([0.5, 0.7]) - [0.4, 0.4])
+    mean, error = recipes_ablation.paired(runs, "a", "b")
+    assert mean == pytest.approx(diffs.mean()) and error == pytest.approx(diffs.std(ddof=1) / np.sqrt(2))
+    summary = recipes_ablation.summarise(runs)
+    assert "| a | 53.3 | 15.3 | +20.0 ± 10.0 | 3 |" in recipes_ablation.markdown(summary, "b", runs=runs)
