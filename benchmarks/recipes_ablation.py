@@ -252,6 +252,12 @@ def markdown(summary, ablated, teacher=None, runs=None):
     return "\n".join(lines)
 
 
+def _problem(size):
+    """What makes a run of `size` (FULL's keys): all but the seeds and the rows asked for, so that a run with
+    more seeds or other rows keeps the runs made."""
+    return {k: v for k, v in size.items() if k not in ("seeds", "rows")}
+
+
 def _load(path):
     if path and os.path.exists(path):
         with open(path) as f:
@@ -300,8 +306,8 @@ size["ablated"] where given), its ablation
     import keras
 
     result = _load(results_path)
-    if result.get("size") not in (None, size):
-        result = {}  # another size's runs: measured again
+    if result.get("size") is not None and _problem(result["size"]) != _problem(size):
+        result = {}  # another problem's runs: measured again
     result.update(size=size, machine=cpu_name(), platform=platform.platform(), backend=keras.backend.backend())
     folders = write_split(os.path.join(work, "photos"), size["train_per_class"], size["test_per_class"])
     test = test_arrays(folders[1], size["image_size"])
