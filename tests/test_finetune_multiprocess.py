@@ -45,16 +45,21 @@ def runs(tmp_path_factory):
     (runs/one)."""
     root = tmp_path_factory.mktemp("finetune_multiprocess")
     photos = photo_folder(root / "photos", per_class=3, size=(40, 48))
+    lines = run_beside(lambda out: [*CLI, "finetune", *_flags(photos, out)], root)
+    return root, photos, lines
+
+
+def run_beside(argv, root):
+    """Runs the command `argv(out)` on one process into root/one and, at the same time, under the package's
+    launcher on 2 processes of one CPU device each into root/two, on this lane's backend; returns the
+    2-process run's Lines once both ended with 0."""
     env = {**os.environ, "KERAS_BACKEND": backend(), "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
-    one = subprocess.Popen([*CLI, "finetune", *_flags(photos, root / "one")], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-    lines = Lines()
-    saved = dict(os.environ)
+    one = subprocess.Popen(argv(root / "one"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, saved = Lines(), dict(os.environ)
     os.environ.update(env)
     try:
-        code = launch.launch([*CLI, "finetune", *_flags(photos, root / "two")], 2, cpu_devices=1, timeout=400,
-                             out=lines)
+        code = launch.launch(argv(root / "two"), 2, cpu_devices=1, timeout=400, out=lines)
         one_out, _ = one.communicate(timeout=420)
     finally:
         os.environ.clear()
@@ -64,12 +69,12 @@ def runs(tmp_path_factory):
             one.wait(30)
     assert code == 0, lines.text()[-6000:]
     assert one.returncode == 0, one_out[-6000:]
-    return root, photos, lines
+    return lines
 
 
-def _same_model(out, reference):
-    """The runs in `out` and `reference` (folders) kept the same best epoch with the same history, split and
-    weights, up to float rounding."""
+def same_model(out, reference, weights_at_least=100):
+    """The runs in `out` (2 processes) and `reference` (1) (folders) kept the same best epoch with the same
+    history, split and weights (at least `weights_at_least` of them), up to float rounding."""
     a, b = json.loads((reference / "report.json").read_text()), json.loads((out / "report.json").read_text())
     assert a["schedule"] == b["schedule"] and a["best_epoch"] == b["best_epoch"]
     assert (a["processes"], a["replicas"], b["processes"], b["replicas"]) == (1, 1, 2, 2)
@@ -79,7 +84,7 @@ def _same_model(out, reference):
     split = [json.loads((run / "split.json").read_text()) for run in (reference, out)]
     assert split[0]["train"] == split[1]["train"] and split[0]["validation"] == split[1]["validation"]
     weights, others = weights_in(reference / "model.keras"), weights_in(out / "model.keras")
-    assert weights.keys() == others.keys() and len(weights) > 100
+    assert weights.keys() == others.keys() and len(weights) > weights_at_least
     assert np.abs(weights["layers/dense/vars/0"]).max() > 0  # the zero-initialised head was trained
     for name in weights:
         np.testing.assert_allclose(others[name], weights[name], rtol=1e-5, atol=1e-6, err_msg=name)
@@ -103,7 +108,7 @@ def test_two_processes_train_one_model_written_once_equal_to_one_process(runs):
     assert said[-1].endswith(f"wrote {root / 'two'}")
     assert sorted(os.listdir(root / "two")) == sorted(os.listdir(root / "one"))  # the backup gone, the lock released
     assert not (root / "two.lock").exists()
-    _same_model(root / "two", root / "one")
+    same_model(root / "two", root / "one")
 
 
 @several
@@ -125,7 +130,7 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_model(runs, lane_
     assert launch.launch([*CLI, "finetune", *_flags(photos, out), "--resume"], 2, cpu_devices=1, timeout=400,
                          out=lines) == 0, lines.text()[-6000:]
     assert f"[0] resuming {out}: 1 of 2 epochs done" in lines.text().splitlines()
-    _same_model(out, root / "one")
+    same_model(out, root / "one")
 
 
 @several
