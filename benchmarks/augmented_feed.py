@@ -30,7 +30,6 @@ DeiT's augmentations on both sides:
 import functools
 import json
 import os
-import statistics
 import sys
 import tempfile
 
@@ -165,12 +164,8 @@ def measure_pipelines(args, folder):
 def pipeline_table(rates, timm_info):
     """The markdown table of `rates` ({name: [img/s per round]}), each row against timm's row of its dtype
     (`timm_info`: why timm did not run, where it did not)."""
-    lines = ["| pipeline | img/s (median) | range | x timm's loader, same dtype |", "|---|---|---|---|"]
-    for name, values in rates.items():
-        median = statistics.median(values)
-        peer = rates.get(TIMM.format(name.rsplit(", ", 1)[1]))
-        ratio = f"{median / statistics.median(peer):.2f}x" if peer else "-"
-        lines.append(f"| {name} | {median:,.0f} | {min(values):,.0f}-{max(values):,.0f} | {ratio} |")
+    lines = folder_feed.rate_table(rates, lambda name: TIMM.format(name.rsplit(", ", 1)[1]),
+                                   "timm's loader, same dtype")
     if "not_run" in timm_info:
         lines += [f"| {TIMM.format(dtype)} | not run: {timm_info['not_run']} | - | - |" for dtype in DTYPES]
     return "\n".join(lines)

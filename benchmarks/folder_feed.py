@@ -223,13 +223,20 @@ def rounds(args, starts, peers, check=None):
     return rates, [min(loads), max(loads)]
 
 
-def pipeline_table(rates, timm_info):
-    peer = statistics.median(rates[TIMM]) if rates.get(TIMM) else None
-    lines = ["| pipeline | img/s (median) | range | x timm's loader |", "|---|---|---|---|"]
+def rate_table(rates, peer_of, peer_label):
+    """The markdown lines of `rates` ({name: [img/s per round]}): each pipeline's median, range and the ratio
+    of its median to its peer's, the row `peer_of(name)` names (no ratio where that row is not in `rates`),
+    under a column headed "x `peer_label`"."""
+    lines = [f"| pipeline | img/s (median) | range | x {peer_label} |", "|---|---|---|---|"]
     for name, values in rates.items():
-        median = statistics.median(values)
-        ratio = f"{median / peer:.2f}x" if peer else "-"
+        median, peer = statistics.median(values), rates.get(peer_of(name))
+        ratio = f"{median / statistics.median(peer):.2f}x" if peer else "-"
         lines.append(f"| {name} | {median:,.0f} | {min(values):,.0f}-{max(values):,.0f} | {ratio} |")
+    return lines
+
+
+def pipeline_table(rates, timm_info):
+    lines = rate_table(rates, lambda name: TIMM, "timm's loader")
     if TIMM not in rates:
         lines.append(f"| {TIMM} | not run: {timm_info['not_run']} | - | - |")
     return "\n".join(lines)

@@ -26,11 +26,10 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import sys
 import tempfile
 
-from folder_feed import IMAGE_SIZE, TimmWorker, rounds, timed, timm_transform, versions
+from folder_feed import IMAGE_SIZE, TimmWorker, rate_table, rounds, timed, timm_transform, versions
 from photo_folder import cpu_name, write_folder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -140,12 +139,7 @@ def measure(args, folder, pattern):
 def table(rates, timm_info):
     """The markdown table of `rates` ({name: [img/s per round]}) against timm's folder reader (`timm_info`:
     why timm did not run, where it did not)."""
-    peer = statistics.median(rates[TIMM_FOLDER]) if rates.get(TIMM_FOLDER) else None
-    lines = ["| pipeline | img/s (median) | range | x timm's folder reader |", "|---|---|---|---|"]
-    for name, values in rates.items():
-        median = statistics.median(values)
-        ratio = f"{median / peer:.2f}x" if peer else "-"
-        lines.append(f"| {name} | {median:,.0f} | {min(values):,.0f}-{max(values):,.0f} | {ratio} |")
+    lines = rate_table(rates, lambda name: TIMM_FOLDER, "timm's folder reader")
     if "not_run" in timm_info:
         lines += [f"| {name} | not run: {timm_info['not_run']} | - | - |" for name in TIMM.values()]
     return "\n".join(lines)
