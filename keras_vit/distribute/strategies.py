@@ -100,4 +100,30 @@ def _multi_worker_strategy():
 
             return tf.nest.map_structure(one, value)
 
+    _coordination_service()
     return MultiWorkerMirroredStrategy()
+
+
+HEARTBEAT_TIMEOUT_S = 100  # JAX's default for its processes
+
+
+def _coordination_service():
+    """TensorFlow's coordination service configured as `MultiWorkerMirroredStrategy` configures it (standalone, led
+    by the chief or worker 0, over the chief and the workers of TF_CONFIG), but with a heartbeat timeout of
+    HEARTBEAT_TIMEOUT_S: TensorFlow's default, 10 s, ends every worker's run ("The following tasks are unhealthy
+    (stopped sending heartbeats) ... The tasks have crashed") when one of them is merely held up for 10 s, as a
+    loaded host or a stopped process does. A worker that did die is still seen by its peers, within that time, and
+    at once by the launcher that started it. Nothing done when the service is already configured."""
+    import tensorflow as tf
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # no public way to set the timeout
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    if context.context().coordination_service is not None:
+        return
+    cluster = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster.num_tasks(job))
+            for job in ("chief", "worker") if job in cluster.jobs]
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster),
+        coordinated_jobs=jobs, heartbeat_timeout_in_ms=HEARTBEAT_TIMEOUT_S * 1000)
