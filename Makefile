@@ -35,21 +35,31 @@ venv: python $(VENV)/.installed
 # A backend's suite is mostly one core's work, so on the default three backends two lanes run side by side
 # (jax | tensorflow then torch), each into .test-logs/BACKEND.log, printed in order once all have ended;
 # BACKENDS=... runs the backends named, one after the other. TESTS=... picks test files.
+# The run ends with each lane's time against LANE_BUDGET_MIN and the ten slowest tests (tests/_lane_report.py);
+# a lane over it is said, not failed (docs/contributing.md, "Keeping the suite fast").
+# On the jax lane XLA compiles without LLVM's optimisations: most of that lane's time is compiling the tiny
+# test models (half its CPU time), which this halves; the computation is the same, its code slower to run
+# (the real-weights tests about even). tests/test_parity.py checks the official outputs once under XLA's
+# default flags too.
+TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true
 TESTS ?= tests
+LANE_BUDGET_MIN ?= 25
 LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),jax tensorflow+torch)
 test: python venv
 	@rm -rf .test-logs && mkdir .test-logs; \
 	echo "=== pytest, lanes side by side: $(LANES) (logs in .test-logs/) ==="; \
 	for lane in $(LANES); do \
-	  ( for b in $$(echo $$lane | tr + ' '); do \
-	      if [ $$b = jax ]; then only=""; else only="not backend_independent and not one_backend"; fi; \
+	  ( lane_start=$$(date +%s); \
+	    for b in $$(echo $$lane | tr + ' '); do \
+	      if [ $$b = jax ]; then only=""; xla="$(TEST_XLA_FLAGS)"; else only="not backend_independent and not one_backend"; xla=""; fi; \
 	      start=$$(date +%s); \
-	      KERAS_BACKEND=$$b $(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "$$only" $(TESTS) \
-	        > .test-logs/$$b.log 2>&1 || { touch .test-logs/$$b.failed; exit 1; }; \
+	      KERAS_BACKEND=$$b XLA_FLAGS="$$xla $$XLA_FLAGS" $(PY) -m pytest -q -p no:cacheprovider --durations=15 --junitxml=.test-logs/$$b.xml \
+	        -m "$$only" $(TESTS) > .test-logs/$$b.log 2>&1 || { touch .test-logs/$$b.failed; break; }; \
 	      echo "=== KERAS_BACKEND=$$b passed in $$(( ($$(date +%s) - start) / 60 )) min ==="; \
-	    done ) & \
+	    done; echo $$(( $$(date +%s) - lane_start )) > .test-logs/$$lane.seconds ) & \
 	done; wait; \
 	for b in $$(echo $(LANES) | tr + ' '); do echo "=== pytest on KERAS_BACKEND=$$b ==="; cat .test-logs/$$b.log; done; \
+	$(PY) tests/_lane_report.py .test-logs $(LANE_BUDGET_MIN) $(LANES); \
 	if ls .test-logs/*.failed >/dev/null 2>&1; then echo "FAILED on: $$(cd .test-logs && ls *.failed | sed 's/.failed//')"; exit 1; fi
 
 demo: python venv

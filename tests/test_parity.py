@@ -5,7 +5,7 @@ against the official outputs."""
 import numpy as np
 import pytest
 import scipy.ndimage
-from conftest import CASES, OFFICIAL, case_config
+from conftest import CASES, OFFICIAL, backend, case_config
 from reference import vit_forward
 
 import keras_vit
@@ -87,3 +87,29 @@ def test_gap_classifier_equals_the_numpy_reference(tmp_path):
     np.testing.assert_allclose(official_variables(bigger)[key].numpy(), resized[key], atol=1e-6)
     x24 = np.random.default_rng(0).uniform(-1, 1, (2, 24, 24, 3)).astype("float32")
     assert np.abs(bigger.predict(x24, verbose=0) - vit_forward(resized, x24, "gap")).max() <= TOLERANCE
+
+
+@pytest.mark.skipif(backend() != "jax", reason="the jax lane's XLA flags (Makefile)")
+def test_official_logits_under_xla_default_flags():
+    """`make test` compiles the jax lane with LLVM's optimisations off (the Makefile's TEST_XLA_FLAGS, for time):
+    the official logits of every case also hold under XLA's default flags, as users compile them, in a fresh
+    interpreter."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import sys, numpy as np, keras_vit; sys.path.insert(0, 'tests'); from conftest import CASES, OFFICIAL, "
+              "case_config\n"
+              "for name in sorted(CASES):\n"
+              "    expected = np.load(OFFICIAL / f'{name}.expected.npz', allow_pickle=False)\n"
+              "    model = keras_vit.VisionTransformer(**case_config(name), weights=OFFICIAL / f'{name}.npz', "
+              "classifier_activation=None)\n"
+              "    print(name, float(np.abs(model.predict(expected['x'], verbose=0) - expected['logits']).max()))\n")
+    env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": ""}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    errors = dict(line.split() for line in done.stdout.splitlines() if line.split()[0] in CASES)
+    assert sorted(errors) == sorted(CASES)
+    assert all(float(e) <= TOLERANCE for e in errors.values()), errors

@@ -1,0 +1,49 @@
+"""What `make test` prints last: each lane's time against its budget and the ten slowest tests of the run.
+
+    python tests/_lane_report.py LOGS BUDGET_MINUTES LANE...
+
+LOGS is the folder `make test` writes (.test-logs): LANE.seconds, the lane's wall time, and BACKEND.xml, pytest's
+JUnit report of each backend of the lane (a lane is backends joined by "+", e.g. tensorflow+torch). A lane over
+its budget is said in one line; the exit status is 0 whatever the times (a loaded machine must not fail a run
+by chance): the budget is a rule for people (docs/contributing.md), not a test.
+"""
+
+import pathlib
+import sys
+import xml.etree.ElementTree as ET
+
+
+def test_times(xml_path):
+    """(seconds, test id) of every test case in the JUnit report `xml_path` (none if it is missing)."""
+    if not xml_path.exists():
+        return []
+    cases = []
+    for case in ET.parse(xml_path).getroot().iter("testcase"):
+        module = case.get("classname", "").replace(".", "/")
+        cases.append((float(case.get("time", 0)), f"{module}.py::{case.get('name')}"))
+    return cases
+
+
+def report(logs, budget_min, lanes):
+    """The lines of the report (see the module's docstring) for the folder `logs`."""
+    lines = [f"=== lanes against their budget of {budget_min:g} min each (Makefile's LANE_BUDGET_MIN) ==="]
+    for lane in lanes:
+        path = logs / f"{lane}.seconds"
+        if not path.exists():
+            lines.append(f"{lane:<20} no time recorded (the lane did not end)")
+            continue
+        minutes = int(path.read_text().split()[0]) / 60
+        over = minutes - budget_min
+        verdict = (f"OVER its budget by {over:.1f} min: a change is not done while a lane is over "
+                   "(docs/contributing.md, 'Keeping the suite fast')" if over > 0 else "within its budget")
+        lines.append(f"{lane:<20} {minutes:5.1f} min  {verdict}")
+    slowest = sorted(((seconds, backend, test) for lane in lanes for backend in lane.split("+")
+                      for seconds, test in test_times(logs / f"{backend}.xml")), reverse=True)[:10]
+    lines.append("=== the ten slowest tests of the run ===")
+    lines += [f"{seconds:7.1f} s  {backend:<10}  {test}" for seconds, backend, test in slowest]
+    return lines
+
+
+if __name__ == "__main__":
+    folder, budget, *lane_names = sys.argv[1:]
+    print("\n".join(report(pathlib.Path(folder), float(budget), lane_names)))
