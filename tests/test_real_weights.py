@@ -141,18 +141,57 @@ def backbone(folder):
     return keras_vit.from_huggingface(folder, image_size=224)
 
 
+def _float_onnx(model, tmp_path_factory):
+    """`model` exported once as float ONNX (ImageNet scaling inside), read by the tests of the float file and
+    of its int8 quantization: an export of these weights is minutes of tf2onnx on the 2-core CI machine."""
+    from keras_vit.export import export
+
+    pytest.importorskip("onnxruntime")
+    return export(model, tmp_path_factory.mktemp("float_onnx") / "out", "onnx", input_mode="imagenet")
+
+
+@pytest.fixture(scope="module")
+def backbone_onnx(backbone, tmp_path_factory):
+    return _float_onnx(backbone, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def any_size_pooled(folder):
+    return keras_vit.from_huggingface(folder, input_shape=(None, None, 3))
+
+
+@pytest.fixture(scope="module")
+def any_size_pooled_onnx(any_size_pooled, tmp_path_factory):
+    return _float_onnx(any_size_pooled, tmp_path_factory)
+
+
+def _int8_of(float_path, tmp_path, calibration):
+    """A copy of the float ONNX file at `float_path` quantized to int8 (dynamic, or static with `calibration`)
+    by the step `export(..., quantize="int8")` ends with (tests/test_export.py runs that whole call)."""
+    import shutil
+
+    from keras_vit.export.int8 import _quantize_int8
+
+    path = str(tmp_path / os.path.basename(float_path))
+    shutil.copyfile(float_path, path)
+    _quantize_int8(path, calibration)
+    return path
+
+
 @pytest.mark.slow
 @ONCE_EXPORTED
 @pytest.mark.parametrize("format", ["tf_saved_model", "onnx", "litert"])
-def test_every_export_format_keeps_the_representation(backbone, format, tmp_path):
+def test_every_export_format_keeps_the_representation(backbone, format, tmp_path, request):
     """Each format from this backend (some through the TensorFlow backend in a fresh process), the
-    ImageNet scaling inside the artefact, against Keras on crops of the photographs."""
+    ImageNet scaling inside the artefact, against Keras on crops of the photographs (the float ONNX file is
+    the one the int8 tests quantize)."""
     from keras_vit.export import export, run
 
     pytest.importorskip({"onnx": "onnxruntime", "litert": "ai_edge_litert", "tf_saved_model": "tensorflow"}[format])
     images = _crops()
     batch = {"batch_size": len(images)} if (BACKEND, format) == ("torch", "litert") else {}
-    path = export(backbone, tmp_path / "out", format, input_mode="imagenet", **batch)
+    path = (request.getfixturevalue("backbone_onnx") if format == "onnx" else
+            export(backbone, tmp_path / "out", format, input_mode="imagenet", **batch))
     got = run(path, format, images)
     assert list(got) == ["features"]  # the signature says what it holds
     expected = keras.ops.convert_to_numpy(backbone(keras_vit.preprocess_input(images, "imagenet")))
@@ -164,16 +203,14 @@ def test_every_export_format_keeps_the_representation(backbone, format, tmp_path
 @pytest.mark.slow
 @ONCE_EXPORTED
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
-def test_int8_onnx_on_real_weights(backbone, static, tmp_path):
+def test_int8_onnx_on_real_weights(backbone, backbone_onnx, static, tmp_path):
     """int8 ONNX (dynamic, and static calibrated on the other half of the crops) against Keras: the
     figure issue 19 could not measure without pretrained weights."""
-    from keras_vit.export import export, run
+    from keras_vit.export import run
 
-    pytest.importorskip("onnxruntime")
     images = _crops()
     test, calibration = images[::2], images[1::2]
-    path = export(backbone, tmp_path / "out", "onnx", quantize="int8", input_mode="imagenet",
-                  calibration=calibration if static else None)
+    path = _int8_of(backbone_onnx, tmp_path, calibration if static else None)
     expected = keras.ops.convert_to_numpy(backbone(keras_vit.preprocess_input(test, "imagenet")))
     cosine, nearest = _agreement(run(path, "onnx", test)["features"], expected)
     print(f"int8 {'static' if static else 'dynamic'} ONNX: cosine >= {cosine:.4f}, nearest-neighbour "
@@ -361,15 +398,13 @@ def test_any_size_onnx_serves_dinov2_patch_features_at_the_image_size(any_size_t
 @pytest.mark.slow
 @ONCE_EXPORTED
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
-def test_int8_onnx_at_any_size_on_real_weights(folder, static, tmp_path):
+def test_int8_onnx_at_any_size_on_real_weights(any_size_pooled, any_size_pooled_onnx, static, tmp_path):
     """int8 ONNX of the any-size pooled representation on photographs at three sizes (static: calibrated
     at 224 px on other crops), against float32 Keras: cosine and nearest-neighbour agreement."""
-    from keras_vit.export import export, run
+    from keras_vit.export import run
 
-    pytest.importorskip("onnxruntime")
-    model = keras_vit.from_huggingface(folder, input_shape=(None, None, 3))
-    calibration = _crops()[1::2] if static else None
-    path = export(model, tmp_path / "out", "onnx", quantize="int8", input_mode="imagenet", calibration=calibration)
+    model = any_size_pooled
+    path = _int8_of(any_size_pooled_onnx, tmp_path, _crops()[1::2] if static else None)
     for hw in [(224, 224), (168, 336), (336, 336)]:
         wide = real_dinov2.photos((hw[0], 2 * hw[1]))
         images = np.concatenate([wide[:, :, :hw[1]], wide[:, :, hw[1]:]])[::2]
