@@ -115,13 +115,16 @@ def check_images(model, data):
             "any size (input_shape=(None, None, 3); weights= resizes the position embeddings)")
     if h is None or w is None:
         try:
-            stride = find_vit(model).stride
+            parts = find_vit(model)
         except ValueError:
             return
-        odd = [(axis, got) for axis, got in zip(("height", "width"), shape[1:3]) if got is not None and got % stride]
+        stride, crop = parts.stride, parts.crop is not None  # crop: any size of a patch or more, cut to whole ones
+        odd = [(axis, got) for axis, got in zip(("height", "width"), shape[1:3])
+               if got is not None and (got < stride if crop else got % stride)]
         if odd:
-            raise ValueError(f"{takes}, got a batch of shape {shape}: the {odd[0][0]} {odd[0][1]} is not a "
-                             f"multiple of {stride} pixels per token (patch size x ResNet stride)")
+            raise ValueError(f"{takes}, got a batch of shape {shape}: the {odd[0][0]} {odd[0][1]} is "
+                             + (f"less than one {stride}-pixel patch" if crop else
+                                f"not a multiple of {stride} pixels per token (patch size x ResNet stride)"))
 
 
 def _checked_batches(model, batches):

@@ -7,7 +7,8 @@ from keras_vit.configs import VARIANTS, find_variant, get_variant, pair, resnet_
 from keras_vit.extras import require
 from keras_vit.fileio import atomic_write, check_free_space, check_writable, weights_file_bytes
 from keras_vit.variants import VisionTransformer
-from keras_vit.weights.foreign import file_image_size, file_options, is_foreign, load_foreign, read, settle_layout
+from keras_vit.weights.foreign import (crop_option, file_image_size, file_options, is_foreign, load_foreign, read,
+                                      settle_layout, warn_assumed_gelu)
 from keras_vit.weights.heads import CLASSIFIER, PROJECTION, default_activation
 from keras_vit.weights.keras_hub import is_preset as is_keras_hub_preset
 from keras_vit.weights.timm import TIMM_HEADS, name_options
@@ -30,7 +31,7 @@ def _check_variant(path, arch, variant):
 def _head_count(path, arch, variant, num_heads):
     """The file's head count: its config's, `num_heads`, `variant`'s (`_check_variant` has matched it to
     the file), the variant whose dimensions the file has, else timm's head count for the file's width
-    (`keras_vit.weights.timm.TIMM_HEADS`)."""
+    and layout (`keras_vit.weights.timm.TIMM_HEADS`, or TIMM_SIGLIP_HEADS for SigLIP's layout)."""
     if arch.get("num_heads") or num_heads:
         return arch.get("num_heads") or num_heads
     if variant is None:
@@ -38,8 +39,9 @@ def _head_count(path, arch, variant, num_heads):
                         and (get_variant(v).resnet is None) == (arch["resnet"] is None)), None)
     if variant is not None:
         return get_variant(variant).num_heads
-    if arch["hidden_size"] in TIMM_HEADS:
-        return TIMM_HEADS[arch["hidden_size"]]
+    heads = arch["timm_heads"] if "timm_heads" in arch else TIMM_HEADS.get(arch["hidden_size"])
+    if heads:
+        return heads
     raise ValueError(
         f"{path}: no variant has patch {arch['patch_size']}, width {arch['hidden_size']}, MLP {arch['mlp_dim']}, "
         f"depth {arch['num_layers']}, no timm ViT has width {arch['hidden_size']}, and a timm file does not record "
@@ -57,11 +59,13 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
     timm state dict does not hold it, so it comes from `variant` (e.g. "ViT_B16"), `num_heads`, the
     variant table entry whose patch, width, MLP and depth match the file, or timm's head count for
     the file's width. `image_size` builds the model at another resolution (position embeddings
-    resized by the source's rule); `overrides` are further `build_vit` arguments (e.g.
-    `include_top=False, pooling=None`, or `mlp_activation="quick_gelu"` for an OpenAI CLIP file
-    whose name does not say quickgelu). With `input_dtype="uint8"` the model scales its uint8 input by
-    the file's own normalisation (`input_mode`: DINOv2's and DeiT's ImageNet mean and deviation, CLIP's)
-    unless `input_mode` is given.
+    resized by the source's rule; a file whose own size is no multiple of its patch, e.g. SigLIP so400m/14 at
+    384 px, builds with `crop_to_patches=True`, its source's patch convolution); `overrides` are further `build_vit`
+    arguments (e.g. `include_top=False, pooling=None`, `mlp_activation="quick_gelu"` for an OpenAI CLIP file
+    whose name does not say quickgelu, or `approximate_gelu=True` for a timm SigLIP 2 file whose name does
+    not name its architecture: `keras_vit.weights.foreign.warn_assumed_gelu` says so in one line). With
+    `input_dtype="uint8"` the model scales its uint8 input by the file's own normalisation (`input_mode`:
+    DINOv2's and DeiT's ImageNet mean and deviation, CLIP's) unless `input_mode` is given.
 
     The model outputs by default what the source class returns (`keras_vit.weights.heads.HEADS`):
     a classifier's probabilities (`classifier_activation="auto"` is "softmax" there; None gives
@@ -90,8 +94,11 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
         include_top=arch["classes"] is not None or "classes" in overrides, classifier_activation=classifier_activation,
         name=variant or find_variant({**{k: arch[k] for k in _ARCH}, "num_heads": heads}) or "vit",
         **{k: arch[k] for k in _ARCH}, **file_options(arch), **({"naflex": True} if naflex else {}),
+        **crop_option(file_image_size(arch, stride), stride, arch["resnet"]),
     )
     args.update(overrides)
+    if "approximate_gelu" not in overrides and args.get("mlp_activation") in (None, "gelu"):
+        warn_assumed_gelu(arch, path)
     if args.get("input_dtype") == "uint8":  # a uint8 input is scaled inside by the file's own normalisation
         args.setdefault("input_mode", arch["input_mode"])
     projection = arch["source_head"] == PROJECTION and args["classes"] == arch["classes"]
@@ -114,8 +121,10 @@ def from_timm(name_or_file, num_heads=None, image_size=None, classifier_activati
         name_or_file: a timm `.safetensors` / `.pth` / `.bin` file, or a timm model name with its
             pretrained tag (e.g. "vit_small_patch14_dinov2.lvd142m"), whose `model.safetensors`
             is taken from the Hugging Face hub cache (`huggingface_hub.hf_hub_download` of
-            "timm/<name>": downloaded once where there is a network). The name also tells what a
-            state dict does not: QuickGELU (`*_quickgelu_*`).
+            "timm/<name>": downloaded once where there is a network). The name (a file's name, or
+            its hub cache folder's) also tells what a state dict does not: QuickGELU (`*_quickgelu_*`),
+            a SigLIP architecture's GELU (SigLIP 2's tanh form: `keras_vit.weights.timm.TIMM_SIGLIP_GELU`)
+            and resolution (so400m/14's 384 px).
         num_heads: the head count when the file's width is not one of timm's ViTs'.
         image_size: build at another resolution (position embeddings resized by timm's rule).
         classifier_activation, overrides: as `build_from`.

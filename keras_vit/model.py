@@ -11,20 +11,28 @@ from keras_vit.vit_config import (  # noqa: F401 (the option names, importable f
     CLASSIFIERS, HEADS, INPUT_DTYPES, POOLINGS, POSITION_EMBEDDINGS, POSITION_PLACEMENTS, ViTConfig)
 from keras_vit.vit_model import ANY_SIZE_EXPECTED, ViTModel, one_grid_only
 
-def grid_size(image_size, patch_size, resnet=None):
-    """The (gh, gw) patch grid of a configuration; raises when the image does not tile."""
+CROP_HINT = ("or build with crop_to_patches=True to cut floor(size / patch) patches and leave the rest unread, as "
+             "a patch convolution without padding does (timm's, Hugging Face's)")
+
+
+def grid_size(image_size, patch_size, resnet=None, crop_to_patches=False):
+    """The (gh, gw) patch grid of a configuration; raises when the image does not tile (unless
+    `crop_to_patches`: the whole patches that fit)."""
     h, w = pair(image_size, "image_size")
     stride = patch_size * resnet_stride(resnet and resnet["num_layers"])
+    if crop_to_patches and h >= stride and w >= stride:
+        return h // stride, w // stride
     if h % stride or w % stride:
         what = f"patch size {patch_size}" + (f" x ResNet stride {stride // patch_size}" if resnet else "")
         raise ValueError(
             f"image_size {(h, w)} is not divisible by the {what} = {stride}; "
             f"use a multiple of {stride}, e.g. {(max(1, round(h / stride)) * stride, max(1, round(w / stride)) * stride)}"
+            + ("" if resnet or crop_to_patches else f", {CROP_HINT}")
         )
     return h // stride, w // stride
 
 
-def _input_size(image_size, input_shape, input_tensor, stride):
+def _input_size(image_size, input_shape, input_tensor, stride, crop_to_patches=False, hybrid=False):
     """(image_size the position embeddings are laid out for, (H, W) of the input, channels).
 
     H or W None means the model takes any size along that axis; `image_size=None` lays the position
@@ -60,9 +68,11 @@ def _input_size(image_size, input_shape, input_tensor, stride):
     else:
         image_size = 224
     for axis, size in zip(("height", "width"), hw if None in hw else ()):  # else grid_size() says it
-        if size is not None and size % stride:
+        if size is not None and crop_to_patches and size < stride:
+            raise ValueError(f"input {axis} {size} is less than one {stride}-pixel patch")
+        if size is not None and not crop_to_patches and size % stride:
             raise ValueError(f"input {axis} {size} is not divisible by {stride} pixels per token (patch size x "
-                             f"ResNet stride); use a multiple of {stride}")
+                             f"ResNet stride); use a multiple of {stride}" + ("" if hybrid else f", {CROP_HINT}"))
     return image_size, hw, channels
 
 
@@ -105,6 +115,7 @@ def build_vit(
     position_aspect_preserving=False,
     naflex=False,
     drop_path_rate=0.0,
+    crop_to_patches=False,
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -113,7 +124,8 @@ def build_vit(
     with `input_dtype="uint8"` the images as uint8 in [0, 255].
 
     Args:
-        image_size: int or (h, w); must be divisible by the patch size (times the ResNet stride).
+        image_size: int or (h, w); must be divisible by the patch size (times the ResNet stride), unless
+            `crop_to_patches`.
         patch_size: P, the side of the square patches.
         hidden_size, mlp_dim, num_heads, num_layers: D, MLP width, heads and depth of the encoder.
         classes: width of the classification head.
@@ -128,6 +140,12 @@ def build_vit(
             i * drop_path_rate / (L - 1) (timm's linear rule; one block gets 0), kept ones scaled by
             1 / keep; 0 (the paper's) or evaluation computes exactly the model without it. Saved in
             the blocks' config (see `keras_vit.layers.TransformerBlock`).
+        crop_to_patches: False (the paper's): an image side that is no multiple of the patch is refused;
+            True: the images' bottom rows and right columns that fill no whole patch are dropped
+            (`keras_vit.layers.CropToPatches`, a layer "crop_to_patches" saved with the model), as the
+            patch convolution of timm, Hugging Face and keras-hub (no padding) leaves them unread:
+            SigLIP so400m/14 takes 384 px images as 27 x 27 patches. The loaders of those files set it
+            for a file whose own size is no multiple of its patch. Not with a ResNet stem.
         include_top: with the head; without it the model returns what `pooling` says.
         input_tensor: optional Keras tensor to build the model on (None height/width: any size).
         classifier_activation: activation of the head; None gives logits.
@@ -205,8 +223,9 @@ def build_vit(
     config = ViTConfig(**{k: v for k, v in locals().items() if k not in ("input_tensor", "name")})
     if input_tensor is not None and not keras.utils.is_keras_tensor(input_tensor):
         input_tensor = keras.Input(tensor=input_tensor)
-    image_size, hw, channels = _input_size(config.image_size, config.input_shape, input_tensor, config.stride)
-    grid = grid_size(image_size, config.patch_size, config.resnet)
+    image_size, hw, channels = _input_size(config.image_size, config.input_shape, input_tensor, config.stride,
+                                           config.crop_to_patches, config.resnet is not None)
+    grid = grid_size(image_size, config.patch_size, config.resnet, config.crop_to_patches)
     runtime = None in hw  # takes any size: the layers that need the grid read it off the images
     if runtime:
         config.check_any_size()
@@ -231,6 +250,8 @@ def _inputs(config, input_tensor, shape):
     if config.input_dtype == "uint8":
         scale, offset = (1 / 127.5, -1.0) if config.input_mode == "vit" else input_scaling(config.input_mode)
         images = keras.layers.Rescaling(scale, offset=offset, name="rescale", dtype="float32")(images)
+    if config.crop_to_patches:  # what every later layer sees: whole patches only
+        images = L.CropToPatches(config.stride, name="crop_to_patches")(images)
     return inputs, images
 
 
@@ -342,7 +363,8 @@ def _top(config, x):
 
 def any_size(model):
     """A copy of `model`, a keras-vit model built for one image size, that takes images of any height and
-    width divisible by its token size (patch size times a hybrid's ResNet stride): the same layers
+    width divisible by its token size (patch size times a hybrid's ResNet stride; any size of at least one
+    patch, cut to whole patches, for a model built with `crop_to_patches=True`): the same layers
     and weights, the position embeddings kept on their grid and resized at each call by the model's
     rule, as if built with `input_shape=(None, None, 3)`; class names kept. A model that takes any
     size already is returned as it is.
@@ -374,8 +396,15 @@ def any_size(model):
             config.update(grid_size=None, stride=stride)
         return layer.__class__.from_config(config)
 
+    cropped = []  # with crop_to_patches, the images the layers after it see
+
     def call(layer, *args, **kwargs):  # the two layers that read the grid off the images get them
-        return layer(*args, inputs, **kwargs) if layer.name in ("posembed_input", "feature_map") else layer(*args, **kwargs)
+        if layer.name in ("posembed_input", "feature_map"):
+            return layer(*args, cropped[0] if cropped else inputs, **kwargs)
+        out = layer(*args, **kwargs)
+        if layer.name == "crop_to_patches":
+            cropped.append(out)
+        return out
 
     copy = keras.models.clone_model(model, input_tensors=inputs, clone_function=clone, call_function=call)
     for layer in copy.layers:

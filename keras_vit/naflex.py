@@ -72,6 +72,8 @@ def naflex(model):
             return layer(*args, valid=valid, **kwargs)
         if layer.name == "feature_map":
             return layer(args[0])
+        if layer.name == "crop_to_patches":  # patches are whole: nothing to crop
+            return args[0]
         return layer(*args, **kwargs)
 
     outputs = model._run_through_graph([inputs["patches"]], operation_fn=clone, call_fn=call)

@@ -14,6 +14,7 @@ class ViTParts:
     Attributes:
         container: the model (or layer) whose direct sub-layers are the ViT's.
         path: human-readable location of ``container`` inside the inspected model.
+        crop: the layer that drops the pixels filling no whole patch (``crop_to_patches``) or None.
         resnet: the hybrid stem (``resnet`` layer) or None.
         embedding: the patch embedding (``embedding``).
         cls: the class-token layer (``cls``) or None (``classifier="gap"``/``"map"``).
@@ -33,8 +34,9 @@ class ViTParts:
     """
 
     def __init__(self, container, path, resnet, embedding, cls, posembed, blocks, block_posembeds=None, dist=None,
-                 registers=None, pre_norm=None, dropout=None):
+                 registers=None, pre_norm=None, dropout=None, crop=None):
         self.container = container
+        self.crop = crop
         self.dist, self.registers, self.pre_norm, self.dropout = dist, registers, pre_norm, dropout
         self.path = path
         self.resnet = resnet
@@ -164,7 +166,7 @@ def _parts_of(container, path):
     block_posembeds = [posembed] + [posembed if shared else by_name.get(f"posembed_{i}") for i in indices[1:]]
     return ViTParts(container, path, by_name.get("resnet"), embedding, cls, posembed, blocks, block_posembeds, dist=dist,
                      registers=by_name.get("registers"), pre_norm=by_name.get("pre_norm"),
-                     dropout=by_name.get("dropout"))
+                     dropout=by_name.get("dropout"), crop=by_name.get("crop_to_patches"))
 
 
 def find_vit(model):

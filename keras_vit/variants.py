@@ -8,7 +8,8 @@ import os
 from keras_vit.configs import VARIANTS, get_variant, pair, resnet_stride
 from keras_vit.model import build_vit
 from keras_vit.weights import KERAS_SUFFIXES, fetch, get_weights, is_path, list_weights, load_weights, peek_npz
-from keras_vit.weights.foreign import ForeignFile, describe, file_image_size, file_options, is_foreign, read
+from keras_vit.weights.foreign import (ForeignFile, crop_option, describe, file_image_size, file_options, is_foreign,
+                                      read, warn_assumed_gelu)
 from keras_vit.weights.heads import CLASSIFIER, PROJECTION, default_activation
 
 
@@ -54,6 +55,7 @@ def _foreign_facts(variant, path, image_size=None):
     numerics and family options it dictates (`keras_vit.weights.foreign.file_options`)."""
     grid = None if image_size is None else tuple(v // variant.stride for v in pair(image_size, "image_size"))
     arch = describe(path, grid)
+    warn_assumed_gelu(arch, getattr(path, "path", path))
     return file_image_size(arch, variant.stride), arch["classes"], arch["pre_logits"], arch["classifier"], \
         {**file_options(arch), "source_head": arch["source_head"],
          "representation_size": arch.get("representation_size")}
@@ -105,6 +107,8 @@ def resolve_build_args(variant, weights, image_size, classes, include_top, repre
     file_width = numerics.pop("representation_size", None)  # a keras-hub task's pre-logits width (else D)
     # None means "take the weights' value"; any other value (0 included) goes to the builder's checks.
     image_size = image_size if image_size is not None else file_size or 224
+    if isinstance(weights, ForeignFile):  # a file of a size that is no multiple of its patch: its source's crop
+        numerics.update(crop_option(file_size, config.stride, config.resnet))
     classes = classes if classes is not None else file_classes or 1000
     if representation_size == "auto":
         keep = include_top and file_pre and classes == file_classes

@@ -74,6 +74,7 @@ class ViTConfig:
     position_aspect_preserving: bool = False
     naflex: bool = False
     drop_path_rate: float = 0.0
+    crop_to_patches: bool = False
 
     def __post_init__(self):
         # In this order, the builder's: of several bad options, the same one is named.
@@ -173,6 +174,11 @@ def _check_numbers(c):
         unknown = set(c.resnet) - {"num_layers", "width_factor"}
         if unknown or "num_layers" not in c.resnet:
             raise ValueError(f"resnet must be None or {{'num_layers': (...), 'width_factor': int}}, got {c.resnet!r}")
+    if not isinstance(c.crop_to_patches, bool):
+        raise ValueError(f"crop_to_patches must be True or False, got {c.crop_to_patches!r}")
+    if c.crop_to_patches and c.resnet is not None:
+        raise ValueError("crop_to_patches=True drops the pixels a patch convolution without padding leaves unread; "
+                         "a hybrid's ResNet stem pads its convolutions and reads them all (resnet=None)")
 
 
 def _check_pooling(c):

@@ -124,6 +124,17 @@ def test_features_at_any_size(pooling, tmp_path):
         assert [d.dim_param or d.dim_value for d in dims] == ["batch", "grid_height", "grid_width", 32]
 
 
+@pytest.mark.skipif(tensorflows_file("tf_saved_model", any_size=True),
+                    reason=f"{BACKEND}'s any-size SavedModel is written by TensorFlow: checked on its lane")
+def test_a_model_that_crops_to_patches_takes_any_size(tmp_path):
+    """crop_to_patches (SigLIP so400m/14 at 384 px, issue 53): the SavedModel takes sides that are no multiple
+    of the patch, cut to whole patches as the Keras model cuts them (jax: jax2tf's floor of a symbolic side)."""
+    _runtime_or_skip("tf_saved_model")
+    model = _spread(keras_vit.VisionTransformer(**ANY, crop_to_patches=True))
+    path = export(model, tmp_path / "out", "tf_saved_model")
+    _check_sizes(model, path, "tf_saved_model", "probabilities", [(36, 36), (30, 50), (32, 32)], 1e-5)
+
+
 @TENSORFLOWS_ONNX
 def test_hybrid_any_size_in_onnx(tmp_path):
     """A hybrid's tokens are 2 x 4 = 8 pixels (patch x ResNet stride): it takes any multiple of 8."""

@@ -297,8 +297,141 @@ def test_convert_cli_writes_a_family_model_that_reloads(tmp_path):
     (dict(layer_scale="small"), "layer_scale must be None or a float"),
     (dict(classifier="map", mlp_activation="swiglu"), "MAPHead's MLP is a plain two-layer MLP"),
     (dict(classifier="map", include_top=False, pooling="token"), "needs a class token; this model has classifier='map'"),
+    (dict(crop_to_patches=True, resnet={"num_layers": (1,), "width_factor": 1}), "a hybrid's ResNet stem pads"),
+    (dict(crop_to_patches="yes"), "crop_to_patches must be True or False, got 'yes'"),
 ])
 def test_family_options_that_do_not_go_together_are_refused(options, match):
     with pytest.raises(ValueError, match=match):
         keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2,
                                     num_layers=1, **options)
+
+
+# --- SigLIP at timm's geometry and numerics (issue 53): narrow and shallow, the real patch and image size --------
+
+def _siglip(img_size, patch_size, act_layer=None, depth=2):
+    """A SigLIP tower of timm's own class as its model definitions make it (no class token, attention
+    pool), 32 wide, its patches, resolution and MLP activation those of a released architecture."""
+    args = dict(img_size=img_size, patch_size=patch_size, embed_dim=32, depth=depth, num_heads=2, mlp_ratio=2,
+                class_token=False, global_pool="map", num_classes=0, dynamic_img_size=img_size % patch_size == 0)
+    module = TimmViT(**args, **({"act_layer": act_layer} if act_layer else {}))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return module.eval()
+
+
+def _save(module, path):
+    safetensors_torch.save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(path))
+    return str(path)
+
+
+def _relative(ours, theirs):
+    """The max abs error as a fraction of the output's scale (its max magnitude)."""
+    return float(np.abs(ours - theirs).max() / np.abs(theirs).max())
+
+
+def _predicted(model, x):
+    return model.predict(x, verbose=0)  # one compiled program: jax's first eager call compiles op by op
+
+
+def test_siglip_so400m_patch14_at_384_px_equals_timm(tmp_path):
+    """timm's vit_so400m_patch14_siglip_384 cuts its 384 px images into 27 x 27 patches of 14 (the last 6
+    rows and columns unread); a file named after it builds at 384 px (crop_to_patches) with timm's outputs,
+    and at 400 px (28 x 28 patches) those of timm's model set to that size (position embeddings resampled)."""
+    ref = _siglip(384, 14, depth=1)
+    path = _save(ref, tmp_path / "vit_so400m_patch14_siglip_384.webli.safetensors")
+    model = keras_vit.from_timm(path, num_heads=2)
+    assert model.input_shape[1:3] == (384, 384) and keras_vit.structure.find_vit(model).crop is not None
+    other = keras_vit.from_timm(path, num_heads=2, image_size=400)
+    for size, ours in ((384, model), (400, other)):
+        if size != 384:
+            ref.set_input_size(img_size=(size, size))
+        x = _images(size, size)
+        with torch.no_grad():
+            expected = ref(_nchw(x)).numpy()
+        assert _relative(_predicted(ours, x), expected) <= 1e-5, size
+
+
+def test_siglip2_files_compute_timms_tanh_gelu_by_name_file_name_or_choice(tmp_path, monkeypatch, caplog):
+    """timm builds SigLIP 2 (vit_so400m_patch16_siglip_384 ...) with the tanh GELU, which a state dict does
+    not record: a timm model name (from the hub cache) and a file named after it give timm's outputs at 384
+    px and, of any size, at 256 px; a file whose name says nothing is built with the exact GELU, one warning
+    line says so and how to choose the other, and approximate_gelu=True gives timm's outputs."""
+    import logging
+
+    from huggingface_hub import constants
+
+    ref = _siglip(384, 16, act_layer="gelu_tanh")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    repo = tmp_path / "hub" / "models--timm--vit_so400m_patch16_siglip_384.v2_webli"
+    (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    _save(ref, repo / "snapshots" / ("0" * 40) / "model.safetensors")
+    named = _save(ref, tmp_path / "vit_so400m_patch16_siglip_384.v2_webli.safetensors")
+    unnamed = _save(ref, tmp_path / "model.safetensors")
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        by_name = keras_vit.from_timm("vit_so400m_patch16_siglip_384.v2_webli", num_heads=2,
+                                      input_shape=(None, None, 3))
+        by_file = keras_vit.from_timm(named, num_heads=2)
+        chosen = keras_vit.from_timm(unnamed, num_heads=2, approximate_gelu=True)
+    assert caplog.records == []
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        assumed = keras_vit.from_timm(unnamed, num_heads=2)
+    assert len(caplog.records) == 1 and "exact GELU" in caplog.text and "approximate_gelu=True" in caplog.text
+    x = _images(384, 384)
+    with torch.no_grad():
+        expected = ref(_nchw(x)).numpy()
+    for what, model in (("timm name", by_name), ("file name", by_file), ("approximate_gelu=True", chosen)):
+        assert model.get_layer("encoderblock_0").approximate_gelu is True, what
+        assert _relative(_predicted(model, x), expected) <= 1e-5, what
+    assert _relative(_predicted(assumed, x), expected) > 1e-5  # the GELU the file does not record matters
+    x = _images(256, 256)
+    with torch.no_grad():
+        expected = ref(_nchw(x)).numpy()
+    assert _relative(_predicted(by_name, x), expected) <= 1e-5
+
+
+@pytest.mark.backend_independent
+def test_what_a_siglip_state_dict_does_not_record_is_read_as_timms_model_definitions_say():
+    """For every SigLIP architecture timm lists (built on the meta device: its tensors' shapes only), the
+    state dict read with the architecture's name gives the GELU timm builds (act_layer='gelu_tanh' or the
+    exact one), the resolution where it is no multiple of the patch, the head count (giantopt's 1536 wide:
+    16, not DINOv2-giant's 24) and, for NaFlex, the position resize rule; read without a name, the GELU is
+    marked assumed (a warning line) and the head count is the same."""
+    from keras_vit.weights.timm import TIMM_SIGLIP_GELU, architecture, name_options
+
+    assert sorted(TIMM_SIGLIP_GELU) == sorted(timm.list_models("*siglip*"))
+    for name, tanh in TIMM_SIGLIP_GELU.items():
+        with torch.device("meta"):
+            module = timm.create_model(name, pretrained=False, depth=1)
+        act, tensors = type(module.blocks[0].mlp.act).__name__, module.state_dict()
+        assert act in ("GELU", "GELUTanh") and (act == "GELUTanh") == tanh, name
+        named = architecture(tensors, name=f"/x/{name}.v2_webli.safetensors")
+        unnamed = architecture(tensors, name="/x/model.safetensors")
+        assert named["approximate_gelu"] is tanh and not named["gelu_assumed"], name
+        assert unnamed["approximate_gelu"] is False and unnamed["gelu_assumed"], name
+        assert named["timm_heads"] == unnamed["timm_heads"] == module.blocks[0].attn.num_heads, name
+        size = getattr(getattr(module, "patch_embed", None), "img_size", None)
+        if size is not None and size[0] % module.patch_embed.patch_size[0]:  # so400m/14 at 384 px
+            assert named["image_size"] == tuple(size) and unnamed["image_size"] is None, name
+        if name.startswith("naflexvit_"):
+            assert module.embeds.pos_embed_interp_mode == "bilinear" and module.embeds.pos_embed_antialias
+            assert named["position_interpolation"] == "bilinear_antialias", name
+    assert name_options("/cache/models--timm--vit_giantopt_patch16_siglip_gap_384.v2_webli/snapshots/0/"
+                        "model.safetensors")["approximate_gelu"] is True
+    assert "approximate_gelu" not in name_options("my_vit_so400m_patch16_siglip_3840.safetensors")
+
+
+@pytest.mark.backend_independent
+def test_a_size_that_does_not_tile_is_refused_naming_crop_to_patches():
+    """Without crop_to_patches (the paper's model) 44 px in patches of 14 is refused, the option named; with it,
+    a side of less than one patch is refused."""
+    arch = dict(patch_size=14, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1)
+    with pytest.raises(ValueError, match=r"image_size \(44, 44\) is not divisible by the patch size 14 = 14; use a "
+                                         r"multiple of 14, e.g. \(42, 42\), or build with crop_to_patches=True"):
+        keras_vit.VisionTransformer(image_size=44, **arch)
+    with pytest.raises(ValueError, match="input height 10 is less than one 14-pixel patch"):
+        keras_vit.VisionTransformer(image_size=None, input_shape=(10, None, 3), crop_to_patches=True, **arch)

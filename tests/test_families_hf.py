@@ -284,3 +284,28 @@ def test_heads_the_builder_cannot_make_and_missing_towers_are_refused(tmp_path):
     text_only = {"text_model.embeddings.token_embedding.weight": np.zeros((4, 32)), "logit_scale": np.zeros(())}
     with pytest.raises(ValueError, match="no vision tower"):
         hf.architecture({"model_type": "clip", "vision_config": TOWER}, text_only)
+
+
+
+def _predicted(model, x):
+    """`model.predict`: one compiled program (jax's op-by-op first call compiles each op for each new size)."""
+    return model.predict(x, verbose=0)
+
+
+def test_siglip_so400m_geometry_patch_14_at_384_px_equals_transformers(tmp_path):
+    """SigLIP so400m/14 at 384 px (issue 53): transformers' patch convolution (no padding) cuts 27 x 27
+    patches and leaves the last 6 rows and columns unread; the model loaded from the folder takes the
+    same 384 px images (crop_to_patches) and gives transformers' outputs, and so does one of any size
+    there and at 400 px (interpolate_pos_encoding: 28 x 28 patches, 8 pixels unread)."""
+    geometry = dict(TOWER, image_size=384, patch_size=14, num_hidden_layers=1)
+    ref, folder = _save(tmp_path, transformers.SiglipVisionModel, transformers.SiglipVisionConfig(**geometry))
+    model = keras_vit.from_huggingface(folder, include_top=False)
+    assert model.input_shape[1:3] == (384, 384) and keras_vit.structure.find_vit(model).grid_size == (27, 27)
+    anysize = keras_vit.from_huggingface(folder, include_top=False, input_shape=(None, None, 3))
+    for size in (384, 400):
+        x = _images(size=size)
+        with torch.no_grad():
+            theirs = ref(pixel_values=torch.from_numpy(x).permute(0, 3, 1, 2), interpolate_pos_encoding=size != 384)
+        if size == 384:
+            _close(_predicted(model, x), theirs.pooler_output, "SiglipVisionModel 384/14 at 384 px")
+        _close(_predicted(anysize, x), theirs.pooler_output, f"SiglipVisionModel 384/14 of any size at {size} px")

@@ -61,6 +61,9 @@ CASES = {
              (32, 32)),
     "siglip": (lambda: keras_hub.models.SigLIPVisionEncoder(image_shape=(32, 32, 3), intermediate_dim=64, **TINY),
                (32, 32)),
+    # so400m/14's geometry at 44 px: 3 x 3 patches of 14, the last 2 rows and columns unread (issue 53)
+    "siglip_patch14": (lambda: keras_hub.models.SigLIPVisionEncoder(
+        image_shape=(44, 44, 3), intermediate_dim=64, **{**TINY, "patch_size": 14, "num_layers": 1}), (44, 44)),
     # layer scale, 2 registers, the SwiGLU MLP, position embeddings at the image size
     "dinov2_swiglu": (lambda: keras_hub.models.DINOV2Backbone(
         image_shape=(32, 32, 3), position_embedding_shape=(32, 32, 3), intermediate_dim=64, num_register_tokens=2,
@@ -129,11 +132,14 @@ def test_clip_vision_encoder_outputs_equal_keras_hub(presets):
     np.testing.assert_allclose(_np(from_keras_hub(folder)(x)), sequence[:, 0], atol=ATOL, rtol=0)
 
 
-def test_siglip_vision_encoder_outputs_equal_keras_hub(presets):
-    """SigLIP's tower ends in its attention-pooling head: keras-vit's "map" classifier, same output (B, D)."""
-    folder, x, pooled = presets["siglip"]
+@pytest.mark.parametrize("case", ["siglip", "siglip_patch14"])
+def test_siglip_vision_encoder_outputs_equal_keras_hub(presets, case):
+    """SigLIP's tower ends in its attention-pooling head: keras-vit's "map" classifier, same output (B, D);
+    at an image size that is no multiple of the patch, the whole patches (crop_to_patches), as keras-hub's."""
+    folder, x, pooled = presets[case]
     model = from_keras_hub(folder)
     assert model.get_layer("encoderblock_0").approximate_gelu is True and model.output_shape == (None, 32)
+    assert model.input_shape[1:3] == x.shape[1:3]
     np.testing.assert_allclose(_np(model(x)), pooled, atol=ATOL, rtol=0)
 
 

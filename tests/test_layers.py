@@ -24,6 +24,7 @@ def _layer_cases():
         (L.StdConv2D(32, 3, 2), (1, 8, 8, 3)),
         (L.BottleneckUnit(32, strides=2), (1, 8, 8, 32)),
         (L.ResNetStem((1, 1), width_factor=1), (1, 32, 32, 3)),
+        (L.CropToPatches(4), (2, 10, 13, 3)),
     ]
 
 
@@ -53,6 +54,19 @@ def _conv_reference(images, kernel, bias, p):
             patch = images[:, i * p:(i + 1) * p, j * p:(j + 1) * p, :]
             out[:, i, j] = np.einsum("bhwc,hwcd->bd", patch, kernel) + bias
     return out.reshape(b, -1, kernel.shape[-1])
+
+
+def test_crop_to_patches_then_patch_encoder_equals_a_valid_strided_convolution(rng):
+    """Sides that are no multiple of the patch (10 x 13 at patch 4): the VALID convolution reads 2 x 3
+    patches and never the last 2 rows and 1 column; so do CropToPatches and PatchEncoder."""
+    crop, layer = L.CropToPatches(4), L.PatchEncoder(4, 6)
+    x = rng.normal(size=(2, 10, 13, 3)).astype("float32")
+    cropped = crop(x)
+    assert tuple(cropped.shape) == (2, 8, 12, 3) == crop.compute_output_shape((2, 10, 13, 3))
+    y = keras.ops.convert_to_numpy(layer(cropped))
+    kernel, bias = (keras.ops.convert_to_numpy(w) for w in (layer.kernel, layer.bias))
+    np.testing.assert_allclose(y, _conv_reference(x, kernel, bias, 4), atol=1e-5)
+    assert crop.compute_output_shape((None, None, 13, 3)) == (None, None, 12, 3)
 
 
 def test_patch_encoder_equals_strided_convolution_on_non_square_input(rng):

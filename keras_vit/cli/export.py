@@ -73,8 +73,9 @@ def run(args):
     if args.resize_to is not None:  # checked on images of other sizes, resized inside
         sizes = [(size[0] * 3 // 2 + 1, size[1] * 2 // 3 + 1), (size[0] * 2, size[1] * 2)]
     elif takes_any_size(model):  # checked at its own size and at one as wide again
-        stride = find_vit(model).stride
-        if size[0] % stride or size[1] % stride:
+        parts = find_vit(model)
+        stride = parts.stride
+        if parts.crop is None and (size[0] % stride or size[1] % stride):  # a model that crops takes any size
             raise ValueError(f"--image-size {args.image_size}: the model cuts images into {stride}-pixel tokens; "
                              f"expected a multiple of {stride}, e.g. {max(1, round(size[0] / stride)) * stride}")
         sizes.append((size[0], 2 * size[1]))

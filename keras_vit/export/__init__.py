@@ -79,7 +79,8 @@ def export(model, out, format="tf_saved_model", top_k=None, batch_size=None, qua
     Written into a temporary folder beside `out` and renamed into place when complete; `out` must
     not exist yet. `batch_size` fixes the batch dimension; None keeps it dynamic. A model that takes
     any image size (`input_shape=(None, None, 3)`) gives an artefact that takes any height and width
-    divisible by its patch (times a hybrid's stride), the position embeddings resized inside it by
+    divisible by its patch (times a hybrid's stride; any, cut to whole patches, for a model built with
+    `crop_to_patches=True`), the position embeddings resized inside it by
     the model's own rule. The pairs of THROUGH_TENSORFLOW (and, for a model of any size, of
     THROUGH_TENSORFLOW_ANY_SIZE) are written from the TensorFlow backend in a fresh process (`writer`).
 

@@ -203,19 +203,22 @@ class AnySizeImages(ServedInput):
     def export_options(self, backend, format, model, serving, batch_size):
         """From jax to a SavedModel, jax2tf's symbolic shape of the images: each side a multiple of the pixels
         per token ("(batch, 16*h, 16*w, 3)"), so that the patches' reshape is proven to fit when traced; any
-        side when the artefact resizes its input."""
+        side when the artefact resizes its input, or where the model crops to whole patches (its sides then
+        floor(h / 14) * 14, whose gradient jax2tf cannot trace: a serving artefact is written without one)."""
         from keras_vit.structure import find_vit
 
         if (backend, format) != ("jax", "tf_saved_model"):
             return {}
         h, w, channels = model.input_shape[1:]
+        parts = find_vit(model)
+        crop = self.resize_to is None and parts.crop is not None
         if self.resize_to is not None:
             sides = ["h", "w"]
         else:
-            stride = find_vit(model).stride
-            sides = [f"{stride}*{name}" if size is None else str(size) for size, name in ((h, "h"), (w, "w"))]
+            unit = "" if crop else f"{parts.stride}*"
+            sides = [f"{unit}{name}" if size is None else str(size) for size, name in ((h, "h"), (w, "w"))]
         shape = f"({batch_size or 'batch'}, {', '.join(sides)}, {channels})"
-        return {"jax2tf_kwargs": {"polymorphic_shapes": [shape]}}
+        return {"jax2tf_kwargs": {"polymorphic_shapes": [shape], **({"with_gradient": False} if crop else {})}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,7 +346,8 @@ def check_naflex_serving(model, input_mode="vit", resize_to=None):
 
 def check_resize_to(model, resize_to):
     """`resize_to` as (h, w), one `model` takes: its own size, or for a model of any size a multiple of its
-    token size; ValueError naming what was expected otherwise."""
+    token size (any size of a patch or more where the model crops to whole patches); ValueError naming what
+    was expected otherwise."""
     from keras_vit.configs import pair
     from keras_vit.structure import find_vit
 
@@ -352,7 +356,10 @@ def check_resize_to(model, resize_to):
     if None not in fixed and size != fixed:
         raise ValueError(f"resize_to {size}: model {model.name!r} takes {fixed[0]}x{fixed[1]} images only; expected "
                          f"resize_to={fixed[0] if fixed[0] == fixed[1] else fixed} (or a model of any size)")
-    stride = find_vit(model).stride
+    parts = find_vit(model)
+    stride = parts.stride
+    if parts.crop is not None and min(size) >= stride:
+        return size
     if size[0] % stride or size[1] % stride:
         raise ValueError(f"resize_to {size}: model {model.name!r} cuts images into {stride}-pixel tokens; expected "
                          f"multiples of {stride}")

@@ -79,6 +79,8 @@ def _run_vit(parts, images, layer_indices):
     with _no_grad():
         x = keras.ops.convert_to_tensor(images, dtype="float32")
         runtime = getattr(parts.posembed, "stride", None) is not None  # takes any size that tiles
+        if parts.crop is not None:  # the pixels that fill no whole patch, dropped as the model drops them
+            x = parts.crop(_as_image_batch(x, None, parts.path))
         x = pixels = _as_image_batch(x, None if runtime else parts.image_size, parts.path)
         if parts.resnet is not None:
             x = parts.resnet(x)

@@ -8,7 +8,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from keras_vit.configs import FAMILY_DEFAULTS, family_name
+from keras_vit.configs import FAMILY_DEFAULTS, family_name, pair
 from keras_vit.structure import find_vit
 from keras_vit.weights import hf, keras_hub, timm
 from keras_vit.weights.npz import load_arrays
@@ -100,6 +100,37 @@ def file_image_size(arch, stride):
     return side * stride if side * side == grid else None
 
 
+def crop_option(file_size, stride, resnet=None):
+    """{"crop_to_patches": True} for a foreign file whose own image size (`file_image_size`) is no multiple of its
+    patch (SigLIP so400m/14 at 384 px): its source's patch convolution (timm's, Hugging Face's, keras-hub's: no
+    padding) reads the whole patches that fit and leaves the rest, and so does the model, at every size; else {}
+    (another size that does not tile is refused, naming the option; a hybrid's stem reads every pixel)."""
+    if file_size is None or resnet is not None:
+        return {}
+    h, w = pair(file_size, "image_size")
+    return {"crop_to_patches": True} if h % stride or w % stride else {}
+
+
+def warn_assumed_gelu(arch, path):
+    """Says in one line (logged as a warning) which GELU a timm file of SigLIP's layout is built with when
+    neither its state dict nor its name tells (`keras_vit.weights.timm.architecture`'s `gelu_assumed`), and
+    how to choose the other; returns the line, or None when the file or its name told."""
+    if not arch.get("gelu_assumed"):
+        return None
+    naflex = "position_embedding" in arch  # a timm NaFlex ViT's (`keras_vit.weights.timm._naflex_architecture`)
+    tanh = ("naflexvit_base_patch16_siglip, naflexvit_so400m_patch16_siglip" if naflex else
+            "vit_so400m_patch16_siglip_*, vit_giantopt_patch16_siglip_*, vit_large_patch16_siglip_512, "
+            "vit_base_patch32_siglip_256 and their _gap twins")
+    choose = "approximate_gelu=True" + (", position_interpolation='bilinear_antialias'" if naflex else "")
+    example = "naflexvit_base_patch16_siglip" if naflex else "vit_so400m_patch16_siglip_384.v2_webli"
+    line = (f"keras_vit: {path}: a timm state dict does not record its MLP's GELU, nor does this name: built with "
+            f"the exact GELU (timm's SigLIP 1 towers'); timm's SigLIP 2 ones ({tanh}) compute the tanh GELU: for one "
+            f"of those pass {choose} to keras_vit.from_timm, or name the file after its architecture "
+            f"({example}.safetensors)")
+    logger.warning("%s", line)
+    return line
+
+
 def settle_layout(arch, grid):
     """`arch` with `prefix_position_embedding` read off its position-embedding count for a known patch
     `grid` (gh, gw): a timm count alone is ambiguous when the grid may be non-square (4x6 + a class token
@@ -169,6 +200,8 @@ def load_foreign(model, path):
                          + "; the model's weights were left unchanged")
     notes = []
     want = (arch["approximate_gelu"], arch["layer_norm_epsilon"])
+    if arch.get("gelu_assumed"):  # either GELU may be the file's (warn_assumed_gelu): the model's is kept
+        want = (numerics(model)[0], want[1])
     if numerics(model) != want:
         notes.append(f"the model computes GELU approximate={numerics(model)[0]}, LayerNorm epsilon "
                      f"{numerics(model)[1]:g}; the {source} model used approximate={want[0]}, epsilon {want[1]:g} "

@@ -28,6 +28,22 @@ UNSUPPORTED = (
 # Embedding widths of timm's ViTs -> their head counts (a state dict does not record them; the model
 # definitions in timm/models/vision_transformer.py and deit.py do)
 TIMM_HEADS = {192: 3, 384: 6, 512: 8, 640: 10, 768: 12, 1024: 16, 1152: 16, 1280: 16, 1408: 16, 1536: 24, 1664: 16}
+# timm's SigLIP architectures (timm 1.0's model definitions, vision_transformer.py and naflexvit.py) -> whether
+# their MLP computes the tanh GELU (act_layer='gelu_tanh': SigLIP 2's towers, and the SigLIP 1 weights timm
+# loads into them) rather than the exact one, which a state dict does not record; tests/test_families.py
+# checks it against timm's own models
+_SIGLIP_TANH = ("vit_base_patch32_siglip_256", "vit_base_patch32_siglip_gap_256", "vit_large_patch16_siglip_512",
+                "vit_large_patch16_siglip_gap_512", "naflexvit_base_patch16_siglip", "naflexvit_so400m_patch16_siglip",
+                *(f"vit_{size}_siglip_{gap}{res}" for gap in ("", "gap_") for size, sizes in (
+                    ("so400m_patch16", (256, 384, 512)), ("giantopt_patch16", (256, 384))) for res in sizes))
+_SIGLIP_EXACT = (*(f"vit_{size}_siglip_{gap}{res}" for gap in ("", "gap_") for size, sizes in (
+    ("base_patch16", (224, 256, 384, 512)), ("large_patch16", (256, 384))) for res in sizes),
+    *(f"vit_so400m_patch14_siglip_{res}" for res in (224, 378, 384)),
+    *(f"vit_so400m_patch14_siglip_gap_{res}" for res in (224, 378, 384, 448, 896)))
+TIMM_SIGLIP_GELU = {**dict.fromkeys(_SIGLIP_EXACT, False), **dict.fromkeys(_SIGLIP_TANH, True)}
+# the head counts of those SigLIP architectures by width, one a width (giantopt's 1536 has 16 where DINOv2-giant's
+# 1536 has 24): what a state dict of SigLIP's layout takes in place of TIMM_HEADS
+TIMM_SIGLIP_HEADS = {768: 12, 1024: 16, 1152: 16, 1536: 16}
 
 
 def module_rules(src, dst, how):
@@ -181,22 +197,64 @@ def covers_prefix(tokens, prefix, registers=0, grid=None):
     return None
 
 
+def _name_parts(name):
+    """The parts of a timm model or file name that may name its architecture: the file's name, and the
+    `models--timm--NAME` folder of a hub cache path, lower-cased."""
+    text = str(name)
+    return [part.lower() for part in (os.path.basename(text), *re.findall(r"models--timm--([^/\\]+)", text))]
+
+
+def named_architecture(name):
+    """The architecture of TIMM_SIGLIP_GELU that a timm model or file name names (the longest found, a
+    word of its own in `_name_parts`), or None."""
+    for part in _name_parts(name):
+        found = [a for a in TIMM_SIGLIP_GELU if re.search(rf"(?<![a-z0-9]){a}(?![a-z0-9])", part)]
+        if found:
+            return max(found, key=len)
+    return None
+
+
+def _names_other_vit(name):
+    """Whether `name` names a timm ViT that is no SigLIP (e.g. naflexvit_base_patch16_map, vit_medium_patch16_gap_256),
+    whose MLP computes the exact GELU: the name tells it as well."""
+    return any(re.search(r"(?<![a-z0-9])(?:naflex)?vit_[a-z0-9_]*patch\d+", part) and "siglip" not in part
+               for part in _name_parts(name))
+
+
 def name_options(name):
     """What a timm model or file name tells that its state dict does not: OpenAI CLIP's QuickGELU
-    (timm's `*_quickgelu_*` models; its `*_clip_*` models without it compute the exact GELU), and the
-    aspect-preserving position embeddings of its NaFlex "par" models (`*_par_*`, `*_parfac_*`)."""
+    (timm's `*_quickgelu_*` models; its `*_clip_*` models without it compute the exact GELU), the
+    aspect-preserving position embeddings of its NaFlex "par" models (`*_par_*`, `*_parfac_*`), and a
+    SigLIP architecture's GELU (TIMM_SIGLIP_GELU; its NaFlex ones resize their position embeddings by
+    torch's antialiased bilinear rule: pos_embed_interp_mode='bilinear')."""
     base = os.path.basename(str(name))
     options = {"mlp_activation": "quick_gelu"} if "quickgelu" in base else {}
     if re.search(r"_parf?a?c?_", base) and "naflex" in base:
         options["position_aspect_preserving"] = True
+    arch = named_architecture(name)
+    if arch is not None:
+        options["approximate_gelu"] = TIMM_SIGLIP_GELU[arch]
+        if arch.startswith("naflexvit_"):
+            options["position_interpolation"] = "bilinear_antialias"
     return options
+
+
+def _named_image_size(name, patch, tokens):
+    """The resolution a SigLIP architecture's name ends in (e.g. 384), where its whole patches are the file's
+    `tokens` square grid and it is no multiple of the patch (so400m/14 at 384 px: 27 x 27); else None."""
+    arch = named_architecture(name)
+    size = int(arch.rsplit("_", 1)[1]) if arch and arch.rsplit("_", 1)[1].isdigit() else None
+    return (size, size) if size and tokens and size % patch and (size // patch) ** 2 == tokens else None
 
 
 def architecture(tensors, name=""):
     """Builder arguments readable from a timm state dict (the head count is not among them).
 
-    `name` (a timm model name or file name) tells what a state dict does not: OpenAI CLIP's
-    QuickGELU (timm's `*_quickgelu_*` models)."""
+    `name` (a timm model name or file name) tells what a state dict does not (`name_options`): OpenAI
+    CLIP's QuickGELU, a SigLIP architecture's GELU and resolution. `gelu_assumed` is True where neither
+    tells the GELU of a file of SigLIP's layout (no class token, no fc_norm): the exact one is taken.
+    `timm_heads`: the head count timm's ViTs of this width and layout have (TIMM_SIGLIP_HEADS for
+    SigLIP's, else TIMM_HEADS; None for another width)."""
     if is_naflex(tensors):
         return _naflex_architecture(tensors, name)
     kernel = tensors["patch_embed.proj.weight"]
@@ -213,18 +271,24 @@ def architecture(tensors, name=""):
                          "as MAE / BEiT fine-tuned): keras_vit's average-pooled models have no class token")
     clip = "norm_pre.weight" in tensors  # timm's only pre-norm ViTs are its CLIP towers, LayerNorm eps 1e-5
     prefix = int(has_cls) + int(has_dist)
+    named = name_options(name)
+    siglip = not (prefix or fc_norm or registers or clip or swiglu or "blocks.0.ls1.gamma" in tensors)
     return dict(
         patch_size=int(kernel.shape[-1]), hidden_size=int(kernel.shape[0]), num_layers=depth,
+        timm_heads=(TIMM_SIGLIP_HEADS if siglip else TIMM_HEADS).get(int(kernel.shape[0])),
         mlp_dim=None if fc2 is None else int(fc2.shape[1]), resnet=None,
         classifier="map" if "attn_pool.latent" in tensors else "token" if has_cls else "gap",
         classes=None if head is None else int(head.shape[0]),
-        tokens=tokens, pre_logits=False, approximate_gelu=False, layer_norm_epsilon=1e-5 if clip else 1e-6,
+        tokens=tokens, pre_logits=False, approximate_gelu=named.get("approximate_gelu", False),
+        gelu_assumed=siglip and not (named.keys() & {"approximate_gelu", "mlp_activation"}
+                                     or _names_other_vit(name)),
+        image_size=_named_image_size(name, int(kernel.shape[-1]), tokens), layer_norm_epsilon=1e-5 if clip else 1e-6,
         distillation_token=has_dist, num_register_tokens=registers,
         # without a class token there is nothing to skip: True, as the builder takes it then
         prefix_position_embedding=True if tokens is None else covers_prefix(tokens, prefix, registers) or not prefix,
         layer_scale=1e-5 if "blocks.0.ls1.gamma" in tensors else None, pre_norm=clip, fc_norm=fc_norm,
         # GELU or QuickGELU a state dict does not say (None: the builder's GELU), its name may
-        mlp_activation="swiglu" if swiglu else name_options(name).get("mlp_activation"),
+        mlp_activation="swiglu" if swiglu else named.get("mlp_activation"),
         position_interpolation="bicubic_antialias", source_head=timm_head(tensors),
         # timm's pretrained configs: CLIP's statistics for its CLIP towers, ImageNet's for DeiT (III) and
         # DINOv2, [-1, 1] for the paper's and AugReg's ViTs (and SigLIP)
@@ -251,7 +315,8 @@ def _naflex_architecture(tensors, name):
         tokens=None if factorized or grid is None else grid[0] * grid[1],
         image_size=None if grid is None else (grid[0] * side, grid[1] * side),
         position_embedding="factorized" if factorized else "learned_1d" if grid else "none",
-        position_interpolation="bilinear_half_pixel" if factorized else "bicubic_antialias",
+        position_interpolation="bilinear_half_pixel" if factorized else options.get("position_interpolation",
+                                                                                    "bicubic_antialias"),
         position_aspect_preserving=options.get("position_aspect_preserving", False),
         prefix_position_embedding="embeds.cls_token" not in tensors, input_mode="vit")
     return arch
