@@ -32,11 +32,12 @@ venv: python $(VENV)/.installed
 
 # jax runs every test; the other backends deselect the backend-independent ones (tables, numpy math, argument errors)
 # and the one_backend script runs (examples/benchmarks end to end, whose layers are tested per backend).
-# A backend's suite is mostly one core's work, so on the default three backends two lanes run side by side
-# (jax | tensorflow then torch), each into .test-logs/BACKEND.log, printed in order once all have ended;
-# BACKENDS=... runs the backends named, one after the other. TESTS=... picks test files.
-# The run ends with each lane's time against LANE_BUDGET_MIN and the ten slowest tests (tests/_lane_report.py);
-# a lane over it is said, not failed (docs/contributing.md, "Keeping the suite fast").
+# A backend's suite is mostly one core's work, so on the default three backends two lanes run side by side,
+# jax then half of torch's test files | tensorflow then the other half ("torch-KofN": the K-th of N parts of the
+# test files, every N-th in name order, tests/conftest.py), each into .test-logs/NAME.log, printed in order
+# once all have ended; BACKENDS=... runs the backends named, one after the other, whole. TESTS=... picks test
+# files. The run ends with each lane's time against LANE_BUDGET_MIN and the ten slowest tests
+# (tests/_lane_report.py); a lane over it is said, not failed (docs/contributing.md, "Keeping the suite fast").
 # On the jax lane XLA compiles without LLVM's optimisations: most of that lane's time is compiling the tiny
 # test models (half its CPU time), which this halves; the computation is the same, its code slower to run
 # (the real-weights tests about even). tests/test_parity.py checks the official outputs once under XLA's
@@ -45,23 +46,25 @@ venv: python $(VENV)/.installed
 TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true
 TESTS ?= tests
 LANE_BUDGET_MIN ?= 25
-LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),jax tensorflow+torch)
+LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),jax+torch-2of2 tensorflow+torch-1of2)
 test: python venv
 	@rm -rf .test-logs && mkdir .test-logs; \
 	echo "=== pytest, lanes side by side: $(LANES) (logs in .test-logs/) ==="; \
 	for lane in $(LANES); do \
 	  ( lane_start=$$(date +%s); \
-	    for b in $$(echo $$lane | tr + ' '); do \
+	    for run in $$(echo $$lane | tr + ' '); do \
+	      b=$${run%%-*}; shard=$$(echo $$run | sed -n 's/^[a-z]*-\([0-9]*\)of\([0-9]*\)$$/\1\/\2/p'); \
 	      if [ $$b = jax ]; then only=""; xla=$$(echo $(TEST_XLA_FLAGS) $${XLA_FLAGS:-}); \
 	      else only="not backend_independent and not one_backend"; xla=$$(echo $${XLA_FLAGS:-}); fi; \
 	      start=$$(date +%s); \
 	      ( if [ -n "$$xla" ]; then export XLA_FLAGS="$$xla"; fi; \
-	        KERAS_BACKEND=$$b exec $(PY) -m pytest -q -p no:cacheprovider --durations=15 --junitxml=.test-logs/$$b.xml \
-	        -m "$$only" $(TESTS) ) > .test-logs/$$b.log 2>&1 || { touch .test-logs/$$b.failed; break; }; \
-	      echo "=== KERAS_BACKEND=$$b passed in $$(( ($$(date +%s) - start) / 60 )) min ==="; \
+	        KERAS_BACKEND=$$b KERAS_VIT_TEST_SHARD=$$shard exec $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
+	        --junitxml=.test-logs/$$run.xml -m "$$only" $(TESTS) ) > .test-logs/$$run.log 2>&1 \
+	        || { touch .test-logs/$$run.failed; break; }; \
+	      echo "=== KERAS_BACKEND=$$b $${shard:+(part $$shard of the test files) }passed in $$(( ($$(date +%s) - start) / 60 )) min ==="; \
 	    done; echo $$(( $$(date +%s) - lane_start )) > .test-logs/$$lane.seconds ) & \
 	done; wait; \
-	for b in $$(echo $(LANES) | tr + ' '); do echo "=== pytest on KERAS_BACKEND=$$b ==="; cat .test-logs/$$b.log; done; \
+	for run in $$(echo $(LANES) | tr + ' '); do echo "=== pytest: $$run ==="; cat .test-logs/$$run.log; done; \
 	$(PY) tests/_lane_report.py .test-logs $(LANE_BUDGET_MIN) $(LANES); \
 	if ls .test-logs/*.failed >/dev/null 2>&1; then echo "FAILED on: $$(cd .test-logs && ls *.failed | sed 's/.failed//')"; exit 1; fi
 

@@ -63,6 +63,22 @@ def _exact_float32():
     keras_vit.exact_float32()
 
 
+def pytest_collection_modifyitems(config, items):
+    """KERAS_VIT_TEST_SHARD=K/N (the Makefile's "BACKEND-KofN" runs): this process runs the K-th of N parts of the
+    collected test files, every N-th file in name order (whole files: their module fixtures built once); the
+    other parts' tests are deselected, run by the processes given the other K."""
+    shard = os.environ.get("KERAS_VIT_TEST_SHARD")
+    if not shard:
+        return
+    k, n = (int(v) for v in shard.split("/"))
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"KERAS_VIT_TEST_SHARD={shard}: expected K/N with 1 <= K <= N")
+    files = sorted({item.path for item in items})
+    mine = set(files[k - 1::n])
+    config.hook.pytest_deselected(items=[item for item in items if item.path not in mine])
+    items[:] = [item for item in items if item.path in mine]
+
+
 def pytest_collection_finish(session):
     """What is alive once every test module is imported (the backends, keras, the test modules: about
     600k objects) lives to the end: freeze it out of the cyclic collector, whose every full pass (Python's
