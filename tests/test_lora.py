@@ -23,9 +23,12 @@ def random_model(seed=0, **overrides):
 
 
 def with_adapters(model, rank=4, targets=("query", "value"), alpha=None, seed=100):
-    """LoRA on, with B away from its zero start so the adapters change the output."""
+    """LoRA on, with B away from its zero start so the adapters change the output; A and B seeded here (A's own
+    initializer draws from Keras' global generator, whose state depends on the tests run before)."""
     lora.enable_lora(model, rank, targets=targets, alpha=alpha)
     for i, layer in enumerate(lora.lora_layers(model)):
+        a = layer.lora_kernel_a
+        a.assign(np.random.default_rng(seed + 1000 + i).normal(0, a.shape[0] ** -0.5, a.shape).astype("float32"))
         layer.lora_kernel_b.assign(np.random.default_rng(seed + i).normal(0, 0.3, layer.lora_kernel_b.shape))
     return model
 
