@@ -182,9 +182,11 @@ def _same_run(resumed_dir, reference_dir):
 
 
 @pytest.mark.backend_independent
-def test_launcher_sets_each_process_environment_and_forwards_output(tmp_path):
-    """Each process gets the coordinator, the count, its index, TF_CONFIG and the virtual devices; every
-    line comes back prefixed with the process index; all exit 0, so does the launcher."""
+def test_launcher_sets_each_process_environment_and_forwards_output(tmp_path, monkeypatch):
+    """Each process gets the coordinator, the count, its index, TF_CONFIG and the virtual devices (the launcher's
+    other XLA flags kept, its device count replaced); every line comes back prefixed with the process index; all
+    exit 0, so does the launcher."""
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=5")
     script = tmp_path / "show.py"
     script.write_text("import json, os\n"
                       "c, e = json.loads(os.environ['TF_CONFIG']), os.environ\n"
@@ -196,9 +198,8 @@ def test_launcher_sets_each_process_environment_and_forwards_output(tmp_path):
     shown = sorted(line.split() for _, line in lines.lines)
     assert [s[:3] for s in shown] == [["[0]", "0", "3"], ["[1]", "1", "3"], ["[2]", "2", "3"]]
     assert len({s[3] for s in shown}) == 1 and shown[0][3].startswith("127.0.0.1:")
-    assert [s[4:] for s in shown] == [["0", "3", "--xla_force_host_platform_device_count=2"],
-                                      ["1", "3", "--xla_force_host_platform_device_count=2"],
-                                      ["2", "3", "--xla_force_host_platform_device_count=2"]]
+    flags = ["--xla_backend_optimization_level=0", "--xla_force_host_platform_device_count=2"]
+    assert [s[4:] for s in shown] == [["0", "3", *flags], ["1", "3", *flags], ["2", "3", *flags]]
 
 
 @pytest.mark.backend_independent
