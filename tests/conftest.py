@@ -168,6 +168,22 @@ def rng():
     return np.random.default_rng(0)
 
 
+@contextlib.contextmanager
+def shapes_only():
+    """Models built inside have their variables' shapes and no values (Keras' deferred initialization, as
+    inside a stateless scope), for facts about shapes alone (parameter counts, key layouts): drawing ViT-H/14's
+    632M initial values is most of a build on this machine. The variables never get values: they are dropped
+    from Keras' list of variables waiting for one, which the next scope would otherwise fill."""
+    import keras
+    from keras.src.backend.common import global_state
+
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            yield
+    finally:
+        global_state.set_global_attribute("uninitialized_variables", [])
+
+
 def backend():
     return os.environ.get("KERAS_BACKEND", "tensorflow")
 
