@@ -19,6 +19,7 @@ else the machine runs.
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -40,18 +41,23 @@ BACKEND = "tensorflow"
 
 def _keras_vit_files(name, sizes, folder):
     """{"any": path, (h, w): path}: one any-size file and one fixed file per size, the same weights."""
+    from flops import arch_config
+
     import keras_vit
     from keras_vit.export import export
     from keras_vit.layers import resize_position_embeddings
 
-    factory = getattr(keras_vit, name)
-    any_size = factory(weights=None, input_shape=(None, None, 3))
+    if name == "tiny":  # benchmark.py --tiny's configuration
+        build = lambda **kwargs: keras_vit.VisionTransformer(**{**arch_config("tiny", 224), **kwargs})  # noqa: E731
+    else:
+        build = functools.partial(getattr(keras_vit, name), weights=None)
+    any_size = build(input_shape=(None, None, 3))
     for i, var in enumerate(any_size.weights):
         var.assign(np.random.default_rng(i).normal(0, 0.02, var.shape).astype("float32"))
     files = {"any": export(any_size, os.path.join(folder, "any"), "onnx")}
     posembed = any_size.get_layer("posembed_input")
     for hw in sizes:
-        fixed = factory(weights=None, image_size=hw)
+        fixed = build(image_size=hw)
         for layer in fixed.layers:
             values = [v.numpy() if hasattr(v, "numpy") else np.asarray(v) for v in any_size.get_layer(layer.name).weights]
             if layer.name == "posembed_input":
@@ -105,23 +111,29 @@ def _resize_only_file(any_size, folder):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="ViT_S16", choices=["ViT_Ti16", "ViT_S16", "ViT_B16"])
+    parser.add_argument("--model", default="ViT_S16", choices=["ViT_Ti16", "ViT_S16", "ViT_B16", "tiny"],
+                        help="a variant, or tiny: benchmark.py --tiny's model, a seconds-long smoke run (with --no-timm)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=0, help="onnxruntime's intra-op threads; 0: its default")
     parser.add_argument("--sizes", nargs="+", default=[f"{h}x{w}" for h, w in SIZES], metavar="HxW",
-                        help="image sizes, multiples of 16 (default: " + " ".join(f"{h}x{w}" for h, w in SIZES) + ")")
+                        help="image sizes, multiples of the patch (default: " + " ".join(f"{h}x{w}" for h, w in SIZES) + ")")
     parser.add_argument("--no-timm", dest="timm", action="store_false")
     args = parser.parse_args(argv)
+    if args.model == "tiny" and args.timm:
+        parser.error("--model tiny has no timm peer: add --no-timm")
     try:
         sizes = [tuple(int(v) for v in size.lower().split("x")) for size in args.sizes]
     except ValueError:
         parser.error(f"--sizes: expected HxW, e.g. 224x224, got {' '.join(args.sizes)}")
-    if any(len(hw) != 2 or min(hw) < 16 or hw[0] % 16 or hw[1] % 16 for hw in sizes):
-        parser.error(f"--sizes: expected HxW, multiples of 16 (the patch), got {' '.join(args.sizes)}")
     os.environ.setdefault("KERAS_BACKEND", BACKEND)
     import keras
     import onnxruntime as ort
+    from flops import ARCHS
+
+    patch = ARCHS[args.model]["patch_size"]
+    if any(len(hw) != 2 or min(hw) < patch or hw[0] % patch or hw[1] % patch for hw in sizes):
+        parser.error(f"--sizes: expected HxW, multiples of {patch} (the patch), got {' '.join(args.sizes)}")
 
     folder = tempfile.mkdtemp()
     files, any_size = _keras_vit_files(args.model, sizes, folder)

@@ -160,10 +160,10 @@ def test_folder_feed_refuses_bad_arguments(capsys):
 
 @once_on_tensorflow("the script runs on TensorFlow (its default) whichever backend the suite runs")
 def test_any_size_serving_benchmark_times_every_file():
-    """benchmarks/any_size.py at one size: the any-size file, a fixed file per size and the position resize
+    """benchmarks/any_size.py, tiny model, one size: the any-size file, a fixed file per size and the position resize
     alone (timm's dynamo export, a minute and more of tracing, is left to the benchmark's own runs)."""
     env = dict(os.environ, KERAS_BACKEND="tensorflow")
-    proc = subprocess.run([sys.executable, "benchmarks/any_size.py", "--model", "ViT_Ti16", "--repeats", "1",
+    proc = subprocess.run([sys.executable, "benchmarks/any_size.py", "--model", "tiny", "--repeats", "1",
                            "--threads", "1", "--sizes", "32x96", "--no-timm"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
