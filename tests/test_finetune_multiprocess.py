@@ -1,10 +1,10 @@
 """`keras-vit finetune DIR` on several processes (keras_vit.recipes.own_images_processes), on the lane's
 backend: through the package's launcher, 2 processes of one CPU device each (JAX's DataParallel, or
 TensorFlow's MultiWorkerMirroredStrategy) train one model data parallel; process 0 alone scans the folder,
-says the schedule and writes --out, and the run ends with the weights of the same command on one process. A
-2-process run killed after its first epoch resumes from process 0's backup to the same end; on TensorFlow a worker
-held up longer than TensorFlow's own heartbeat timeout (10 s) does not end the run. torch, and --naflex, are
-refused in one line."""
+says the schedule and writes --out, and the run ends with the weights of the same command on one process. The
+module's 2-process run is killed after its first epoch and resumed from process 0's backup, so its end shows
+both; on TensorFlow a worker held up longer than TensorFlow's own heartbeat timeout (10 s) in the resumed run
+does not end it. torch, and --naflex, are refused in one line."""
 
 import json
 import os
@@ -40,37 +40,58 @@ def lane_env(monkeypatch):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """(folder of the runs, the photos, the 2-process run's Lines): 9 photographs (3 of each of 3 classes, one
-    of each validates: an odd validation split, in batches that do not split evenly), fine-tuned 2 epochs of
-    one update of 8 images by `keras-vit finetune` on 2 processes (runs/two) and, at the same time, on one
-    (runs/one). On TensorFlow, process 1 of the two is stopped for 15 s after the first epoch, as a loaded
-    machine can hold a process up (CI's lanes run side by side)."""
+    """(folder of the runs, the Lines of the killed 2-process run with `left`, the paths it left in runs/two,
+    those of its resumption): 9 photographs (3 of
+    each of 3 classes, one of each validates: an odd validation split, in batches that do not split evenly),
+    fine-tuned 2 epochs of one update of 8 images by `keras-vit finetune` on one process (runs/one) and, at the
+    same time, on 2 (runs/two) whose process 0 kills itself (SIGKILL) after the backup of the first epoch; then
+    the same 2-process command with --resume. On TensorFlow, process 1 of the resumed run is stopped for 15 s
+    after its epoch, as a loaded machine can hold a process up (CI's lanes run side by side)."""
     root = tmp_path_factory.mktemp("finetune_multiprocess")
     photos = photo_folder(root / "photos", per_class=3, size=(40, 48))
+    killed = run_beside(lambda out: [sys.executable, FAULTS, *_flags(photos, out)], root, code=1, KILL_PROCESS="0")
+    killed.left = sorted(path.relative_to(root / "two").as_posix() for path in (root / "two").rglob("*"))
     held_up = {"STOP_PROCESS": "1", "STOP_S": "15"} if backend() == "tensorflow" else {}
-    lines = run_beside(lambda out: [sys.executable, FAULTS, *_flags(photos, out)], root, **held_up)
-    return root, photos, lines
+    resumed = Lines()
+    code = launch_two([FAULTS, *_flags(photos, root / "two"), "--resume"], resumed, **held_up)
+    assert code == 0, resumed.text()[-6000:]
+    return root, killed, resumed
 
 
-def run_beside(argv, root, **more_env):
-    """Runs the command `argv(out)` on one process into root/one and, at the same time, under the package's
-    launcher on 2 processes of one CPU device each into root/two, on this lane's backend (`more_env`: more
-    variables for both); returns the 2-process run's Lines once both ended with 0."""
-    env = {**os.environ, "KERAS_BACKEND": backend(), "TF_CPP_MIN_LOG_LEVEL": "2",
-           "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]), **more_env}
-    one = subprocess.Popen(argv(root / "one"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, saved = Lines(), dict(os.environ)
-    os.environ.update(env)
+def lane_env_of(**more_env):
+    """The environment of a run on this lane's backend with `more_env`."""
+    return {**os.environ, "KERAS_BACKEND": backend(), "TF_CPP_MIN_LOG_LEVEL": "2",
+            "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]), **more_env}
+
+
+def launch_two(argv, lines, **more_env):
+    """Runs `argv` under the package's launcher on 2 processes of one CPU device each on this lane's backend
+    (`more_env`: more variables), its lines into `lines`; returns the launcher's exit status."""
+    saved = dict(os.environ)
+    os.environ.update(lane_env_of(**more_env))
     try:
-        code = launch.launch(argv(root / "two"), 2, cpu_devices=1, timeout=400, out=lines)
-        one_out, _ = one.communicate(timeout=420)
+        return launch.launch(argv, 2, cpu_devices=1, timeout=400, out=lines)
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def run_beside(argv, root, code=0, **more_env):
+    """Runs the command `argv(out)` on one process into root/one and, at the same time, under the package's
+    launcher on 2 processes of one CPU device each into root/two, on this lane's backend (`more_env`: more
+    variables for both); returns the 2-process run's Lines once the one-process run ended with 0 and the
+    2-process one with `code`."""
+    one = subprocess.Popen(argv(root / "one"), env=lane_env_of(**more_env), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    lines = Lines()
+    try:
+        status = launch_two(argv(root / "two"), lines, **more_env)
+        one_out, _ = one.communicate(timeout=420)
+    finally:
         if one.poll() is None:
             one.kill()
             one.wait(30)
-    assert code == 0, lines.text()[-6000:]
+    assert status == code, lines.text()[-6000:]
     assert one.returncode == 0, one_out[-6000:]
     return lines
 
@@ -97,21 +118,24 @@ def same_model(out, reference, weights_at_least=100):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_processes_train_one_model_written_once_equal_to_one_process(runs):
-    """The run of the issue (`python -m keras_vit.launch -n 2 --cpu-devices 1 -- keras-vit finetune DIR ...`):
-    the folder read and the schedule said once, by process 0, which alone writes --out (process 1 prints
-    none of the run's lines); the two processes' model is the one-process run's."""
-    root, _, lines = runs
-    said = [line for _, line in lines.lines if not line.startswith("[1] [Gloo]") and not line.startswith("[0] [Gloo]")]
-    if backend() == "tensorflow":  # held up past TensorFlow's own heartbeat timeout, the run went on
-        assert "[1] stopping process 1 for 15 s" in said, lines.text()
-        said.remove("[1] stopping process 1 for 15 s")
-    for start in ("reading ", "batch 8 (1 x 8 on the devices of 2 processes), 2 epochs of 1 updates",
-                  "validation accuracy"):
-        assert [line for line in said if line.split(" ", 1)[1].startswith(start)] == [
-            next(line for line in said if line.startswith(f"[0] {start}"))], lines.text()
-    run_lines = ("[1] reading", "[1] batch", "[1] epoch", "[1] validation", "[1] resuming", "[1] keras-vit")
-    assert not [line for line in said if line.startswith(run_lines)], lines.text()
-    assert said[-1].endswith(f"wrote {root / 'two'}")
+    """The run of the issue (`python -m keras_vit.launch -n 2 --cpu-devices 1 -- keras-vit finetune DIR ...`),
+    in each of its two parts: the folder read and the schedule said once, by process 0, which alone writes
+    --out (process 1 prints none of the run's lines); the two processes' model is the one-process run's."""
+    root, killed, resumed = runs
+    said = {}
+    for part, lines in (("killed", killed), ("resumed", resumed)):
+        said[part] = [line for _, line in lines.lines if not line.startswith(("[0] [Gloo]", "[1] [Gloo]"))]
+        if backend() == "tensorflow" and part == "resumed":  # held up past TensorFlow's heartbeat timeout, it went on
+            assert "[1] stopping process 1 for 15 s" in said[part], lines.text()
+            said[part].remove("[1] stopping process 1 for 15 s")
+        starts = ("reading ", "batch 8 (1 x 8 on the devices of 2 processes), 2 epochs of 1 updates",
+                  *(("validation accuracy",) if part == "resumed" else ()))  # the killed run never got there
+        for start in starts:
+            assert [line for line in said[part] if line.split(" ", 1)[1].startswith(start)] == [
+                next(line for line in said[part] if line.startswith(f"[0] {start}"))], lines.text()
+        run_lines = ("[1] reading", "[1] batch", "[1] epoch", "[1] validation", "[1] resuming", "[1] keras-vit")
+        assert not [line for line in said[part] if line.startswith(run_lines)], lines.text()
+    assert said["resumed"][-1].endswith(f"wrote {root / 'two'}")
     assert sorted(os.listdir(root / "two")) == sorted(os.listdir(root / "one"))  # the backup gone, the lock released
     assert not (root / "two.lock").exists()
     same_model(root / "two", root / "one")
@@ -120,23 +144,15 @@ def test_two_processes_train_one_model_written_once_equal_to_one_process(runs):
 @several
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_killed_two_process_run_resumes_to_the_uninterrupted_model(runs, lane_env, monkeypatch):
+def test_a_killed_two_process_run_resumes_to_the_uninterrupted_model(runs):
     """Process 0 killed (SIGKILL) after the backup of the first of 2 epochs: the launcher stops process 1,
     the backup is in --out and no report; the same command with --resume on 2 processes, each restoring
     process 0's backup, continues from epoch 1 and ends with the one-process run's model."""
-    root, photos, _ = runs
-    out = root / "killed"
-    monkeypatch.setenv("KILL_PROCESS", "0")
-    lines = Lines()
-    assert launch.launch([FAULTS, *_flags(photos, out)], 2, cpu_devices=1, timeout=400, out=lines) == 1
-    assert "[0] killing process 0" in lines.text() and lines.lines[-1][1].startswith("keras_vit.launch: process 0")
-    assert (out / "backup" / "latest.weights.h5").exists() and not (out / "report.json").exists()
-    monkeypatch.delenv("KILL_PROCESS")
-    lines = Lines()
-    assert launch.launch([*CLI, "finetune", *_flags(photos, out), "--resume"], 2, cpu_devices=1, timeout=400,
-                         out=lines) == 0, lines.text()[-6000:]
-    assert f"[0] resuming {out}: 1 of 2 epochs done" in lines.text().splitlines()
-    same_model(out, root / "one")
+    root, killed, resumed = runs
+    assert "[0] killing process 0" in killed.text() and killed.lines[-1][1].startswith("keras_vit.launch: process 0")
+    assert "backup/latest.weights.h5" in killed.left and "report.json" not in killed.left
+    assert f"[0] resuming {root / 'two'}: 1 of 2 epochs done" in resumed.text().splitlines()
+    same_model(root / "two", root / "one")
 
 
 @several
