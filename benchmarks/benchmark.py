@@ -309,7 +309,7 @@ def main(argv=None):
     p.add_argument("--check-flops", action="store_true",
                    help="compare model_flops with XLA's cost analysis of the JAX forward (per variant and size)")
     p.add_argument("--env", action="store_true", help="report each backend's devices and flash attention")
-    p.add_argument("--tiny", action="store_true", help="a seconds-long smoke run on the tiny config")
+    p.add_argument("--tiny", action="store_true", help="a seconds-long smoke run: the tiny config, the matmul peak of small products")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per worker process")
     p.add_argument("--out", default=None, help="JSON output file")
     p.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
@@ -348,8 +348,8 @@ def main(argv=None):
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     common = {"warmup": args.warmup, "repeats": args.repeats, "torch_threads": args.threads, "clock": args.clock,
               "threads": args.threads}
-    peak = run_worker({"kind": "peak", "libraries": ["numpy", "torch", *args.backends], **common}, "jax",
-                      timeout=600)
+    peak = run_worker({"kind": "peak", "libraries": ["numpy", "torch", *args.backends], **common,
+                       **({"n": 512} if args.tiny else {})}, "jax", timeout=600)
     rates = ", ".join(f"{k} {v:.0f}" for k, v in peak["by_library"].items())
     print(f"float32 matmul peak: {peak['gflops']:.0f} GFLOP/s ({rates})", flush=True)
     if peak.get("gpu_gflops"):

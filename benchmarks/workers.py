@@ -79,7 +79,7 @@ def flops_worker(spec):
 
 
 def peak_worker(spec):
-    return matmul_peak(libraries=tuple(spec["libraries"]))
+    return matmul_peak(libraries=tuple(spec["libraries"]), **{k: spec[k] for k in ("n",) if k in spec})
 
 
 
