@@ -1,8 +1,8 @@
 """benchmarks/gpu.py, the one-command GPU session, rehearsed on the CPU as it runs on a bare GPU
-machine: an interpreter that lacks Keras (this environment with keras, keras-hub and TensorFlow
-taken out), the keras wheel fetched into a wheels folder by `--fetch-wheels` from a local index
-and installed by the session, a time budget that stops it, `--resume` that finishes it, and the
-README tables rewritten from its JSON."""
+machine: an interpreter that lacks Keras (this environment with keras, keras-hub, TensorFlow,
+scikit-learn and matplotlib taken out), the keras wheel fetched into a wheels folder by
+`--fetch-wheels` from a local index and installed by the session, a time budget that stops it,
+`--resume` that finishes it, and the README tables rewritten from its JSON."""
 
 import base64
 import hashlib
@@ -26,8 +26,9 @@ import gpu  # noqa: E402  (the standard library only)
 import gpu_session  # noqa: E402
 import gpu_tables  # noqa: E402
 
-# what a bare GPU machine lacks: Keras and what needs it, TensorFlow
-HIDDEN = re.compile(r"^(keras|tensorflow|tf_keras)([-_.].*)?$", re.IGNORECASE)
+# what a bare GPU machine lacks: Keras and what needs it, TensorFlow; and what Keras imports at its start only where
+# installed (scikit-learn, matplotlib), which each part's process would import for nothing
+HIDDEN = re.compile(r"^(keras|tensorflow|tf_keras|sklearn|scikit_learn|matplotlib)([-_.].*)?$", re.IGNORECASE)
 
 
 def _wheel_of_installed(dist_name, folder):
