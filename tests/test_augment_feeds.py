@@ -153,9 +153,9 @@ def test_the_naflex_feed_refuses_the_augmentations_by_name(photos):
         naflex_feed.folder_batches(photos, plan, re_prob=0.25, aug_repeats=3)
 
 
-def _finetune(photos, out, *more):
-    return ["finetune", str(photos), "--model", "ViT_Ti16", "--weights", "none", "--image-size", "32",
-            "--validation-split", "0.34", "--out", str(out), "--quiet", *more]
+def _finetune(photos, out, *more, model=("--model", "ViT_Ti16", "--weights", "none")):
+    return ["finetune", str(photos), *model, "--image-size", "32", "--validation-split", "0.34", "--out", str(out),
+            "--quiet", *more]
 
 
 @independent
@@ -175,11 +175,12 @@ def test_finetune_refuses_bad_augmentation_flags_by_name_writing_nothing(photos,
     assert not out.exists()
 
 
-@pytest.mark.one_backend  # the flags' plumbing; the feeds' augmentations are tested above
-def test_finetune_trains_with_every_augmentation_flag_and_resumes_exactly(photos, tmp_path):
+@pytest.mark.one_backend  # the flags' plumbing, on conftest's tiny model; the feeds' augmentations are tested above
+def test_finetune_trains_with_every_augmentation_flag_and_resumes_exactly(photos, start, tmp_path):
     flags = ["--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--remode", "pixel", "--recount", "2",
              "--aug-repeats", "3", "--epochs", "2", "--batch-size", "4", "--pipeline", "pydataset"]
-    assert cli.main(_finetune(photos, tmp_path / "whole", *flags)) == 0
+    tiny = ("--weights", start)
+    assert cli.main(_finetune(photos, tmp_path / "whole", *flags, model=tiny)) == 0
     recorded = json.loads((tmp_path / "whole" / "run.json").read_text())
     assert (recorded["aa"], recorded["reprob"], recorded["remode"], recorded["recount"], recorded["aug_repeats"]) == (
         "rand-m9-mstd0.5-inc1", 0.25, "pixel", 2, 3)
@@ -189,7 +190,7 @@ def test_finetune_trains_with_every_augmentation_flag_and_resumes_exactly(photos
             raise KeyboardInterrupt  # after the backup of epoch 1
 
     with pytest.raises(KeyboardInterrupt):
-        own_images.run(cli.parser().parse_args(_finetune(photos, tmp_path / "cut", *flags)), [Interrupt()])
+        own_images.run(cli.parser().parse_args(_finetune(photos, tmp_path / "cut", *flags, model=tiny)), [Interrupt()])
     resumed = own_images.run(cli.parser().parse_args(["finetune", str(photos), "--out", str(tmp_path / "cut"),
                                                       "--resume", "--quiet"]))  # the augmentations from run.json
     assert resumed["resumed_from_epoch"] == 1 and resumed["flags"]["aa"] == "rand-m9-mstd0.5-inc1"
