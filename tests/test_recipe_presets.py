@@ -1,6 +1,7 @@
 """Training recipes by name (`keras-vit finetune DIR --recipe NAME`, keras_vit.recipes.presets), DeiT III's
 binary cross-entropy (`--bce-loss`) and smaller patches from scratch (`--patch-size`)."""
 
+import dataclasses
 import json
 
 import keras
@@ -9,6 +10,7 @@ import pytest
 from conftest import photo_folder
 
 from keras_vit import cli
+from keras_vit.configs import VARIANTS
 from keras_vit.recipes import own_images, presets
 from keras_vit.recipes.compile import BinaryCrossentropyOnTargets
 
@@ -16,6 +18,14 @@ from keras_vit.recipes.compile import BinaryCrossentropyOnTargets
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
     return photo_folder(tmp_path_factory.mktemp("photos"), per_class=6)
+
+
+@pytest.fixture
+def tiny_ti16(monkeypatch):
+    """ViT_Ti16 at 2 layers of width 32 (its factory reads the variant table when called): the runs below check
+    the flags' plumbing, which does not need the 12 layers."""
+    monkeypatch.setitem(VARIANTS, "ViT_Ti16", dataclasses.replace(VARIANTS["ViT_Ti16"], hidden_size=32, mlp_dim=64,
+                                                                   num_heads=2, num_layers=2))
 
 
 def _argv(photos, out, *more):
@@ -36,7 +46,7 @@ class _Compiled(keras.callbacks.Callback):
 
 @pytest.mark.one_backend  # the flags' plumbing; the optimizers and the loss are Keras' and tested below per backend
 @pytest.mark.parametrize("name", list(presets.PRESETS))
-def test_each_recipe_trains_two_steps_with_its_table(photos, tmp_path, name, capsys):
+def test_each_recipe_trains_two_steps_with_its_table(photos, tiny_ti16, tmp_path, name, capsys):
     # the paper's run also takes --bce-loss: binary cross-entropy on integer labels, without MixUp (timm allows it)
     more = ("--bce-loss",) if name == "paper" else ()
     seen = _Compiled()
@@ -182,7 +192,7 @@ def test_the_examples_runner_takes_the_same_presets(capsys):
 
 
 @pytest.mark.one_backend  # the runner's plumbing of a preset: LAMB, binary cross-entropy, MixUp/CutMix on tf.data
-def test_the_examples_runner_trains_a_preset_two_steps(tmp_path):
+def test_the_examples_runner_trains_a_preset_two_steps(tiny_ti16, tmp_path):
     tfds = pytest.importorskip("tensorflow_datasets")
     from keras_vit.recipes import finetune
 
