@@ -91,7 +91,8 @@ def few_shot(model, data, config, seed):
     from keras_vit import fewshot
 
     extractor = keras.Model(model.inputs, model.get_layer("pool").output)
-    feats = [fewshot.extract_features(extractor, data[k], batch_size=len(data[k])) for k in ("x_train", "x_test")]
+    images = np.concatenate([data["x_train"], data["x_test"]])  # one batch: one compiled shape
+    feats = np.split(fewshot.extract_features(extractor, images, batch_size=len(images)), [len(data["x_train"])])
     result = fewshot.fewshot_accuracy(feats[0], data["y_train"], feats[1], data["y_test"], shots=(config["shots"],),
                                       trials=config["few_shot_trials"], seed=seed)
     return float(result[config["shots"]])
