@@ -7,7 +7,7 @@ import json
 import keras
 import numpy as np
 import pytest
-from conftest import photo_folder
+from conftest import TINY, photo_folder
 
 from keras_vit import cli
 from keras_vit.configs import VARIANTS
@@ -22,10 +22,10 @@ def photos(tmp_path_factory):
 
 @pytest.fixture
 def tiny_ti16(monkeypatch):
-    """ViT_Ti16 at 2 layers of width 32 (its factory reads the variant table when called): the runs below check
-    the flags' plumbing, which does not need the 12 layers."""
-    monkeypatch.setitem(VARIANTS, "ViT_Ti16", dataclasses.replace(VARIANTS["ViT_Ti16"], hidden_size=32, mlp_dim=64,
-                                                                   num_heads=2, num_layers=2))
+    """ViT_Ti16 at conftest's TINY depth and widths (its factory reads the variant table when called): the runs
+    below check the flags' plumbing, which does not need the 12 layers."""
+    tiny = {k: TINY[k] for k in ("hidden_size", "mlp_dim", "num_heads", "num_layers")}
+    monkeypatch.setitem(VARIANTS, "ViT_Ti16", dataclasses.replace(VARIANTS["ViT_Ti16"], **tiny))
 
 
 def _argv(photos, out, *more):

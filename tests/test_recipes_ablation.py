@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import TINY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -76,9 +77,9 @@ def test_test_crops_come_from_their_own_region(tmp_path):
 @pytest.mark.one_backend
 @pytest.mark.timeout(900)  # two tiny training runs, slow on busy cores
 def test_quick_benchmark_writes_the_table(tmp_path, capsys, monkeypatch):
-    # its ViT_Ti16 at 2 layers of width 32 (the factory reads the variant table when called): the table's plumbing
-    monkeypatch.setitem(VARIANTS, "ViT_Ti16", dataclasses.replace(VARIANTS["ViT_Ti16"], hidden_size=32, mlp_dim=64,
-                                                                   num_heads=2, num_layers=2))
+    # ViT_Ti16 at TINY's depth and widths (its factory reads the variant table when called): the table's plumbing
+    tiny = {k: TINY[k] for k in ("hidden_size", "mlp_dim", "num_heads", "num_layers")}
+    monkeypatch.setitem(VARIANTS, "ViT_Ti16", dataclasses.replace(VARIANTS["ViT_Ti16"], **tiny))
     out = tmp_path / "result.json"
     result = recipes_ablation.main(["--quick", "--out", str(out), "--work", str(tmp_path / "work")])
     rows = recipes_ablation.QUICK["rows"]
