@@ -34,8 +34,9 @@ venv: python $(VENV)/.installed
 # and the one_backend script runs (examples/benchmarks end to end, whose layers are tested per backend).
 # A backend's suite is mostly one core's work, so on the default three backends two lanes run side by side,
 # each with half of every backend's test files ("jax-KofN": the K-th of N parts of the test files, every N-th in
-# name order, tests/conftest.py): jax-1of2 then tensorflow-1of2 then torch-1of2 | the 2of2 parts, so that no
-# lane holds a whole backend (jax runs the backend-independent tests too, the largest part), each into
+# name order, tests/conftest.py): jax-1of2, tensorflow-1of2, torch-2of2 | jax-2of2, tensorflow-2of2, torch-1of2
+# (the pairing of the parts that balanced their measured times best; docs/contributing.md), so that no lane
+# holds a whole backend (jax runs the backend-independent tests too, the largest part), each into
 # .test-logs/NAME.log, printed in order once all have ended; BACKENDS=... runs the backends named, one after the other, whole. TESTS=... picks test
 # files. The run ends with each lane's time against LANE_BUDGET_MIN and the ten slowest tests
 # (tests/_lane_report.py); a lane over it is said, not failed (docs/contributing.md, "Keeping the suite fast").
@@ -47,7 +48,7 @@ venv: python $(VENV)/.installed
 TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true
 TESTS ?= tests
 LANE_BUDGET_MIN ?= 25
-LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),jax-1of2+tensorflow-1of2+torch-1of2 jax-2of2+tensorflow-2of2+torch-2of2)
+LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),jax-1of2+tensorflow-1of2+torch-2of2 jax-2of2+tensorflow-2of2+torch-1of2)
 test: python venv
 	@rm -rf .test-logs && mkdir .test-logs; \
 	echo "=== pytest, lanes side by side: $(LANES) (logs in .test-logs/) ==="; \
