@@ -38,7 +38,7 @@ venv: python $(VENV)/.installed
 # (the pairing of the parts that balanced their measured times best; docs/contributing.md), so that no lane
 # holds a whole backend (jax runs the backend-independent tests too, the largest part), each into
 # .test-logs/NAME.log, printed in order once all have ended; BACKENDS=... runs the backends named, one after the other, whole. TESTS=... picks test
-# files. The run ends with each lane's time against LANE_BUDGET_MIN and the ten slowest tests
+# files (a part that TESTS leaves without a test passes: pytest's exit status 5). The run ends with each lane's time against LANE_BUDGET_MIN and the ten slowest tests
 # (tests/_lane_report.py); a lane over it is said, not failed (docs/contributing.md, "Keeping the suite fast").
 # In the jax runs XLA compiles without LLVM's optimisations: most of their time is compiling the tiny
 # test models (half its CPU time), which this halves; the computation is the same, its code slower to run
@@ -61,8 +61,9 @@ test: python venv
 	      start=$$(date +%s); \
 	      ( if [ -n "$$xla" ]; then export XLA_FLAGS="$$xla"; fi; \
 	        KERAS_BACKEND=$$b KERAS_VIT_TEST_SHARD=$$shard exec $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
-	        --junitxml=.test-logs/$$run.xml -m "$$only" $(TESTS) ) > .test-logs/$$run.log 2>&1 \
-	        || { touch .test-logs/$$run.failed; break; }; \
+	        --junitxml=.test-logs/$$run.xml -m "$$only" $(TESTS) ) > .test-logs/$$run.log 2>&1; code=$$?; \
+	      if [ $$code = 5 ] && [ -n "$$shard" ]; then code=0; fi; \
+	      if [ $$code != 0 ]; then touch .test-logs/$$run.failed; break; fi; \
 	      echo "=== KERAS_BACKEND=$$b $${shard:+(part $$shard of the test files) }passed in $$(( ($$(date +%s) - start) / 60 )) min ==="; \
 	    done; echo $$(( $$(date +%s) - lane_start )) > .test-logs/$$lane.seconds ) & \
 	done; wait; \
