@@ -184,6 +184,17 @@ def shapes_only():
         global_state.set_global_attribute("uninitialized_variables", [])
 
 
+def tiny_variant(monkeypatch, name="ViT_Ti16"):
+    """The factory `name` builds TINY's depth and widths for the rest of the test (a factory reads the variant
+    table when called): for runs that check a command's plumbing by a released model's name, not its 12 layers."""
+    import dataclasses
+
+    from keras_vit.configs import VARIANTS
+
+    tiny = {k: TINY[k] for k in ("hidden_size", "mlp_dim", "num_heads", "num_layers")}
+    monkeypatch.setitem(VARIANTS, name, dataclasses.replace(VARIANTS[name], **tiny))
+
+
 def backend():
     return os.environ.get("KERAS_BACKEND", "tensorflow")
 

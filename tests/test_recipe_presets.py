@@ -1,16 +1,14 @@
 """Training recipes by name (`keras-vit finetune DIR --recipe NAME`, keras_vit.recipes.presets), DeiT III's
 binary cross-entropy (`--bce-loss`) and smaller patches from scratch (`--patch-size`)."""
 
-import dataclasses
 import json
 
 import keras
 import numpy as np
 import pytest
-from conftest import TINY, photo_folder
+from conftest import photo_folder, tiny_variant
 
 from keras_vit import cli
-from keras_vit.configs import VARIANTS
 from keras_vit.recipes import own_images, presets
 from keras_vit.recipes.compile import BinaryCrossentropyOnTargets
 
@@ -22,10 +20,8 @@ def photos(tmp_path_factory):
 
 @pytest.fixture
 def tiny_ti16(monkeypatch):
-    """ViT_Ti16 at conftest's TINY depth and widths (its factory reads the variant table when called): the runs
-    below check the flags' plumbing, which does not need the 12 layers."""
-    tiny = {k: TINY[k] for k in ("hidden_size", "mlp_dim", "num_heads", "num_layers")}
-    monkeypatch.setitem(VARIANTS, "ViT_Ti16", dataclasses.replace(VARIANTS["ViT_Ti16"], **tiny))
+    """ViT_Ti16 at TINY's size: the runs below check the flags' plumbing, which does not need the 12 layers."""
+    tiny_variant(monkeypatch)
 
 
 def _argv(photos, out, *more):

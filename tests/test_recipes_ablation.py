@@ -1,13 +1,12 @@
 """benchmarks/recipes_ablation.py: the training-recipes table of docs/training-recipes.md, run at a tiny size."""
 
 import argparse
-import dataclasses
 import os
 import sys
 
 import numpy as np
 import pytest
-from conftest import TINY
+from conftest import tiny_variant
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -15,7 +14,6 @@ import recipe_photos  # noqa: E402
 import recipes_ablation  # noqa: E402
 
 from keras_vit.cli import parser  # noqa: E402
-from keras_vit.configs import VARIANTS  # noqa: E402
 from keras_vit.recipes import presets  # noqa: E402
 
 
@@ -77,9 +75,7 @@ def test_test_crops_come_from_their_own_region(tmp_path):
 @pytest.mark.one_backend
 @pytest.mark.timeout(900)  # two tiny training runs, slow on busy cores
 def test_quick_benchmark_writes_the_table(tmp_path, capsys, monkeypatch):
-    # ViT_Ti16 at TINY's depth and widths (its factory reads the variant table when called): the table's plumbing
-    tiny = {k: TINY[k] for k in ("hidden_size", "mlp_dim", "num_heads", "num_layers")}
-    monkeypatch.setitem(VARIANTS, "ViT_Ti16", dataclasses.replace(VARIANTS["ViT_Ti16"], **tiny))
+    tiny_variant(monkeypatch)  # ViT_Ti16 at TINY's size: the table's plumbing
     out = tmp_path / "result.json"
     result = recipes_ablation.main(["--quick", "--out", str(out), "--work", str(tmp_path / "work")])
     rows = recipes_ablation.QUICK["rows"]
