@@ -31,18 +31,11 @@ def _flags(photos, out):
             "0.05", "--validation-split", "0.2", "--quiet", "--out", str(out)]
 
 
-@pytest.fixture
-def lane_env(monkeypatch):
-    monkeypatch.setenv("KERAS_BACKEND", backend())
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """(folder of the runs, the Lines of the killed 2-process run with `left`, the paths it left in runs/two,
-    those of its resumption): 9 photographs (3 of
-    each of 3 classes, one of each validates: an odd validation split, in batches that do not split evenly),
+    those of its resumption): 9 photographs (3 of each of 3 classes, one of each validates: an odd validation
+    split, in batches that do not split evenly),
     fine-tuned 2 epochs of one update of 8 images by `keras-vit finetune` on one process (runs/one) and, at the
     same time, on 2 (runs/two) whose process 0 kills itself (SIGKILL) after the backup of the first epoch; then
     the same 2-process command with --resume. On TensorFlow, process 1 of the resumed run is stopped for 15 s
@@ -64,13 +57,13 @@ def lane_env_of(**more_env):
             "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]), **more_env}
 
 
-def launch_two(argv, lines, **more_env):
+def launch_two(argv, lines, timeout=400, **more_env):
     """Runs `argv` under the package's launcher on 2 processes of one CPU device each on this lane's backend
     (`more_env`: more variables), its lines into `lines`; returns the launcher's exit status."""
     saved = dict(os.environ)
     os.environ.update(lane_env_of(**more_env))
     try:
-        return launch.launch(argv, 2, cpu_devices=1, timeout=400, out=lines)
+        return launch.launch(argv, 2, cpu_devices=1, timeout=timeout, out=lines)
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -157,7 +150,7 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_model(runs):
 
 @several
 @pytest.mark.timeout(300)
-def test_a_refusal_on_process_0_ends_every_process_in_one_line(tmp_path, lane_env):
+def test_a_refusal_on_process_0_ends_every_process_in_one_line(tmp_path):
     """A folder of one class, refused by process 0's scan: process 0 sends the refusal to process 1, which
     never scans, and each ends with it in one line (no process left waiting); nothing written."""
     photo_folder(tmp_path / "photos", per_class=2, size=(40, 48))
@@ -166,8 +159,7 @@ def test_a_refusal_on_process_0_ends_every_process_in_one_line(tmp_path, lane_en
             if path.is_file():
                 path.unlink()
     lines = Lines()
-    assert launch.launch([*CLI, "finetune", *_flags(tmp_path / "photos", tmp_path / "out")], 2, cpu_devices=1,
-                         timeout=200, out=lines) == 1
+    assert launch_two([*CLI, "finetune", *_flags(tmp_path / "photos", tmp_path / "out")], lines, timeout=200) == 1
     errors = [line for _, line in lines.lines if "keras-vit finetune: error:" in line]
     assert errors and all("class" in line for line in errors), lines.text()
     assert all("(process 0)" in line for line in errors if line.startswith("[1]")), lines.text()
