@@ -12,23 +12,32 @@ imported later, for tf.data, where `import_quietly("tensorflow")` holds its note
 
 How an entry point ends on Ctrl-C lives here too, beside how it starts: `interrupted` says in one line what was
 kept and how to continue, and gives the exit status a shell gives (130); `run_main` runs a script's `main` (the
-examples, the benchmarks) with that handling, as `keras-vit` (`keras_vit.cli.main`) has it.
+examples, the benchmarks) with that handling, as `keras-vit` (`keras_vit.cli.main`) has it. Both watch for
+Ctrl-C (`watching_ctrl_c`): Python raises the KeyboardInterrupt wherever the main thread is, and where that is a
+garbage-collection callback or a `__del__` it prints "Exception ignored in ..." and goes on, so a long
+`fit` would run on; the press is kept (`CTRL_C`) and raised again at the next step of the training loops
+(`keras_vit.recipes.StopOnCtrlC`).
 
 Standard library only: it is the first thing `keras_vit/__init__.py` runs, before anything imports Keras.
 """
 
+import contextlib
 import importlib
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 
 __all__ = ["DEFAULT_LEVEL", "INTERRUPTED", "INTERRUPTED_STATUS", "filter_start_lines", "import_backend",
-           "import_quietly", "interrupted", "run_main", "start_log_level"]
+           "import_quietly", "interrupted", "run_main", "start_log_level", "watching_ctrl_c"]
 
 # Ctrl-C: the exit status (128 + SIGINT, as a shell's), and what is said where nothing more particular was kept
 INTERRUPTED_STATUS = 130
 INTERRUPTED = "no file was left half-written (each is written whole, then moved into place): run the same command again"
+# set by Ctrl-C while `watching_ctrl_c`, even where the KeyboardInterrupt it raised was ignored
+CTRL_C = threading.Event()
 
 # absl's severities, in TF_CPP_MIN_LOG_LEVEL's order (0: INFO and above ... 3: FATAL only)
 SEVERITIES = b"IWEF"
@@ -141,6 +150,29 @@ def interrupted(program, kept=None):
     return INTERRUPTED_STATUS
 
 
+def _on_ctrl_c(signum, frame):
+    CTRL_C.set()
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def watching_ctrl_c():
+    """Within the block, Ctrl-C (SIGINT) raises KeyboardInterrupt as Python's own handler does and sets CTRL_C
+    too; the handler before it, and CTRL_C cleared, after. Nothing changes where SIGINT is not Python's
+    default handler (ignored, as in a background job, or the program's own) or off the main thread."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    CTRL_C.clear()
+    signal.signal(signal.SIGINT, _on_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        CTRL_C.clear()
+
+
 def run_main(main, *args, kept=None):
     """Runs a script's entry point `main(*args)` (an example, a benchmark) and returns what it returns; on Ctrl-C
     the script ends as `keras-vit` does: `interrupted`'s one line (the KeyboardInterrupt's own message when it has
@@ -152,6 +184,7 @@ def run_main(main, *args, kept=None):
         kept: what an interrupted run keeps and how to continue (default INTERRUPTED).
     """
     try:
-        return main(*args)
+        with watching_ctrl_c():
+            return main(*args)
     except KeyboardInterrupt as err:
         raise SystemExit(interrupted(os.path.basename(sys.argv[0]) or "python", str(err) or kept)) from None

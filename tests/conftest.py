@@ -337,11 +337,17 @@ def start(tmp_path_factory):
 def from_a_terminal(argv, **kwargs):
     """`argv` started as a terminal starts it, stdout and stderr piped (text), killed when the block ends: with
     Python's SIGINT handler, which a background job of a non-interactive shell (CI's lanes) would otherwise
-    inherit ignored."""
+    inherit ignored. SIGINT is handled in this process while the child starts (an exec resets a handled signal
+    to its default; not a `preexec_fn`, which runs Python in a fork of this multithreaded process), and the
+    child dumps its threads' tracebacks on SIGABRT (`ctrl_c`)."""
     import signal
 
-    child = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **kwargs)
+    env = dict(kwargs.pop("env", None) or os.environ, PYTHONFAULTHANDLER="1")
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        child = subprocess.Popen(argv, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         yield child
     finally:
@@ -350,8 +356,14 @@ def from_a_terminal(argv, **kwargs):
 
 
 def ctrl_c(child, timeout=120):
-    """Sends `child` SIGINT, as Ctrl-C in its terminal does; returns its stderr once it has ended."""
+    """Sends `child` SIGINT, as Ctrl-C in its terminal does; returns its stderr once it has ended. A child
+    still running after `timeout` seconds fails the test with its threads' tracebacks."""
     import signal
 
     child.send_signal(signal.SIGINT)
-    return child.communicate(timeout=timeout)[1]
+    try:
+        return child.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGABRT)  # faulthandler (from_a_terminal) prints every thread's traceback
+        err = child.communicate()[1]
+        pytest.fail(f"still running {timeout} s after SIGINT; its stderr, tracebacks last:\n{err[-20000:]}")

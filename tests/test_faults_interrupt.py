@@ -76,3 +76,43 @@ def test_the_gpu_sessions_scripts_end_on_ctrl_c_as_run_main_does(capsys, monkeyp
     err = capsys.readouterr().err
     assert err.splitlines() == ["gpu.py: interrupted: the rows written so far are kept; run the same command again"]
     assert run_script(lambda: 7) == 7
+
+
+@pytest.mark.backend_independent
+def test_a_ctrl_c_that_python_drops_still_stops_fit(monkeypatch):
+    """SIGINT that arrives while a `__del__` runs (as it once arrived in JAX's garbage-collection callback in the
+    middle of `keras-vit finetune`): Python prints "Exception ignored" and drops the KeyboardInterrupt; under
+    `watching_ctrl_c` the press is kept and `StopOnCtrlC` raises it at the end of that batch, so fit stops
+    there instead of running on; the handler before it is back after the block, the press forgotten."""
+    import signal
+
+    import keras
+    import numpy as np
+
+    from keras_vit import recipes, startup
+
+    class Dropped:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler runs at the next instruction of this thread: in here
+                pass
+
+    class PressDuringSecondBatch(keras.callbacks.Callback):
+        batches = 0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.batches += 1
+            if self.batches == 2:
+                Dropped()  # deleted at once: SIGINT lands in its __del__
+
+    dropped = []  # what Python drops goes to sys.unraisablehook ("Exception ignored in ..." by default)
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(unraisable.exc_type))
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    counter = PressDuringSecondBatch()
+    x, y = np.zeros((64, 3), "float32"), np.zeros((64, 2), "float32")
+    with pytest.raises(KeyboardInterrupt), startup.watching_ctrl_c():
+        model.fit(x, y, batch_size=2, epochs=5, verbose=0, callbacks=[counter, recipes.StopOnCtrlC()])
+    assert dropped == [KeyboardInterrupt]  # Python did drop it
+    assert counter.batches == 2  # stopped at the end of the batch it was pressed in
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler and not startup.CTRL_C.is_set()

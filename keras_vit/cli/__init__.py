@@ -22,7 +22,7 @@ import sys
 
 from keras_vit.cli import convert, export, inspect, listing, predict
 from keras_vit.extras import FEATURES, MissingPackageError, require
-from keras_vit.startup import interrupted
+from keras_vit.startup import interrupted, watching_ctrl_c
 
 # The commands that build a model (their later backend logs are kept off the terminal).
 MODEL_COMMANDS = ("predict", "inspect", "export", "finetune")
@@ -86,7 +86,7 @@ def main(argv=None):
         runtime = f"running {getattr(args, 'format', None)} artefacts"
         if args.command == "export" and runtime in FEATURES:  # export runs the artefact it writes
             require(runtime)
-        with quiet_backend() if quiet else contextlib.nullcontext():
+        with watching_ctrl_c(), quiet_backend() if quiet else contextlib.nullcontext():
             args.func(args)
     except MissingPackageError as err:
         print(f"keras-vit {args.command}: error: {err}", file=sys.stderr)

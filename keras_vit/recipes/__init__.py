@@ -33,6 +33,7 @@ Use :func:`fit_steps` to get the number of batches to give ``model.fit``.
 from keras_vit.recipes.callbacks import (
     NonFiniteLossError,
     NonFiniteLossStop,
+    StopOnCtrlC,
     TrainingBackup,
 )
 from keras_vit.recipes.compile import (
@@ -66,6 +67,7 @@ __all__ = [
     "sweep_learning_rate",
     "NonFiniteLossError",
     "NonFiniteLossStop",
+    "StopOnCtrlC",
     "TrainingBackup",
     "layer_decay_scales",
     "LayerDecaySGD",

@@ -11,8 +11,25 @@ import numpy as np
 from keras_vit.fileio import (H5_OVERHEAD, atomic_write, check_free_space, not_npz, variables_bytes,
                               weights_file_bytes)
 from keras_vit.lora import lora_layers
+from keras_vit.startup import CTRL_C
 from keras_vit.weights import _restore, _snapshot
 from keras_vit.weights.keras_files import check_dtypes
+
+
+class StopOnCtrlC(keras.callbacks.Callback):
+    """Raises KeyboardInterrupt at the end of the next batch or epoch after a Ctrl-C that Python ignored.
+
+    Under `keras_vit.startup.watching_ctrl_c` (the `keras-vit` command, the examples), Ctrl-C sets
+    `keras_vit.startup.CTRL_C` besides raising KeyboardInterrupt; a KeyboardInterrupt raised inside a
+    garbage-collection callback or a `__del__` is printed as "Exception ignored in ..." and dropped, and `fit`
+    would go on. This raises it again where `fit` can stop. Elsewhere it does nothing.
+    """
+
+    def _raise_if_pressed(self, *args, **kwargs):
+        if CTRL_C.is_set():
+            raise KeyboardInterrupt
+
+    on_train_batch_end = on_test_batch_end = on_epoch_end = _raise_if_pressed
 
 
 class NonFiniteLossError(RuntimeError):

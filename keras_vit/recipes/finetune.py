@@ -42,7 +42,7 @@ from keras_vit.extras import require_or_exit
 from keras_vit.fileio import atomic_write, check_writable, write_json
 from keras_vit.recipes import finetune_devices, presets, run_folder
 from keras_vit.recipes.finetune_args import PRETRAINED_TAGS, parse_args, run_flags  # noqa: F401  (read from here)
-from keras_vit.startup import interrupted
+from keras_vit.startup import interrupted, watching_ctrl_c
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -138,7 +138,7 @@ def main(dataset, argv=None, callbacks=()):
     # on several processes process 0 alone writes the folder (all read the backup from it), holding its lock
     writer = finetune_devices.join_processes() == 0
     try:
-        with writer_lock.hold(args.output_dir) if writer else contextlib.nullcontext():
+        with writer_lock.hold(args.output_dir) if writer else contextlib.nullcontext(), watching_ctrl_c():
             return _run(dataset, args, writer, callbacks)
     except writer_lock.FolderLockedError as err:
         raise SystemExit(f"error: --output-dir {err}") from None
@@ -318,7 +318,8 @@ def _fit(model, args, train, test, done, backup, keep_history, writer, callbacks
     if initial_epoch < epochs:
         model.fit(train, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
                   validation_data=test if args.validate else None, verbose=args.verbose,
-                  shuffle=False, callbacks=[stop, timer, keep_history, *([backup] if writer else []), *callbacks])
+                  shuffle=False, callbacks=[stop, recipes.StopOnCtrlC(), timer, keep_history, *([backup] if writer else []),
+                                            *callbacks])
     elif model.optimizer.use_ema:
         # killed after the last backup but before saving: fit would have
         # ended by loading the averaged weights

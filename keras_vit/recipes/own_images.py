@@ -399,7 +399,7 @@ def _fit(model, args, train, validation, backup, history, initial_epoch, sched, 
         try:
             model.fit(train, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
                       validation_data=validation, verbose=0 if args.quiet or not writer else 1, shuffle=False,
-                      callbacks=[recipes.NonFiniteLossStop(checkpoint_hint=backup.path),
+                      callbacks=[recipes.NonFiniteLossStop(checkpoint_hint=backup.path), recipes.StopOnCtrlC(),
                                  *([keep_history, keep_best, time_left, backup] if writer else []), *callbacks])
         except KeyboardInterrupt:  # the CLI says it in one line, exit status 130
             raise KeyboardInterrupt(f"the same command with --resume continues from the last epoch's backup in "
