@@ -14,8 +14,9 @@ one process fails (a non-zero exit or a signal, e.g. killed), the others are sto
 SIGKILL) instead of waiting forever for it in a collective, and one message says which process
 ended how; the exit status is then 1. When every process ends with 0, so does the launcher.
 
-Only for trying things on one machine: on real hosts, the cluster's own launcher (SLURM, a TPU
-VM slice, Kubernetes) starts one process per host with these variables.
+Only for trying things on one machine: on real hosts, the cluster's own launcher (`srun`, `mpiexec`, a TPU
+VM slice, a Kubernetes JobSet) starts one process per host, and `keras_vit.distribute.launchers` reads what
+it gives each process (docs/scaling.md, "Under a cluster's launcher").
 """
 
 import argparse

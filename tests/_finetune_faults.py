@@ -1,4 +1,4 @@
-"""`keras-vit finetune DIR` for tests/test_finetune_multiprocess.py to start through keras_vit.launch, with a
+"""`keras-vit finetune DIR` for tests/test_finetune_multiprocess.py to start through a launcher, with a
 callback that kills or stops a process at the end of the first epoch it runs (after its other callbacks: on
 process 0, the backup). argv: the command's arguments after `finetune`. KILL_PROCESS=i: process i kills itself
 with SIGKILL. STOP_PROCESS=i and STOP_S=s: process i is stopped (SIGSTOP) for s seconds, as a loaded host holds
@@ -12,6 +12,7 @@ import sys
 import keras
 
 from keras_vit import cli
+from keras_vit.distribute import launchers
 from keras_vit.recipes import own_images
 
 
@@ -34,7 +35,8 @@ def stop(seconds):
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
-me = os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID")
+launch = launchers.detect()  # keras_vit.launch's variables, or mpiexec's
+me = None if launch is None else str(launch.index)
 faults = []
 if me and os.environ.get("KILL_PROCESS") == me:
     faults.append(AfterFirstEpoch(f"killing process {me}", lambda: os.kill(os.getpid(), signal.SIGKILL)))

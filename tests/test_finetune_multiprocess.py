@@ -148,6 +148,42 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_model(runs):
     same_model(root / "two", root / "one")
 
 
+def mpiexec(argv, timeout=400, **more_env):
+    """Runs `argv` (after python) on 2 processes under Open MPI's `mpiexec` (the venv's, the `test` extra's) on
+    this lane's backend with `more_env`; returns (exit status, output)."""
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    command = [str(pathlib.Path(sys.executable).parent / "mpiexec"), *root, "--oversubscribe", "-n", "2",
+               sys.executable, *map(str, argv)]
+    done = subprocess.run(command, env=lane_env_of(**more_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout)
+    return done.returncode, done.stdout
+
+
+@pytest.mark.skipif(backend() != "jax", reason="mpiexec's processes join through JAX (TensorFlow's: TF_CONFIG or srun)")
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_under_mpiexec_a_killed_rank_stops_the_other_and_the_resumed_run_is_the_one_process_model(runs, tmp_path):
+    """`mpiexec -n 2 keras-vit finetune DIR ...` (the same flags as the one-process run): its ranks join one run
+    (JAX's processes, process 0's address sent over MPI); rank 0 killed (SIGKILL) after the backup of the first
+    of 2 epochs: mpiexec ends rank 1 and says which rank died, --out holds the backup and no report; the same
+    command with --resume under mpiexec ends with the one-process run's model, written by rank 0 alone."""
+    root, out = runs[0], tmp_path / "mpi"
+    code, said = mpiexec([FAULTS, *_flags(root / "photos", out)], KILL_PROCESS="0")
+    assert code != 0 and "killing process 0" in said, said[-6000:]
+    words = " ".join(said.split())  # mpiexec wraps its message at the width of its box
+    assert "process rank 0 with PID" in words and "exited on signal 9 (Killed)" in words, said[-6000:]
+    assert (out / "backup" / "latest.weights.h5").exists() and not (out / "report.json").exists()
+    code, said = mpiexec([FAULTS, *_flags(root / "photos", out), "--resume"])
+    assert code == 0, said[-6000:]
+    lines = said.splitlines()
+    for once in ("batch 8 (1 x 8 on the devices of 2 processes), 2 epochs of 1 updates",
+                 f"resuming {out}: 1 of 2 epochs done", "validation accuracy"):
+        assert len([line for line in lines if line.startswith(once)]) == 1, said[-6000:]  # said by rank 0 alone
+    assert lines[-1].endswith(f"wrote {out}") and not (tmp_path / "mpi.lock").exists()
+    assert sorted(os.listdir(out)) == sorted(os.listdir(root / "one"))
+    same_model(out, root / "one")
+
+
 @several
 @pytest.mark.timeout(300)
 def test_a_refusal_on_process_0_ends_every_process_in_one_line(tmp_path):

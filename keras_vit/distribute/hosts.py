@@ -7,23 +7,27 @@ import os
 
 import keras
 
+from keras_vit.distribute import launchers
 from keras_vit.distribute.parallel import refuse_torch
 
 
 def initialize_multihost(coordinator=None, num_processes=None, process_id=None):
     """Join this process to a multi-host run, before anything else touches the devices.
 
-    JAX: `keras.distribution.initialize()` (on a Cloud TPU VM slice every argument may stay None;
-    on GPU hosts pass the coordinator "host:port" of process 0, the number of processes and this
-    process's id, or set KERAS_DISTRIBUTION_JOB_ADDRESSES / _NUM_PROCESSES / _PROCESS_ID, as
-    `python -m keras_vit.launch` does). One process (`num_processes` or KERAS_DISTRIBUTION_NUM_PROCESSES
-    1) joins nothing. CPU devices talk through gloo (JAX's default CPU collectives).
-    TensorFlow: nothing to do here: set TF_CONFIG on every worker and use `tf_strategy()`.
+    JAX. With no argument, the run is the one the launcher that started this process describes
+    (`keras_vit.distribute.launchers`): the variables KERAS_DISTRIBUTION_JOB_ADDRESSES / _NUM_PROCESSES /
+    _PROCESS_ID (`python -m keras_vit.launch`, or set by hand), a step of SLURM's `srun`, `mpiexec` (Open MPI,
+    MPICH, Intel MPI; mpi4py sends process 0's address), a Cloud TPU VM slice (JAX reads its metadata); a
+    process started alone, or by a launcher of one process, joins nothing. On GPU hosts without a launcher
+    pass the coordinator "host:port" of process 0, the number of processes and this process's id. Every
+    process but 0 first waits until the coordinator takes a connection (`launchers.wait_for_coordinator`:
+    refused, naming it, after KERAS_VIT_JOIN_TIMEOUT_S seconds, 300 by default). CPU devices talk through
+    gloo (JAX's default CPU collectives). TensorFlow: nothing to do here: `tf_strategy()` reads TF_CONFIG.
 
     Args:
-        coordinator: "host:port" of process 0 (None on a Cloud TPU slice or from the variables).
-        num_processes: the number of processes (hosts).
-        process_id: this process's index.
+        coordinator: "host:port" of process 0 (None: the launcher's).
+        num_processes: the number of processes (hosts) (None: the launcher's).
+        process_id: this process's index (None: the launcher's).
 
     Returns:
         (process_index, process_count). Under `data_parallel()` that is the part of each global batch
@@ -31,17 +35,27 @@ def initialize_multihost(coordinator=None, num_processes=None, process_id=None):
         `model_parallel()` ask `process_shard()` once the distribution is set.
     """
     backend = keras.backend.backend()
-    if backend == "jax":
-        import jax
-
-        count = num_processes if num_processes is not None else os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES")
-        if count is not None and int(count) == 1:
-            return 0, 1
-        keras.distribution.initialize(coordinator, num_processes, process_id)
-        return jax.process_index(), jax.process_count()
     if backend == "tensorflow":
         return 0, 1
-    refuse_torch("initialize_multihost()")
+    if backend != "jax":
+        refuse_torch("initialize_multihost()")
+    import jax
+
+    if num_processes is not None and int(num_processes) == 1:
+        return 0, 1
+    launch = launchers.detect(backend="jax")
+    if coordinator is None and num_processes is None and process_id is None:
+        if launch is None:
+            return 0, 1
+        coordinator = launchers.coordinator(launch)
+        if launch.launcher == "mpi" and coordinator is None and not os.environ.get("OMPI_MCA_orte_hnp_uri"):
+            coordinator = launchers.mpi_coordinator(launch)  # Open MPI 4 names its host itself (JAX reads it)
+        num_processes, process_id = launch.count, launch.index
+    else:
+        launch = launchers.Launch("arguments", num_processes, process_id)
+    launchers.wait_for_coordinator(launch, coordinator)
+    keras.distribution.initialize(coordinator, num_processes, process_id)
+    return jax.process_index(), jax.process_count()
 
 
 def _local_rows(batch_size):

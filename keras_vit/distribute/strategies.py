@@ -3,7 +3,6 @@
 device), and a `MultiWorkerMirroredStrategy` whose `reduce` takes what Keras' `fit` gives it."""
 
 import collections
-import glob
 import json
 import os
 
@@ -16,7 +15,9 @@ the TPU name on a TPU node) or None; `gpus` the local GPU count; `tf_config` the
 
 def probe_machine():
     """The `Machine` this process runs on (no device is initialised)."""
-    tpu = os.environ.get("TPU_NAME") or ("local" if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*") else None)
+    from keras_vit.distribute.launchers import tpu_address
+
+    tpu = tpu_address()
     import tensorflow as tf
 
     text = os.environ.get("TF_CONFIG")
@@ -102,6 +103,23 @@ def _multi_worker_strategy():
 
     _coordination_service()
     return MultiWorkerMirroredStrategy()
+
+
+def slurm_tf_config():
+    """TF_CONFIG (a dict) for this task of a step of SLURM's `srun`, laid out by TensorFlow's own
+    `SlurmClusterResolver`: the step's tasks as workers, each node's on consecutive ports from
+    `launchers.slurm_port`, this task the worker of its SLURM_PROCID. The GPUs are left as SLURM gives them
+    (one task per node sees all of the node's; `--gpus-per-task` its own)."""
+    import tensorflow as tf
+    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import expand_tasks_per_node
+
+    from keras_vit.distribute import launchers
+
+    per_node = max(expand_tasks_per_node(os.environ["SLURM_STEP_TASKS_PER_NODE"]))
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+        port_base=launchers.slurm_port(os.environ), gpus_per_node=per_node, gpus_per_task=1, auto_set_gpu=False)
+    cluster = resolver.cluster_spec().as_dict()
+    return {"cluster": cluster, "task": {"type": resolver.task_type, "index": resolver.task_id}}
 
 
 HEARTBEAT_TIMEOUT_S = 100  # JAX's default for its processes

@@ -1,7 +1,6 @@
 """The fine-tuning recipe's command line (`keras_vit.recipes.finetune`): its flags, their checks and defaults."""
 
 import argparse
-import json
 import math
 import os
 
@@ -34,17 +33,15 @@ _positive_int, _non_negative_int, _positive_float = _number(int, 0, True), _numb
 
 
 def several_processes():
-    """The number of processes of this run when it is more than one (None otherwise): JAX's
-    KERAS_DISTRIBUTION_NUM_PROCESSES, or on TensorFlow the workers TF_CONFIG names (as `python -m
-    keras_vit.launch` and cluster launchers set them)."""
-    import keras
+    """The number of processes of this run when it is more than one (None otherwise): what the launcher that
+    started this process says (`keras_vit.distribute.launchers`: `python -m keras_vit.launch`'s variables,
+    TF_CONFIG on TensorFlow, `srun`, `mpiexec`), on a TPU slice what JAX joined."""
+    from keras_vit.distribute import launchers
 
-    if keras.backend.backend() == "tensorflow":
-        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-        count = len(config.get("cluster", {}).get("worker", []))
-    else:
-        count = int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES") or 1)
-    return count if count > 1 else None
+    launch = launchers.detect()
+    if launch is None:
+        return None
+    return launchers.joined_count() if launch.count is None else launch.count
 
 
 def parse_args(dataset, argv=None):
@@ -193,7 +190,9 @@ def _check_distribution(parser, args):
                      "tensorflow")
     processes = several_processes()
     if processes and args.distribute == "none":
-        told = "TF_CONFIG" if keras.backend.backend() == "tensorflow" else "KERAS_DISTRIBUTION_NUM_PROCESSES"
+        from keras_vit.distribute import launchers
+
+        told = launchers.SAID[launchers.detect().launcher]
         parser.error(f"this is one of {processes} processes ({told}); "
                      "pass --distribute data so that they train one model together, each on its rows of "
                      "every global batch")

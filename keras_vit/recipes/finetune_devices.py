@@ -12,16 +12,31 @@ from keras_vit.recipes.finetune_args import several_processes
 
 
 def join_processes():
-    """Join a run of several processes (`python -m keras_vit.launch`, a cluster's launcher) before anything
-    touches the devices; returns this process's index (0 for a run of one)."""
-    if not several_processes():
+    """Join a run of several processes (the launcher's: `keras_vit.distribute.launchers`) before anything
+    touches the devices; returns this process's index (0 for a run of one). TensorFlow: a step of `srun`
+    becomes TF_CONFIG (`strategies.slurm_tf_config`), which the workers' strategy reads, and every worker but
+    the first waits until the first can be reached (`launchers.wait_for_coordinator`); `mpiexec` is refused."""
+    from keras_vit.distribute import launchers
+
+    launch = launchers.detect()
+    if launch is None:
         return 0
     import keras
 
-    if keras.backend.backend() == "jax":
-        from keras_vit import distribute
+    from keras_vit import distribute
 
+    if keras.backend.backend() == "jax":
         distribute.initialize_multihost()
+    elif keras.backend.backend() == "tensorflow" and launch.launcher == "mpi":
+        raise ValueError(f"mpiexec started {launch.count} processes on the tensorflow backend, whose workers are "
+                         "named by TF_CONFIG (or by srun): set KERAS_BACKEND=jax, or TF_CONFIG for each process")
+    elif keras.backend.backend() == "tensorflow":
+        if launch.launcher == "slurm":
+            from keras_vit.distribute.strategies import slurm_tf_config
+
+            os.environ["TF_CONFIG"] = json.dumps(slurm_tf_config())
+        workers = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {}).get("worker", [None])
+        launchers.wait_for_coordinator(launch, workers[0])  # the workers' leader, before their strategy waits on it
     return process_index()
 
 
@@ -102,6 +117,30 @@ def first_process_value(make):
     if "error" in sent:
         raise ValueError(f"(process 0) {sent['error']}")
     return sent["value"]
+
+
+def processes_where(flag):
+    """The indices of the processes whose `flag` is true, each passing its own: a collective every process of
+    a run of several reaches (JAX's all-gather, or a sum over the workers of the global TensorFlow strategy);
+    on one process [0] or []."""
+    count = several_processes()
+    if not count:
+        return [0] if flag else []
+    import keras
+    import numpy as np
+
+    mine = np.zeros(count, np.int32)
+    mine[process_index()] = int(bool(flag))
+    if keras.backend.backend() == "jax":
+        from jax.experimental import multihost_utils
+
+        every = np.asarray(multihost_utils.process_allgather(mine)).sum(axis=0)
+    else:
+        import tensorflow as tf
+
+        strategy, local = tf.distribute.get_strategy(), tf.constant(mine)
+        every = np.asarray(strategy.reduce("SUM", strategy.run(lambda: tf.identity(local)), axis=None))
+    return [i for i in range(count) if every[i]]
 
 
 def process_index():

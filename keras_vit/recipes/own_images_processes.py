@@ -26,7 +26,10 @@ refused in one line.
 """
 
 import dataclasses
+import json
+import os
 
+from keras_vit import writer_lock
 from keras_vit.recipes import finetune_devices, own_shards
 from keras_vit.recipes.finetune_args import several_processes
 
@@ -34,10 +37,27 @@ from keras_vit.recipes.finetune_args import several_processes
 def join(args):
     """This process's index in a run of several processes, once joined (0 for a run of one; on TensorFlow the
     workers' strategy set as the global one); refuses a run of several on torch, with --naflex, or on TensorFlow
-    with --pipeline pydataset, before anything touches the devices. `args`: the parsed flags."""
+    with --pipeline pydataset, before anything touches the devices (a TPU slice, whose size is known once
+    joined, right after). `args`: the parsed flags."""
     import keras
 
-    count, backend = several_processes(), keras.backend.backend()
+    backend = keras.backend.backend()
+    _refuse(several_processes(), backend, args)
+    index = finetune_devices.join_processes()
+    count = several_processes()
+    _refuse(count, backend, args)
+    if count and backend == "tensorflow":  # the workers of TF_CONFIG, set before anything else runs in TensorFlow
+        import tensorflow as tf
+
+        from keras_vit import distribute
+
+        tf.distribute.experimental_set_strategy(distribute.tf_strategy())
+    return index
+
+
+def _refuse(count, backend, args):
+    """Refuses `count` processes (None: one) where the run of several does not go: on torch, with --naflex,
+    with --pipeline pydataset on TensorFlow."""
     if count and backend not in ("jax", "tensorflow"):
         raise ValueError(f"keras-vit finetune on {count} processes runs on the jax and tensorflow backends, got "
                          f"{backend}: set KERAS_BACKEND=jax, or run one process")
@@ -46,14 +66,6 @@ def join(args):
     if count and backend == "tensorflow" and getattr(args, "pipeline", None) == "pydataset":
         raise ValueError(f"--pipeline pydataset on {count} TensorFlow workers: their strategy splits tf.data "
                          "batches; leave out --pipeline (tf.data) or run one process")
-    index = finetune_devices.join_processes()
-    if count and backend == "tensorflow":  # the workers of TF_CONFIG, set before anything else runs in TensorFlow
-        import tensorflow as tf
-
-        from keras_vit import distribute
-
-        tf.distribute.experimental_set_strategy(distribute.tf_strategy())
-    return index
 
 
 def shared_start(args, flags, prepare_out, read_folder):
@@ -72,7 +84,9 @@ def shared_start(args, flags, prepare_out, read_folder):
             return {"resuming": resuming, "flags": flags, "shards": read.shared()}
         return {"resuming": resuming, "flags": flags, "folder": dataclasses.asdict(read)}
 
-    sent = finetune_devices.first_process_value(start)
+    given = json.loads(json.dumps(flags))  # this process's command, as process 0 sends its own
+    sent = finetune_devices.first_process_value(lambda: {"given": given, "lock": _lock_text(args.out), **start()})
+    _same_command_and_out(args, given, sent["given"], sent["lock"])
     flags.update(sent["flags"])
     for key, value in sent["flags"].items():
         setattr(args, key, value)
@@ -82,6 +96,34 @@ def shared_start(args, flags, prepare_out, read_folder):
     folder.update({key: tuple(tuple(row) if isinstance(row, list) else row for row in folder[key])
                    for key in ("class_names", "train", "validation", "skipped")})
     return sent["resuming"], ImageFolder(**folder)
+
+
+def _lock_text(out):
+    """The text of --out's lock file (`writer_lock`, which process 0 holds from before the run on), or None."""
+    try:
+        with open(writer_lock.lock_path(out)) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _same_command_and_out(args, given, first, first_lock):
+    """Refuses, on every process, a run whose processes were started with other flags than process 0's
+    (`given` this one's, `first` process 0's: two commands under one launcher), or where --out's place cannot be
+    seen as process 0 sees it (`first_lock`: the text of the lock process 0 holds beside --out): every process
+    reads the backups and the best epoch's weights from --out."""
+    differ = sorted(key for key in set(given) | set(first) if given.get(key) != first.get(key))
+    others = finetune_devices.processes_where(bool(differ))
+    if others:
+        mine = f" (here {', '.join(f'{key} {given.get(key)!r} against {first.get(key)!r}' for key in differ)})"
+        raise ValueError(f"process {', '.join(map(str, others))} of {several_processes()} was started with other "
+                         f"flags than process 0{mine if differ else ''}; expected the same command on every process")
+    blind = finetune_devices.processes_where(_lock_text(args.out) != first_lock)
+    if blind:
+        raise ValueError(f"--out {args.out}, written by process 0, cannot be seen by process "
+                         f"{', '.join(map(str, blind))} of {several_processes()} (which does not find there the lock process 0 "
+                         f"holds, {writer_lock.lock_path(args.out)}); expected a folder every process can "
+                         "read (a filesystem they share): each reads the backups and the best epoch's weights from it")
 
 
 def distribute(sched, folder):
