@@ -46,12 +46,6 @@ venv: python $(VENV)/.installed
 # default flags too. Set only where not empty: XLA stops a process at once on an empty flag (XLA_FLAGS=" "
 # ended TensorFlow's jit-compiled tests with no message).
 TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true
-# One JAX persistent compilation cache for the run (both lanes and every subprocess they start, new each run as
-# .test-logs is): a program compiled once, in a test or a process, is read back wherever it recurs (the same tiny
-# model in the next test, a killed run's resumption, the second process of a run). Every entry is kept (no
-# minimum compile time or size); a size limit turns on JAX's file lock, so no process reads a half-written entry.
-TEST_JAX_CACHE = JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.test-logs/jax-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
-  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1 JAX_COMPILATION_CACHE_MAX_SIZE=8000000000
 TESTS ?= tests
 LANE_BUDGET_MIN ?= 25
 LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),jax-1of2+tensorflow-1of2+torch-2of2 jax-2of2+tensorflow-2of2+torch-1of2)
@@ -66,7 +60,7 @@ test: python venv
 	      else only="not backend_independent and not one_backend"; xla=$$(echo $${XLA_FLAGS:-}); fi; \
 	      start=$$(date +%s); \
 	      ( if [ -n "$$xla" ]; then export XLA_FLAGS="$$xla"; fi; \
-	        export $(TEST_JAX_CACHE); KERAS_BACKEND=$$b KERAS_VIT_TEST_SHARD=$$shard exec $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
+	        KERAS_BACKEND=$$b KERAS_VIT_TEST_SHARD=$$shard exec $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
 	        --junitxml=.test-logs/$$run.xml -m "$$only" $(TESTS) ) > .test-logs/$$run.log 2>&1; code=$$?; \
 	      if [ $$code = 5 ] && [ -n "$$shard" ]; then code=0; fi; \
 	      if [ $$code != 0 ]; then touch .test-logs/$$run.failed; break; fi; \
