@@ -15,9 +15,8 @@ kept and how to continue, and gives the exit status a shell gives (130); `run_ma
 examples, the benchmarks) with that handling, as `keras-vit` (`keras_vit.cli.main`) has it. Both watch for
 Ctrl-C (`watching_ctrl_c`): Python raises the KeyboardInterrupt wherever the main thread is, and where that is a
 garbage-collection callback or a `__del__` it prints "Exception ignored in ..." and goes on, so a long
-`fit` would run on; there the press is raised again at once, and, where Python swallows it without a word (C
-code that clears the error), the training loops raise it at the end of the batch (`CTRL_C`,
-`keras_vit.recipes.StopOnCtrlC`).
+`fit` would run on; the press is kept (`CTRL_C`) and raised again at the next step of the training loops
+(`keras_vit.recipes.StopOnCtrlC`).
 
 Standard library only: it is the first thing `keras_vit/__init__.py` runs, before anything imports Keras.
 """
@@ -37,7 +36,7 @@ __all__ = ["DEFAULT_LEVEL", "INTERRUPTED", "INTERRUPTED_STATUS", "filter_start_l
 # Ctrl-C: the exit status (128 + SIGINT, as a shell's), and what is said where nothing more particular was kept
 INTERRUPTED_STATUS = 130
 INTERRUPTED = "no file was left half-written (each is written whole, then moved into place): run the same command again"
-# set by Ctrl-C while `watching_ctrl_c`, even where the KeyboardInterrupt it raised was dropped
+# set by Ctrl-C while `watching_ctrl_c`, even where the KeyboardInterrupt it raised was ignored
 CTRL_C = threading.Event()
 
 # absl's severities, in TF_CPP_MIN_LOG_LEVEL's order (0: INFO and above ... 3: FATAL only)
@@ -158,33 +157,19 @@ def _on_ctrl_c(signum, frame):
 
 @contextlib.contextmanager
 def watching_ctrl_c():
-    """Within the block, Ctrl-C (SIGINT) raises KeyboardInterrupt as Python's own handler does, and a
-    KeyboardInterrupt that Python drops (raised in a garbage-collection callback or a `__del__`, where it would
-    print "Exception ignored in ..." and go on) is raised again at once, outside what dropped it: SIGINT sent
-    anew from a thread of its own (`sys.unraisablehook`). The handler and the hook before it, and CTRL_C cleared,
-    after. Nothing changes where SIGINT is not Python's default handler (ignored, as in a background job, or the
-    program's own) or off the main thread."""
+    """Within the block, Ctrl-C (SIGINT) raises KeyboardInterrupt as Python's own handler does and sets CTRL_C
+    too; the handler before it, and CTRL_C cleared, after. Nothing changes where SIGINT is not Python's
+    default handler (ignored, as in a background job, or the program's own) or off the main thread."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield
         return
-    previous_hook = sys.unraisablehook
-
-    def again(unraisable):
-        if CTRL_C.is_set() and isinstance(unraisable.exc_value, KeyboardInterrupt):
-            # not here: raised inside this hook, it would be dropped once more
-            threading.Thread(target=signal.raise_signal, args=(signal.SIGINT,), daemon=True).start()
-        else:
-            previous_hook(unraisable)
-
     CTRL_C.clear()
-    sys.unraisablehook = again
     signal.signal(signal.SIGINT, _on_ctrl_c)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        sys.unraisablehook = previous_hook
         CTRL_C.clear()
 
 

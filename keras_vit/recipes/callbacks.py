@@ -20,9 +20,9 @@ class StopOnCtrlC(keras.callbacks.Callback):
     """Raises KeyboardInterrupt at the end of the next batch or epoch after a Ctrl-C that Python ignored.
 
     Under `keras_vit.startup.watching_ctrl_c` (the `keras-vit` command, the examples), Ctrl-C sets
-    `keras_vit.startup.CTRL_C` besides raising KeyboardInterrupt, which Python may drop where it lands (a
-    garbage-collection callback, a `__del__`, C code that clears the error), and `fit` would go on. This raises
-    it again where `fit` can stop. Elsewhere it does nothing.
+    `keras_vit.startup.CTRL_C` besides raising KeyboardInterrupt; a KeyboardInterrupt raised inside a
+    garbage-collection callback or a `__del__` is printed as "Exception ignored in ..." and dropped, and `fit`
+    would go on. This raises it again where `fit` can stop. Elsewhere it does nothing.
     """
 
     def _raise_if_pressed(self, *args, **kwargs):
