@@ -15,8 +15,8 @@ kept and how to continue, and gives the exit status a shell gives (130); `run_ma
 examples, the benchmarks) with that handling, as `keras-vit` (`keras_vit.cli.main`) has it. Both watch for
 Ctrl-C (`watching_ctrl_c`): Python raises the KeyboardInterrupt wherever the main thread is, and where that is a
 garbage-collection callback or a `__del__` it prints "Exception ignored in ..." and goes on, so a long
-`fit` would run on; the press is kept (`CTRL_C`) and raised again at the next step of the training loops
-(`keras_vit.recipes.StopOnCtrlC`).
+`fit` would run on; the press is kept (`CTRL_C`), the drop not printed, and raised again at the next step of
+the training loops (`keras_vit.recipes.StopOnCtrlC`).
 
 Standard library only: it is the first thing `keras_vit/__init__.py` runs, before anything imports Keras.
 """
@@ -158,18 +158,29 @@ def _on_ctrl_c(signum, frame):
 @contextlib.contextmanager
 def watching_ctrl_c():
     """Within the block, Ctrl-C (SIGINT) raises KeyboardInterrupt as Python's own handler does and sets CTRL_C
-    too; the handler before it, and CTRL_C cleared, after. Nothing changes where SIGINT is not Python's
-    default handler (ignored, as in a background job, or the program's own) or off the main thread."""
+    too, and a KeyboardInterrupt that Python drops after it (in a garbage-collection callback or a `__del__`)
+    is not printed ("Exception ignored in ..."): the training loops raise it again (`StopOnCtrlC`), and the
+    one line that says what was kept stays the only one. The handler and `sys.unraisablehook` before it, and
+    CTRL_C cleared, after. Nothing changes where SIGINT is not Python's default handler (ignored, as in a
+    background job, or the program's own) or off the main thread."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield
         return
+    previous_hook = sys.unraisablehook
+
+    def unless_ctrl_c(unraisable):
+        if not (CTRL_C.is_set() and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+            previous_hook(unraisable)
+
     CTRL_C.clear()
+    sys.unraisablehook = unless_ctrl_c
     signal.signal(signal.SIGINT, _on_ctrl_c)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        sys.unraisablehook = previous_hook
         CTRL_C.clear()
 
 
