@@ -43,8 +43,8 @@ def initialize_multihost(coordinator=None, num_processes=None, process_id=None):
 
     if num_processes is not None and int(num_processes) == 1:
         return 0, 1
-    launch = launchers.detect(backend="jax")
     if coordinator is None and num_processes is None and process_id is None:
+        launch = launchers.detect(backend="jax")
         if launch is None:
             return 0, 1
         coordinator = launchers.coordinator(launch)

@@ -11,8 +11,8 @@ listens, and `wait_for_coordinator` waits, up to a limit, until it can be reache
 - ``mpi``: `mpiexec` / `mpirun` of Open MPI (OMPI_COMM_WORLD_SIZE / _RANK) or of MPICH, Intel MPI and other
   PMI launchers (PMI_SIZE / PMI_RANK). Open MPI 4's launcher names its own host (JAX reads it); otherwise
   process 0's host is sent over MPI itself (mpi4py, as JAX's ``cluster_detection_method="mpi4py"`` does);
-- ``tpu``: a Cloud TPU VM (its accelerator devices, `tpu_address`, which `probe_machine` reads too): JAX asks the TPU's
-  metadata for the slice's hosts when it joins, so the count is known only then (None here).
+- ``tpu``: a Cloud TPU VM (its accelerator devices, `tpu_address`, which `probe_machine` reads too): JAX asks
+  the TPU's metadata for the slice's hosts when it joins, so the count is known only then (None here).
 
 A launcher that says one process (``mpiexec -n 1``, a one-task step) is no launcher: None.
 """
