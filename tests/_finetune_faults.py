@@ -2,8 +2,10 @@
 callback that kills or stops a process at the end of the first epoch it runs (after its other callbacks: on
 process 0, the backup). argv: the command's arguments after `finetune`. KILL_PROCESS=i: process i kills itself
 with SIGKILL. STOP_PROCESS=i and STOP_S=s: process i is stopped (SIGSTOP) for s seconds, as a loaded host holds
-up a process, then goes on."""
+up a process, then goes on. SAY_LEAVING=1: every process but 0 says, as it exits, whether process 0's report is
+in --out by then."""
 
+import atexit
 import os
 import signal
 import subprocess
@@ -43,4 +45,8 @@ if me and os.environ.get("KILL_PROCESS") == me:
 if me and os.environ.get("STOP_PROCESS") == me:
     seconds = float(os.environ["STOP_S"])
     faults.append(AfterFirstEpoch(f"stopping process {me} for {seconds:g} s", lambda: stop(seconds)))
-own_images.run(cli.parser().parse_args(["finetune", *sys.argv[1:]]), faults)
+args = cli.parser().parse_args(["finetune", *sys.argv[1:]])
+if me and me != "0" and os.environ.get("SAY_LEAVING") == "1":
+    report = os.path.join(args.out, own_images.REPORT)
+    atexit.register(lambda: print(f"process {me} leaves, the report written: {os.path.exists(report)}", flush=True))
+own_images.run(args, faults)

@@ -4,7 +4,8 @@ TensorFlow's MultiWorkerMirroredStrategy) train one model data parallel; process
 says the schedule and writes --out, and the run ends with the weights of the same command on one process. The
 module's 2-process run is killed after its first epoch and resumed from process 0's backup, so its end shows
 both; on TensorFlow a worker held up longer than TensorFlow's own heartbeat timeout (10 s) in the resumed run
-does not end it. torch, and --naflex, are refused in one line."""
+does not end it, and no process leaves before process 0 has written the run. torch, and --naflex, are refused in
+one line."""
 
 import json
 import os
@@ -38,14 +39,16 @@ def runs(tmp_path_factory):
     split, in batches that do not split evenly),
     fine-tuned 2 epochs of one update of 8 images by `keras-vit finetune` on one process (runs/one) and, at the
     same time, on 2 (runs/two) whose process 0 kills itself (SIGKILL) after the backup of the first epoch; then
-    the same 2-process command with --resume. On TensorFlow, process 1 of the resumed run is stopped for 15 s
-    after its epoch, as a loaded machine can hold a process up (CI's lanes run side by side)."""
+    the same 2-process command with --resume, whose process 1 says as it exits whether process 0's report is
+    written. On TensorFlow, process 1 of the resumed run is stopped for 15 s after its epoch, as a loaded machine
+    can hold a process up (CI's lanes run side by side)."""
     root = tmp_path_factory.mktemp("finetune_multiprocess")
     photos = photo_folder(root / "photos", per_class=3, size=(40, 48))
     killed = run_beside(lambda out: [sys.executable, FAULTS, *_flags(photos, out)], root, code=1, KILL_PROCESS="0")
     killed.left = sorted(path.relative_to(root / "two").as_posix() for path in (root / "two").rglob("*"))
     held_up = {"STOP_PROCESS": "1", "STOP_S": "15"} if backend() == "tensorflow" else {}
     resumed = Lines()
+    held_up["SAY_LEAVING"] = "1"
     code = launch_two([FAULTS, *_flags(photos, root / "two"), "--resume"], resumed, **held_up)
     assert code == 0, resumed.text()[-6000:]
     return root, killed, resumed
@@ -128,7 +131,10 @@ def test_two_processes_train_one_model_written_once_equal_to_one_process(runs):
                 next(line for line in said[part] if line.startswith(f"[0] {start}"))], lines.text()
         run_lines = ("[1] reading", "[1] batch", "[1] epoch", "[1] validation", "[1] resuming", "[1] keras-vit")
         assert not [line for line in said[part] if line.startswith(run_lines)], lines.text()
-    assert said["resumed"][-1].endswith(f"wrote {root / 'two'}")
+    # process 1 leaves once process 0 has written the run: on TensorFlow, a worker that left before would be
+    # declared crashed by the coordination service once its heartbeat timeout has passed, and process 0 says so
+    assert "[1] process 1 leaves, the report written: True" in said["resumed"], lines.text()
+    assert [line for line in said["resumed"] if line.startswith("[0]")][-1].endswith(f"wrote {root / 'two'}")
     assert sorted(os.listdir(root / "two")) == sorted(os.listdir(root / "one"))  # the backup gone, the lock released
     assert not (root / "two.lock").exists()
     same_model(root / "two", root / "one")

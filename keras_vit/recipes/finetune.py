@@ -170,6 +170,7 @@ def _run(dataset, args, writer, callbacks):
 
     result = model.evaluate(test, verbose=args.verbose, return_dict=True)
     if not writer:
+        finetune_devices.run_written()
         return {"test_accuracy": float(result.get("accuracy", float("nan"))), "test_loss": float(result["loss"])}
 
     with atomic_write(os.path.join(out, "model.keras")) as tmp, finetune_devices.saving_alone():
@@ -179,6 +180,7 @@ def _run(dataset, args, writer, callbacks):
     metrics = _metrics(dataset, args, flags, info, result, history, step_batch, done, timer.times, seconds)
     write_json(os.path.join(out, "metrics.json"), metrics)
     shutil.rmtree(os.path.join(out, BACKUP), ignore_errors=True)
+    finetune_devices.run_written()
     print(f"test accuracy {metrics['test_accuracy']:.4f}, loss {metrics['test_loss']:.4f}; "
           f"{metrics['images_per_second']} images/s; wrote {out}")
     return metrics

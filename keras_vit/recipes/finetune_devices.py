@@ -192,6 +192,14 @@ def wait_for_every_process(what):
             _from_first(np.zeros(1, np.int32), process_index() == 0)  # every worker has come here
 
 
+def run_written():
+    """Waits, on several processes, until process 0 has written the run: none leaves before. On TensorFlow a
+    worker that has left stops its heartbeats, and once `strategies.HEARTBEAT_TIMEOUT_S` has passed (process 0
+    still evaluating, saving or exporting) the coordination service declares it crashed: process 0 then logs
+    "The tasks have crashed" and any collective of its fails."""
+    wait_for_every_process("the run is written")
+
+
 def distribution(args):
     """The context to build and compile in for --distribute of the parsed flags `args` (refusing a mesh
     that does not fit)."""

@@ -218,6 +218,7 @@ def _run(args, callbacks, writer=True):
     if not writer:
         _fit(model, args, train, validation, backup, {}, done // sched.steps_per_epoch, sched, callbacks, writer)
         _best_model(model, args, os.path.join(out, BACKUP, "best.weights.h5"))  # with process 0, which saves it
+        finetune_devices.run_written()
         return None
     # a full disk refused now, not at the first backup: the backup and the best epoch (weights and optimizer),
     # model.keras, the figures and the report
@@ -256,6 +257,7 @@ def _run(args, callbacks, writer=True):
                              "steps_per_epoch": sched.steps_per_epoch}
     write_json(os.path.join(out, REPORT), summary)
     shutil.rmtree(os.path.join(out, BACKUP), ignore_errors=True)
+    finetune_devices.run_written()
     print(f"validation accuracy {result['accuracy']:.4f} (best epoch {summary['best_epoch']} of {sched.epochs}); "
           f"wrote {out}")
     return summary
