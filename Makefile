@@ -40,12 +40,14 @@ venv: python $(VENV)/.installed
 # .test-logs/NAME.log, printed in order once all have ended; BACKENDS=... runs the backends named, one after the other, whole. TESTS=... picks test
 # files (a part that TESTS leaves without a test passes: pytest's exit status 5). The run ends with each lane's time against LANE_BUDGET_MIN and the ten slowest tests
 # (tests/_lane_report.py); a lane over it is said, not failed (docs/contributing.md, "Keeping the suite fast").
-# In the jax runs XLA compiles without LLVM's optimisations: most of their time is compiling the tiny
-# test models (half its CPU time), which this halves; the computation is the same, its code slower to run
-# (the real-weights tests about even). tests/test_parity.py checks the official outputs once under XLA's
-# default flags too. Set only where not empty: XLA stops a process at once on an empty flag (XLA_FLAGS=" "
-# ended TensorFlow's jit-compiled tests with no message).
-TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true
+# XLA compiles the test runs (JAX's, and TensorFlow's jit-compiled fit and predict) without LLVM's optimisations
+# and with its classic fusion code instead of the newer MLIR fusion emitters: most of the jax runs' time was
+# compiling the tiny test models, which this cuts by about a third (more for a few ops: the antialiased resize
+# of position embeddings compiled for a minute); the computation is the same, its code slower to run.
+# tests/test_parity.py checks the official outputs once under XLA's default flags too. Set only where not empty:
+# XLA stops a process at once on an empty flag (XLA_FLAGS=" " ended TensorFlow's jit-compiled tests with no message).
+TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true \
+                  --xla_cpu_use_fusion_emitters=false
 TESTS ?= tests
 LANE_BUDGET_MIN ?= 25
 LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),jax-1of2+tensorflow-1of2+torch-2of2 jax-2of2+tensorflow-2of2+torch-1of2)
@@ -56,8 +58,8 @@ test: python venv
 	  ( lane_start=$$(date +%s); \
 	    for run in $$(echo $$lane | tr + ' '); do \
 	      b=$${run%%-*}; shard=$$(echo $$run | sed -n 's/^[a-z]*-\([0-9]*\)of\([0-9]*\)$$/\1\/\2/p'); \
-	      if [ $$b = jax ]; then only=""; xla=$$(echo $(TEST_XLA_FLAGS) $${XLA_FLAGS:-}); \
-	      else only="not backend_independent and not one_backend"; xla=$$(echo $${XLA_FLAGS:-}); fi; \
+	      if [ $$b = jax ]; then only=""; else only="not backend_independent and not one_backend"; fi; \
+	      xla=$$(echo $(TEST_XLA_FLAGS) $${XLA_FLAGS:-}); \
 	      start=$$(date +%s); \
 	      ( if [ -n "$$xla" ]; then export XLA_FLAGS="$$xla"; fi; \
 	        KERAS_BACKEND=$$b KERAS_VIT_TEST_SHARD=$$shard exec $(PY) -m pytest -q -p no:cacheprovider --durations=15 \

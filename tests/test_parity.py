@@ -91,9 +91,9 @@ def test_gap_classifier_equals_the_numpy_reference(tmp_path):
 
 @pytest.mark.skipif(backend() != "jax", reason="the jax lane's XLA flags (Makefile)")
 def test_official_logits_under_xla_default_flags():
-    """`make test` compiles the jax lane with LLVM's optimisations off (the Makefile's TEST_XLA_FLAGS, for time):
-    the official logits of every case also hold under XLA's default flags, as users compile them, in a fresh
-    interpreter."""
+    """`make test` compiles with LLVM's optimisations and XLA's newer fusion emitters off (the Makefile's
+    TEST_XLA_FLAGS, for time): the official logits of every case also hold under XLA's default flags, as users
+    compile them, in a fresh interpreter."""
     import os
     import subprocess
     import sys
