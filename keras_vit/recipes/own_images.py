@@ -21,11 +21,11 @@ With `--naflex TOKENS` the model is trained and saved as a NaFlex model (`keras_
 the model of step 2): each image keeps its aspect ratio and is resized to fit TOKENS patches
 (`keras_vit.data.naflex_feed.folder_batches`, a PyDataset on every backend, flips in training), and
 model.keras takes {"patches", "patch_coord", "patch_valid"} batches of uint8 patches and records TOKENS
-(`model.naflex_tokens`, what `keras-vit predict` cuts images to). The schedule is the square run's (`folder_plan.plan`:
-both feeds stream endlessly, so an epoch is a whole number of updates and `--resume` is exact), and so are
-the figures and the report (mistakes.png draws the photographs as they are); `--export` and `--lora` are
-refused with it, `--pipeline` is not used and `--image-size` is only the resolution the start model is
-built at (its position-embedding grid), not the images'.
+(`model.naflex_tokens`, what `keras-vit predict` cuts images to). The schedule is the square run's
+(`folder_plan.plan`: both feeds stream endlessly, so an epoch is a whole number of updates and `--resume` is
+exact), and so are the figures and the report (mistakes.png draws the photographs as they are); `--export` and
+`--lora` are refused with it, `--pipeline` is not used and `--image-size` is only the resolution the start
+model is built at (its position-embedding grid), not the images'.
 
 A DIR ending in ``.tar`` names WebDataset-style tar shards (a shard, a glob or a brace range; `own_shards`), with
 ``--validation-shards PATTERN`` their held-out set: the same run, its classes and schedule from the shards'
@@ -137,8 +137,7 @@ def _callbacks(out, history, epochs, start_epoch):
     """(history keeper, best-epoch keeper, time-left printer) for `fit`."""
     import keras
 
-    history_path = os.path.join(out, BACKUP, "history.json")
-    best_path = os.path.join(out, BACKUP, "best.weights.h5")
+    history_path, best_path = (os.path.join(out, BACKUP, name) for name in ("history.json", "best.weights.h5"))
 
     class KeepHistory(keras.callbacks.Callback):  # before the backup: the history never lags the weights
         def on_epoch_end(self, epoch, logs=None):
@@ -263,11 +262,6 @@ def _run(args, callbacks, writer=True):
     return summary
 
 
-def _mixup(args, classes):
-    """The `keras_vit.data.mixup.MixUp` of --mixup / --cutmix (seeded by --seed), or None."""
-    return presets.mixup_of(args, classes)  # one rule for this command and the examples' runner
-
-
 def _feeds(model, args, folder, sched, done):
     """(train, validation, the files that failed as they were read: `(path, reason)`s, filled in while training)
     of the scanned `folder` for `model`: endless training streams from device step `done` on,
@@ -289,7 +283,7 @@ def _feeds(model, args, folder, sched, done):
                                                 **own_images_processes.rows())  # this process's rows of each batch
         read_skips = train.skipped_files
     validation = own_images_processes.whole_validation(validation, folder, args, sched)
-    mix = _mixup(args, len(folder.class_names))
+    mix = presets.mixup_of(args, len(folder.class_names))  # --mixup / --cutmix: the examples' runner's rule
     if mix is None:
         return train, validation, read_skips
     from keras_vit.data.mixup import mixed_feeds
@@ -343,7 +337,7 @@ def _build_and_compile(args, class_names, sched):
         from keras_vit.lora import enable_lora
 
         enable_lora(model, args.lora)
-    mixing = _mixup(args, len(class_names)) is not None  # MixUp's soft targets hold the smoothing
+    mixing = presets.mixup_of(args, len(class_names)) is not None  # MixUp's soft targets hold the smoothing
     options = presets.compile_options(args, sched.batch_size)  # --recipe's optimizer, rate at this batch, loss
     args.lr = options["base_lr"]  # the run's rate, said and reported (run.json keeps the flag as given)
     recipes.compile_for_finetuning(model, total_steps=sched.updates_per_epoch * sched.epochs,
