@@ -224,6 +224,17 @@ def tensorflows_file(format, **kwargs):
     return backend() != "tensorflow" and writer(backend(), format, **kwargs) == "tensorflow"
 
 
+def mpiexec(options, argv, env, timeout=400):
+    """Runs `argv` (after python) on 2 processes under Open MPI's `mpiexec` (the venv's, the `test` extra's) with
+    its `options` and the environment `env`; returns (exit status, output)."""
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    command = [str(pathlib.Path(sys.executable).parent / "mpiexec"), *root, "--oversubscribe", *options, "-n", "2",
+               sys.executable, *map(str, argv)]
+    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)
+    return done.returncode, done.stdout
+
+
 def once_on_tensorflow(why):
     """The mark of a test that runs once, on the tensorflow lane of `make test` (beside the jax lane, which
     carries the backend_independent and one_backend tests): `why` the other lanes need not run it."""

@@ -1,6 +1,7 @@
 """`keras-vit finetune DIR` on several processes (keras_vit.recipes.own_images_processes), on the lane's
-backend: through the package's launcher, 2 processes of one CPU device each (JAX's DataParallel, or
-TensorFlow's MultiWorkerMirroredStrategy) train one model data parallel; process 0 alone scans the folder,
+backend: 2 processes of one CPU device each (JAX's DataParallel, or TensorFlow's MultiWorkerMirroredStrategy),
+started by a cluster's launcher on JAX (Open MPI's `mpiexec`, the `test` extra's; its ranks join through JAX)
+and by the package's launcher on TensorFlow, train one model data parallel; process 0 alone scans the folder,
 says the schedule and writes --out, and the run ends with the weights of the same command on one process. The
 module's 2-process run is killed after its first epoch and resumed from process 0's backup, so its end shows
 both; on TensorFlow a worker held up longer than TensorFlow's own heartbeat timeout (10 s) in the resumed run
@@ -10,12 +11,13 @@ one line."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from conftest import backend, photo_folder
+from conftest import backend, mpiexec, photo_folder
 from test_examples import weights_in
 from test_multiprocess import Lines
 
@@ -23,7 +25,7 @@ from keras_vit import cli, launch
 
 HERE = pathlib.Path(__file__).parent
 FAULTS = str(HERE / "_finetune_faults.py")
-CLI = [sys.executable, "-m", "keras_vit.cli"]
+CLI = ["-m", "keras_vit.cli"]  # `keras-vit`, after python
 several = pytest.mark.skipif(backend() not in ("jax", "tensorflow"), reason="several processes: jax and tensorflow")
 
 
@@ -44,12 +46,12 @@ def runs(tmp_path_factory):
     can hold a process up (CI's lanes run side by side)."""
     root = tmp_path_factory.mktemp("finetune_multiprocess")
     photos = photo_folder(root / "photos", per_class=3, size=(40, 48))
-    killed = run_beside(lambda out: [sys.executable, FAULTS, *_flags(photos, out)], root, code=1, KILL_PROCESS="0")
+    killed = run_beside(lambda out: [FAULTS, *_flags(photos, out)], root, fails=True, KILL_PROCESS="0")
     killed.left = sorted(path.relative_to(root / "two").as_posix() for path in (root / "two").rglob("*"))
     held_up = {"STOP_PROCESS": "1", "STOP_S": "15"} if backend() == "tensorflow" else {}
     resumed = Lines()
     held_up["SAY_LEAVING"] = "1"
-    code = launch_two([FAULTS, *_flags(photos, root / "two"), "--resume"], resumed, **held_up)
+    code = two_processes([FAULTS, *_flags(photos, root / "two"), "--resume"], resumed, **held_up)
     assert code == 0, resumed.text()[-6000:]
     return root, killed, resumed
 
@@ -61,33 +63,50 @@ def lane_env_of(**more_env):
 
 
 def launch_two(argv, lines, timeout=400, **more_env):
-    """Runs `argv` under the package's launcher on 2 processes of one CPU device each on this lane's backend
-    (`more_env`: more variables), its lines into `lines`; returns the launcher's exit status."""
+    """Runs `argv` (after python) under the package's launcher on 2 processes of one CPU device each on this
+    lane's backend (`more_env`: more variables), its lines into `lines`; returns the launcher's exit status."""
     saved = dict(os.environ)
     os.environ.update(lane_env_of(**more_env))
     try:
-        return launch.launch(argv, 2, cpu_devices=1, timeout=timeout, out=lines)
+        return launch.launch([sys.executable, *argv], 2, cpu_devices=1, timeout=timeout, out=lines)
     finally:
         os.environ.clear()
         os.environ.update(saved)
 
 
-def run_beside(argv, root, code=0, **more_env):
-    """Runs the command `argv(out)` on one process into root/one and, at the same time, under the package's
-    launcher on 2 processes of one CPU device each into root/two, on this lane's backend (`more_env`: more
-    variables for both); returns the 2-process run's Lines once the one-process run ended with 0 and the
-    2-process one with `code`."""
-    one = subprocess.Popen(argv(root / "one"), env=lane_env_of(**more_env), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+TAGGED = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>: ?(.*)")
+
+
+def two_processes(argv, lines, **more_env):
+    """Runs `argv` (after python) on 2 processes of one CPU device each on this lane's backend (`more_env`: more
+    variables): on JAX under `mpiexec`, on TensorFlow under the package's launcher. Their lines go into `lines`
+    as the launcher writes them ("[i] line", process i's), the launcher's own as they are; returns its exit
+    status."""
+    if backend() != "jax":
+        return launch_two(argv, lines, **more_env)
+    code, said = mpiexec(["--output", "tag"], argv, lane_env_of(PYTHONUNBUFFERED="1", **more_env))  # as launch's
+    for line in said.splitlines():
+        tagged = TAGGED.fullmatch(line)
+        lines.write(f"[{tagged[1]}] {tagged[2]}\n" if tagged else line + "\n")
+    return code
+
+
+def run_beside(argv, root, fails=False, **more_env):
+    """Runs the command `argv(out)` (after python) on one process into root/one and, at the same time, on 2
+    (`two_processes`) into root/two, on this lane's backend (`more_env`: more variables for both); returns the
+    2-process run's Lines once the one-process run ended with 0 and the 2-process one with 0, or with another
+    status if it `fails` (the package's launcher's 1, mpiexec's that of the rank that died)."""
+    one = subprocess.Popen([sys.executable, *argv(root / "one")], env=lane_env_of(**more_env),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = Lines()
     try:
-        status = launch_two(argv(root / "two"), lines, **more_env)
+        status = two_processes(argv(root / "two"), lines, **more_env)
         one_out, _ = one.communicate(timeout=420)
     finally:
         if one.poll() is None:
             one.kill()
             one.wait(30)
-    assert status == code, lines.text()[-6000:]
+    assert (status != 0) == fails, lines.text()[-6000:]
     assert one.returncode == 0, one_out[-6000:]
     return lines
 
@@ -114,13 +133,14 @@ def same_model(out, reference, weights_at_least=100):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_processes_train_one_model_written_once_equal_to_one_process(runs):
-    """The run of the issue (`python -m keras_vit.launch -n 2 --cpu-devices 1 -- keras-vit finetune DIR ...`),
-    in each of its two parts: the folder read and the schedule said once, by process 0, which alone writes
+    """`mpiexec -n 2 keras-vit finetune DIR ...` on JAX, `python -m keras_vit.launch -n 2 --cpu-devices 1 --
+    keras-vit finetune DIR ...` on TensorFlow, in each of its two parts: the folder read and the schedule said once, by process 0, which alone writes
     --out (process 1 prints none of the run's lines); the two processes' model is the one-process run's."""
     root, killed, resumed = runs
     said = {}
     for part, lines in (("killed", killed), ("resumed", resumed)):
-        said[part] = [line for _, line in lines.lines if not line.startswith(("[0] [Gloo]", "[1] [Gloo]"))]
+        said[part] = [line for _, line in lines.lines  # the processes' lines (not the launcher's)
+                      if line.startswith(("[0] ", "[1] ")) and not line.startswith(("[0] [Gloo]", "[1] [Gloo]"))]
         if backend() == "tensorflow" and part == "resumed":  # held up past TensorFlow's heartbeat timeout, it went on
             assert "[1] stopping process 1 for 15 s" in said[part], lines.text()
             said[part].remove("[1] stopping process 1 for 15 s")
@@ -144,50 +164,20 @@ def test_two_processes_train_one_model_written_once_equal_to_one_process(runs):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_killed_two_process_run_resumes_to_the_uninterrupted_model(runs):
-    """Process 0 killed (SIGKILL) after the backup of the first of 2 epochs: the launcher stops process 1,
-    the backup is in --out and no report; the same command with --resume on 2 processes, each restoring
-    process 0's backup, continues from epoch 1 and ends with the one-process run's model."""
+    """Process 0 killed (SIGKILL) after the backup of the first of 2 epochs: the launcher (`mpiexec` on JAX)
+    stops process 1 and says which process died, the backup is in --out and no report; the same command with
+    --resume on 2 processes, each restoring process 0's backup, continues from epoch 1 and ends with the
+    one-process run's model."""
     root, killed, resumed = runs
-    assert "[0] killing process 0" in killed.text() and killed.lines[-1][1].startswith("keras_vit.launch: process 0")
+    assert "[0] killing process 0" in killed.text(), killed.text()[-6000:]
+    if backend() == "jax":
+        words = " ".join(" ".join(line for _, line in killed.lines if not line.startswith("[")).split())
+        assert "process rank 0 with PID" in words and "exited on signal 9 (Killed)" in words, killed.text()[-6000:]
+    else:
+        assert killed.lines[-1][1].startswith("keras_vit.launch: process 0"), killed.text()[-6000:]
     assert "backup/latest.weights.h5" in killed.left and "report.json" not in killed.left
     assert f"[0] resuming {root / 'two'}: 1 of 2 epochs done" in resumed.text().splitlines()
     same_model(root / "two", root / "one")
-
-
-def mpiexec(argv, timeout=400, **more_env):
-    """Runs `argv` (after python) on 2 processes under Open MPI's `mpiexec` (the venv's, the `test` extra's) on
-    this lane's backend with `more_env`; returns (exit status, output)."""
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    command = [str(pathlib.Path(sys.executable).parent / "mpiexec"), *root, "--oversubscribe", "-n", "2",
-               sys.executable, *map(str, argv)]
-    done = subprocess.run(command, env=lane_env_of(**more_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout)
-    return done.returncode, done.stdout
-
-
-@pytest.mark.skipif(backend() != "jax", reason="mpiexec's processes join through JAX (TensorFlow's: TF_CONFIG or srun)")
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_under_mpiexec_a_killed_rank_stops_the_other_and_the_resumed_run_is_the_one_process_model(runs, tmp_path):
-    """`mpiexec -n 2 keras-vit finetune DIR ...` (the same flags as the one-process run): its ranks join one run
-    (JAX's processes, process 0's address sent over MPI); rank 0 killed (SIGKILL) after the backup of the first
-    of 2 epochs: mpiexec ends rank 1 and says which rank died, --out holds the backup and no report; the same
-    command with --resume under mpiexec ends with the one-process run's model, written by rank 0 alone."""
-    root, out = runs[0], tmp_path / "mpi"
-    code, said = mpiexec([FAULTS, *_flags(root / "photos", out)], KILL_PROCESS="0")
-    assert code != 0 and "killing process 0" in said, said[-6000:]
-    words = " ".join(said.split())  # mpiexec wraps its message at the width of its box
-    assert "process rank 0 with PID" in words and "exited on signal 9 (Killed)" in words, said[-6000:]
-    assert (out / "backup" / "latest.weights.h5").exists() and not (out / "report.json").exists()
-    code, said = mpiexec([FAULTS, *_flags(root / "photos", out), "--resume"])
-    assert code == 0, said[-6000:]
-    lines = said.splitlines()
-    for once in ("batch 8 (1 x 8 on the devices of 2 processes), 2 epochs of 1 updates",
-                 f"resuming {out}: 1 of 2 epochs done", "validation accuracy"):
-        assert len([line for line in lines if line.startswith(once)]) == 1, said[-6000:]  # said by rank 0 alone
-    assert lines[-1].endswith(f"wrote {out}") and not (tmp_path / "mpi.lock").exists()
-    assert sorted(os.listdir(out)) == sorted(os.listdir(root / "one"))
-    same_model(out, root / "one")
 
 
 @several

@@ -222,8 +222,8 @@ def test_per_process_rows_gives_each_process_its_rows_of_the_one_process_batches
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_processes_train_on_shards_to_the_one_process_model(start, tmp_path):
-    """`python -m keras_vit.launch -n 2 --cpu-devices 1 -- keras-vit finetune SHARDS ...` (3 training shards, so
-    that each process could read its own) with RandAugment and random erasing: process 0 alone reads the shards'
+    """`keras-vit finetune SHARDS ...` on 2 processes (`mpiexec -n 2` on JAX, `python -m keras_vit.launch -n 2
+    --cpu-devices 1 --` on TensorFlow; 3 training shards, so that each process could read its own) with RandAugment and random erasing: process 0 alone reads the shards'
     info, says the schedule and writes --out; each process trains its rows of the one-process run's batches,
     which the same command on one process, run beside it, ends with."""
     folder = scan(photo_folder(tmp_path / "photos", per_class=3, size=(40, 48)), validation_split=0.2, seed=0)
