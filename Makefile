@@ -42,8 +42,8 @@ venv: python $(VENV)/.installed
 # (tests/_lane_report.py); a lane over it is said, not failed (docs/contributing.md, "Keeping the suite fast").
 # XLA compiles the test runs (JAX's, and TensorFlow's jit-compiled fit and predict) without LLVM's optimisations
 # and with its classic fusion code instead of the newer MLIR fusion emitters: most of the jax runs' time was
-# compiling the tiny test models, which this cuts by about a third (more for a few ops: the antialiased resize
-# of position embeddings compiled for a minute); the computation is the same, its code slower to run.
+# compiling the tiny test models (docs/contributing.md, "Keeping the suite fast", has the figures); the
+# computation is the same, its code slower to run.
 # tests/test_parity.py checks the official outputs once under XLA's default flags too. Set only where not empty:
 # XLA stops a process at once on an empty flag (XLA_FLAGS=" " ended TensorFlow's jit-compiled tests with no message).
 TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true \
