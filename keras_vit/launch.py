@@ -60,9 +60,14 @@ def process_env(index, count, ports, cpu_devices=None, base=None):
         "PYTHONUNBUFFERED": "1",
     })
     if cpu_devices:
-        flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-        env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={cpu_devices}"])
+        env["XLA_FLAGS"] = with_cpu_devices(env.get("XLA_FLAGS", ""), cpu_devices)
     return env
+
+
+def with_cpu_devices(xla_flags, count):
+    """The XLA_FLAGS string `xla_flags` with its virtual CPU device count (if any) replaced by `count`."""
+    flags = [f for f in xla_flags.split() if "xla_force_host_platform_device_count" not in f]
+    return " ".join([*flags, f"--xla_force_host_platform_device_count={count}"])
 
 
 def _describe(code):

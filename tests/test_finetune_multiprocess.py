@@ -50,8 +50,7 @@ def runs(tmp_path_factory):
     killed.left = sorted(path.relative_to(root / "two").as_posix() for path in (root / "two").rglob("*"))
     held_up = {"STOP_PROCESS": "1", "STOP_S": "15"} if backend() == "tensorflow" else {}
     resumed = Lines()
-    held_up["SAY_LEAVING"] = "1"
-    code = two_processes([FAULTS, *_flags(photos, root / "two"), "--resume"], resumed, **held_up)
+    code = two_processes([FAULTS, *_flags(photos, root / "two"), "--resume"], resumed, SAY_LEAVING="1", **held_up)
     assert code == 0, resumed.text()[-6000:]
     return root, killed, resumed
 

@@ -157,9 +157,8 @@ def test_finetune_recipe_killed_on_two_processes_resumes_on_one_and_back(tmp_pat
     monkeypatch.delenv("KILL_PROCESS")
     monkeypatch.delenv("PAUSE_AT")
     # resumed under Open MPI's mpiexec (2 ranks x 2 devices), as on hosts of a cluster: process 0 alone says it
-    xla = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
     code, said = mpiexec([], [script, *flags, str(tmp_path / "one")],
-                         {**os.environ, "XLA_FLAGS": " ".join([*xla, "--xla_force_host_platform_device_count=2"])})
+                         {**os.environ, "XLA_FLAGS": launch.with_cpu_devices(os.environ.get("XLA_FLAGS", ""), 2)})
     assert code == 0, said[-6000:]
     assert len([line for line in said.splitlines() if line.startswith("resuming")]) == 1, said[-6000:]
     _same_run(tmp_path / "one", tmp_path / "straight")
