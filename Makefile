@@ -30,14 +30,14 @@ $(VENV)/.installed: pyproject.toml
 
 venv: python $(VENV)/.installed
 
-# jax runs every test; the other backends deselect the backend-independent ones (tables, numpy math, argument errors)
-# and the one_backend script runs (examples/benchmarks end to end, whose layers are tested per backend).
+# torch runs every test; the other backends deselect the backend-independent ones (tables, numpy math, argument
+# errors) and the one_backend script runs (examples/benchmarks end to end, whose layers are tested per backend):
+# torch runs them fastest (eager, nothing to compile for the tiny models; docs/contributing.md has the figures).
 # A backend's suite is mostly one core's work, so on the default three backends two lanes run side by side,
-# each with half of every backend's test files ("jax-KofN": the K-th of N parts of the test files, every N-th in
-# name order, tests/conftest.py): jax-1of2, tensorflow-1of2, torch-2of2 | jax-2of2, tensorflow-2of2, torch-1of2
-# (the pairing of the parts that balanced their measured times best; docs/contributing.md), so that no lane
-# holds a whole backend (jax runs the backend-independent tests too, the largest part), each into
-# .test-logs/NAME.log, printed in order once all have ended; BACKENDS=... runs the backends named, one after the other, whole. TESTS=... picks test
+# each with parts of every backend's test files ("jax-KofN": the K-th of N parts of the test files, every N-th in
+# name order, tests/conftest.py), paired so that their measured times balance (LANES below; docs/contributing.md),
+# each into .test-logs/NAME.log, printed in order once all have ended; BACKENDS=... runs the backends named, one
+# after the other, whole. TESTS=... picks test
 # files (a part that TESTS leaves without a test passes: pytest's exit status 5). The run ends with each lane's time against LANE_BUDGET_MIN and the ten slowest tests
 # (tests/_lane_report.py); a lane over it is said, not failed (docs/contributing.md, "Keeping the suite fast").
 # XLA compiles the test runs (JAX's, and TensorFlow's jit-compiled fit and predict) without LLVM's optimisations
@@ -50,7 +50,7 @@ TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensiv
                   --xla_cpu_use_fusion_emitters=false
 TESTS ?= tests
 LANE_BUDGET_MIN ?= 25
-LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),jax-1of2+tensorflow-1of2+torch-2of2 jax-2of2+tensorflow-2of2+torch-1of2)
+LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),tensorflow+torch-1of2 jax+torch-2of2)
 test: python venv
 	@rm -rf .test-logs && mkdir .test-logs; \
 	echo "=== pytest, lanes side by side: $(LANES) (logs in .test-logs/) ==="; \
@@ -58,7 +58,7 @@ test: python venv
 	  ( lane_start=$$(date +%s); \
 	    for run in $$(echo $$lane | tr + ' '); do \
 	      b=$${run%%-*}; shard=$$(echo $$run | sed -n 's/^[a-z]*-\([0-9]*\)of\([0-9]*\)$$/\1\/\2/p'); \
-	      if [ $$b = jax ]; then only=""; else only="not backend_independent and not one_backend"; fi; \
+	      if [ $$b = torch ]; then only=""; else only="not backend_independent and not one_backend"; fi; \
 	      xla=$$(echo $(TEST_XLA_FLAGS) $${XLA_FLAGS:-}); \
 	      start=$$(date +%s); \
 	      ( if [ -n "$$xla" ]; then export XLA_FLAGS="$$xla"; fi; \

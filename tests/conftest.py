@@ -236,8 +236,8 @@ def mpiexec(options, argv, env, timeout=400):
 
 
 def once_on_tensorflow(why):
-    """The mark of a test that runs once, on the tensorflow lane of `make test` (beside the jax lane, which
-    carries the backend_independent and one_backend tests): `why` the other lanes need not run it."""
+    """The mark of a test that runs once, on the tensorflow lane of `make test` (the torch runs carry the
+    backend_independent and one_backend tests): `why` the other lanes need not run it."""
     return pytest.mark.skipif(backend() != "tensorflow", reason=f"once, on the tensorflow lane: {why}")
 
 

@@ -89,7 +89,7 @@ def _converter():
     return module
 
 
-# the file kinds' writers are backend-independent: the second kind on jax only
+# the file kinds' writers are backend-independent: the second kind on torch only
 @pytest.mark.parametrize("suffix", [".keras", pytest.param(".weights.h5", marks=pytest.mark.backend_independent)])
 def test_converter_writes_a_checked_file_and_nothing_else(tmp_path, ti16_npz, suffix):
     out = tmp_path / "out" / f"ti16{suffix}"

@@ -1,6 +1,6 @@
 """The fine-tuning examples on mocked TFDS data with a tiny ViT. A run, its flags and data parallelism are
 tested under each KERAS_BACKEND; the output-folder rules, the factories and checkpoints through the recipe
-and the killed-and-resumed run, whose backend-specific parts are tested per backend elsewhere, on jax only.
+and the killed-and-resumed run, whose backend-specific parts are tested per backend elsewhere, on torch only.
 
 The kill test starts a real training process, kills it with SIGKILL in the
 middle of an epoch, starts it again with the same flags and checks that it

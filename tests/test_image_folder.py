@@ -16,7 +16,7 @@ from keras_vit.data.preprocess import resize_bilinear
 from keras_vit.data.stream import crop_boxes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# the data is numpy, Pillow and tf.data, the same on every Keras backend: its tests run once (the jax lane),
+# the data is numpy, Pillow and tf.data, the same on every Keras backend: its tests run once (the torch runs),
 # all but the TensorFlow-free one, which trains on the jax and torch lanes
 independent = pytest.mark.backend_independent
 

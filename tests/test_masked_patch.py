@@ -103,7 +103,7 @@ def test_mask_and_class_tokens_learn_and_save(tmp_path, rng):
                                   _np(model.encoder.get_layer("encoderblock_1").mlp_0.kernel))
 
 
-# the paper's target on every lane; the other two (their targets are tested per backend above) on jax only
+# the paper's target on every lane; the other two (their targets are tested per backend above) on torch only
 @pytest.mark.parametrize("target", ["mean_color", pytest.param("downsized_color", marks=pytest.mark.backend_independent),
                                     pytest.param("pixels", marks=pytest.mark.backend_independent)])
 def test_tiny_self_supervised_run_lowers_its_loss(target, rng):

@@ -25,7 +25,7 @@ except ImportError:
     get_image_size_for_max_num_patches = None
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# numpy, Pillow and tf.data: the same on every Keras backend (the jax lane runs them); the fit runs everywhere
+# numpy, Pillow and tf.data: the same on every Keras backend (the torch runs have them); the fit runs everywhere
 independent = pytest.mark.backend_independent
 # small buckets: batch sizes 16, 7 and 4, evaluation 7 of 36 tokens; seed 1 schedules all three for 12 images
 SMALL = dict(patch_size=16, seq_lens=(64, 16, 36), max_tokens_per_batch=256, eval_seq_len=36, seed=1)

@@ -18,7 +18,7 @@ from keras_vit.data.folder import read_image, scan
 from keras_vit.data.shard_feed import ShardPlan, from_shards, raw_examples
 from keras_vit.data.shard_writer import write_shards
 
-# the shards are numpy, Pillow and tf.data, the same on every Keras backend: their tests run once (the jax lane)
+# the shards are numpy, Pillow and tf.data, the same on every Keras backend: their tests run once (the torch runs)
 pytestmark = pytest.mark.backend_independent
 
 ARGS = {"image_size": 16, "batch_size": 4, "image_dtype": "uint8", "shuffle_buffer": 6}
