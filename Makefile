@@ -50,7 +50,7 @@ TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensiv
                   --xla_cpu_use_fusion_emitters=false
 TESTS ?= tests
 LANE_BUDGET_MIN ?= 25
-LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),tensorflow+torch-1of2 jax+torch-2of2)
+LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),tensorflow+jax-2of2 jax-1of2+torch)
 test: python venv
 	@rm -rf .test-logs && mkdir .test-logs; \
 	echo "=== pytest, lanes side by side: $(LANES) (logs in .test-logs/) ==="; \
