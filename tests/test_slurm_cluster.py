@@ -115,6 +115,7 @@ def test_srun_two_tasks_train_the_one_process_model(cluster, tmp_path):
                           "finetune", *flags, str(tmp_path / "two")], env=env, capture_output=True, text=True,
                          timeout=400)
     said = two.stdout + two.stderr
+    print(said)  # the run's lines under `pytest -s`, each task's with srun's label
     assert two.returncode == 0, said[-6000:]
     lines = said.splitlines()
     # process 0 alone reads the folder, says the schedule and writes --out
