@@ -363,7 +363,7 @@ def test_own_images_example_finetunes_real_and_fresh_weights(folder, tmp_path):
 def first_blocks(folder, root, count):
     """A copy in `root` of the Hugging Face folder `folder` holding its first `count` blocks (config.json's
     num_hidden_layers, the later blocks' tensors left out): real weights of a shallower model, for artefacts
-    whose fact is not their depth (a tf2onnx export of the 12 blocks takes ~40 s on the 2-core CI machine)."""
+    whose fact is not their depth (tf2onnx's time grows with the blocks exported; docs/contributing.md)."""
     import json
     import re
 
