@@ -17,6 +17,8 @@ import pytest
 from conftest import backend, photo_folder
 from test_finetune_multiprocess import lane_env_of, same_model
 
+from keras_vit.launch import free_ports
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sinfo")
 pytestmark = [
     pytest.mark.skipif(backend() != "jax", reason="one backend: srun's tasks join through JAX (tests/test_launchers.py "
@@ -24,16 +26,6 @@ pytestmark = [
     pytest.mark.skipif(any(shutil.which(name) is None for name in DAEMONS) or os.geteuid() != 0,
                        reason="a one-node SLURM needs Debian's slurm-wlm and munge, run as root"),
 ]
-
-
-def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 SLURM_CONF = """\
@@ -75,7 +67,7 @@ def cluster(tmp_path):
         (root / folder).mkdir(parents=True)
     (root / "munge.key").write_bytes(os.urandom(1024))
     (root / "munge.key").chmod(0o400)
-    ctld_port, slurmd_port = _free_ports(2)
+    ctld_port, slurmd_port = free_ports(2)
     conf = root / "slurm.conf"
     conf.write_text(SLURM_CONF.format(host=socket.gethostname(), root=root, ctld_port=ctld_port,
                                       slurmd_port=slurmd_port, cpus=os.cpu_count()))
