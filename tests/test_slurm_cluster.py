@@ -6,7 +6,6 @@ run through JAX as `keras-vit finetune` detects them, process 0 alone writes --o
 of the same command on one process."""
 
 import os
-import pathlib
 import shutil
 import socket
 import subprocess
