@@ -18,14 +18,25 @@ python:
 	  exit 1; fi; \
 	echo "keras-vit: Python $$($$py -c 'import platform; print(platform.python_version())') ($$(command -v $$py))"
 
+# pip puts torch in (uv does not apply pip's configuration, which is what finds the CPU wheel on this machine's
+# disk); uv installs the rest, unpacking and compiling in parallel, from the package sources pip is configured with
+# (its index, extra indexes and find-links, every one equally: --index-strategy unsafe-best-match, as pip does).
+PIP_SOURCES := import subprocess, sys; seen = []; \
+  lines = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout; \
+  [seen.append(arg) for key, _, value in (line.partition("=") for line in lines.splitlines()) \
+   for option in [key.split(".", 1)[-1]] if option in ("index-url", "extra-index-url", "find-links") \
+   for url in value.strip("\x27\x22").split() for arg in [f"--{option} {url}"] if arg not in seen]; print(*seen)
+UV_INSTALL = $(PY) -m uv pip install --python $(PY) --quiet --compile-bytecode --index-strategy unsafe-best-match \
+             $$(cat $(VENV)/pip-sources)
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --upgrade pip uv
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[all]"
-	$(PY) -m pip install --quiet --no-deps "timm>=1.0"  # not torchvision (pyproject's convert extra says why)
+	$(PY) -c '$(PIP_SOURCES)' > $(VENV)/pip-sources
+	$(UV_INSTALL) -e ".[all]"
+	$(UV_INSTALL) --no-deps "timm>=1.0"  # not torchvision (pyproject's convert extra says why)
 	# LiteRT from torch: litert-torch and what converting imports, without its pins (keras_vit/export/formats.py says why)
-	$(PY) -m $$($(PY) -c 'import keras_vit.export as e; print(e.LITERT_TORCH_INSTALL)') --quiet
+	$(UV_INSTALL) $$($(PY) -c 'import keras_vit.export as e; print(e.LITERT_TORCH_INSTALL.removeprefix("pip install "))')
 	touch $@
 
 venv: python $(VENV)/.installed
