@@ -116,6 +116,7 @@ def build_vit(
     naflex=False,
     drop_path_rate=0.0,
     crop_to_patches=False,
+    rope=None,
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -218,6 +219,10 @@ def build_vit(
             each image at its own size and aspect ratio, the padding masked; `image_size` is the grid
             the position embeddings are laid out on. `position_embedding="factorized"` (NaViT's per-axis
             tables, timm's "parfac" models) goes with it, and with any model that takes any size.
+        rope: None, or a rotary position embedding of the patch tokens' queries and keys in every
+            block (`keras_vit.layers.rotary`): {"kind": "dinov3", "temperature": 100.0} is DINOv3's
+            (with `position_embedding="none"`, as DINOv3 has no other). Its tables follow the grid,
+            so the model takes another image size as it is (`any_size` too).
     """
     # every argument but the input and the name: the config's fields (tests/test_vit_config.py)
     config = ViTConfig(**{k: v for k, v in locals().items() if k not in ("input_tensor", "name")})
@@ -231,7 +236,7 @@ def build_vit(
         config.check_any_size()
     inputs, images = _inputs(config, input_tensor, (*hw, channels))
     x, posembed = _embed(config, images, grid, runtime)
-    x = _encoder(config, x, posembed, grid)
+    x = _encoder(config, x, posembed, grid, images if runtime else None)
     x = _pool(config, x, images, grid, runtime)
     model = ViTModel(inputs, _top(config, x), name=name)
     if config.naflex:  # the same layers read a padded patch sequence
@@ -295,11 +300,16 @@ def _embed(config, images, grid, runtime):
     return x, posembed
 
 
-def _encoder(config, x, posembed, grid):
+def _encoder(config, x, posembed, grid, images=None):
     """The blocks (position embeddings again before each but the first, for the every_layer placements)
-    and the final LayerNorm, unless fc_norm moves it after pooling."""
+    and the final LayerNorm, unless fc_norm moves it after pooling. Rotary blocks read the grid off
+    `images` where given (a model that takes any size), else are laid out on `grid`."""
     block = L.RelativeTransformerBlock if config.position_embedding == "relative" else L.TransformerBlock
     drop_path_rates = L.drop_path_rates(config.drop_path_rate, config.num_layers)
+    rope = None if config.rope is None else {
+        **config.rope, "num_prefix_tokens": config.num_prefix_tokens,
+        **({"grid_size": None, "stride": config.stride} if images is not None else {"grid_size": grid, "stride": None})}
+    on_images = {"images": images} if rope is not None and images is not None else {}
     for i in range(config.num_layers):
         if i and config.position_placement == "every_layer_shared":
             x = posembed(x)
@@ -310,7 +320,7 @@ def _encoder(config, x, posembed, grid):
                   layer_norm_epsilon=config.layer_norm_epsilon,
                   attention_implementation=config.attention_implementation,
                   mlp_activation=config.mlp_activation, layer_scale=config.layer_scale,
-                  drop_path_rate=drop_path_rates[i], name=f"encoderblock_{i}")(x)
+                  drop_path_rate=drop_path_rates[i], rope=rope, name=f"encoderblock_{i}")(x, **on_images)
     if not config.fc_norm:
         x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="encoder_norm")(x)
     return x
@@ -394,13 +404,17 @@ def any_size(model):
             config["stride"] = stride
         elif layer.name == "feature_map":
             config.update(grid_size=None, stride=stride)
+        elif config.get("rope"):  # a rotary block: its tables from the grid of each call's images
+            config["rope"] = {**config["rope"], "grid_size": None, "stride": stride}
         return layer.__class__.from_config(config)
 
     cropped = []  # with crop_to_patches, the images the layers after it see
 
-    def call(layer, *args, **kwargs):  # the two layers that read the grid off the images get them
+    def call(layer, *args, **kwargs):  # the layers that read the grid off the images get them
         if layer.name in ("posembed_input", "feature_map"):
             return layer(*args, cropped[0] if cropped else inputs, **kwargs)
+        if getattr(layer, "rope", None):
+            return layer(*args, images=cropped[0] if cropped else inputs, **kwargs)
         out = layer(*args, **kwargs)
         if layer.name == "crop_to_patches":
             cropped.append(out)

@@ -9,6 +9,7 @@ from keras_vit.interpolation import check_interpolation
 from keras_vit.layers.attention import check_attention_implementation
 from keras_vit.layers.drop_path import check_drop_path_rate
 from keras_vit.layers.mlp import check_mlp_activation
+from keras_vit.layers.rotary import check_rope, check_rope_head_dim
 from keras_vit.preprocessing import NORMALIZATIONS
 
 CLASSIFIERS = ("token", "gap", "map")
@@ -75,6 +76,7 @@ class ViTConfig:
     naflex: bool = False
     drop_path_rate: float = 0.0
     crop_to_patches: bool = False
+    rope: dict | None = None
 
     def __post_init__(self):
         # In this order, the builder's: of several bad options, the same one is named.
@@ -88,6 +90,7 @@ class ViTConfig:
         check_mlp_activation(self.mlp_activation)
         check_interpolation(self.position_interpolation, "position_interpolation")
         _check_token_layout(self)
+        _check_rope(self)
 
     @property
     def cls_tokens(self):
@@ -214,3 +217,14 @@ def _check_token_layout(c):
     if c.distillation_token and (c.representation_size is not None or c.fc_norm):
         raise ValueError("distillation_token=True takes no representation_size (pre-logits) and no fc_norm "
                          "(DeiT has neither)")
+
+
+def _check_rope(c):
+    """Rotary position embedding: a known kind, heads it can rotate, and images (not a NaFlex batch)."""
+    object.__setattr__(c, "rope", check_rope(c.rope))  # normalised: the temperature a float
+    if c.rope is None:
+        return
+    check_rope_head_dim(c.hidden_size // c.num_heads)
+    if c.naflex:
+        raise ValueError("rope: a NaFlex batch holds each image at its own grid, which the rotary tables are not laid "
+                         "out for; use naflex=False")

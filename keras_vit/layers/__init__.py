@@ -18,6 +18,7 @@ from keras_vit.layers.position_embedding_2d import AddPositionEmbs2D
 from keras_vit.layers.relative_attention import RelativeMultiHeadDotProductAttention, RelativeTransformerBlock
 from keras_vit.layers.resize_images import ResizeImages
 from keras_vit.layers.resnet import BottleneckUnit, ResNetStem, StdConv2D, standardize_kernel
+from keras_vit.layers.rotary import rope_tables, rotate_patches
 from keras_vit.layers.token_validity import TokenValidity
 from keras_vit.layers.top_k import TopK
 from keras_vit.layers.transformer_block import TransformerBlock
@@ -50,5 +51,7 @@ __all__ = [
     "drop_path_keep",
     "drop_path_rates",
     "resize_position_embeddings",
+    "rope_tables",
+    "rotate_patches",
     "standardize_kernel",
 ]

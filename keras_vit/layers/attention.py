@@ -6,6 +6,7 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.layers.rotary import rotate_patches
 from keras_vit.runtime import per_platform
 
 # "flash": the device's fused attention kernel (cuDNN's on JAX, flash/cuDNN SDPA on torch);
@@ -206,6 +207,9 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         valid: None, or (B, T) bool: the keys that take part (a NaFlex batch's padding is False,
             after the valid tokens); every path masks the others, the fused GPU kernels as sequence
             lengths.
+        rope: None, or (sin, cos): the queries and keys of the tokens after the first
+            `rope_prefix_tokens` rotated by these tables (T - prefix, head_dim) before the attention
+            (`keras_vit.layers.rotary`); every path, the fused ones included, then runs as without.
     """
 
     def __init__(self, num_heads, dropout_rate=0.0, attention_implementation="auto", **kwargs):
@@ -267,8 +271,10 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         fused path runs). A hook for subclasses, e.g. relative position attention."""
         return None
 
-    def call(self, x, training=None, return_attention=False, valid=None):
+    def call(self, x, training=None, return_attention=False, valid=None, rope=None, rope_prefix_tokens=0):
         q, k, v = self._qkv(x)
+        if rope is not None:
+            q, k = (rotate_patches(t, *rope, rope_prefix_tokens) for t in (q, k))
         scale = 1.0 / math.sqrt(self.head_dim)
         bias = self.logit_bias(q, scale)
         if bias is None and not return_attention and not (training and self.dropout_rate > 0):

@@ -7,6 +7,7 @@ from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, che
 from keras_vit.layers.drop_path import check_drop_path_rate, drop_path, drop_path_keep
 from keras_vit.layers.mlp import activate, check_mlp_activation, hidden_width
 from keras_vit.layers.quantized import with_sublayer_policies
+from keras_vit.layers.rotary import ROPE_KEYS, check_rope, check_rope_head_dim, rope_tables
 from keras_vit.runtime import per_platform
 
 LAYER_NORM_EPSILON = 1e-6
@@ -142,16 +143,23 @@ class TransformerBlock(keras.layers.Layer):
             from the block's seed generator; 0 (the default) or evaluation computes exactly the
             block without it. In [0, 1); the builder gives each block its rate
             (`keras_vit.layers.drop_path_rates`).
+        rope: None (the default), or the block's rotary position embedding (`keras_vit.layers.rotary`,
+            DINOv3's): a dict of `kind` and `temperature` (`check_rope`), `num_prefix_tokens` (the
+            tokens before the patches, left unrotated) and either `grid_size` (gh, gw), the tables
+            made once when the block is built, or `stride` (pixels per token), the grid read off the
+            images each call gives (`images=`: a model that takes any size).
     Call args:
         x: tokens (B, T, D).
         return_attention: also return the softmax attention weights (B, heads, T, T).
         valid: None, or (B, T) bool, the tokens attention reads (a NaFlex batch: False on padding).
+        images: the model's images (B, H, W, C), for a rotary block that reads its grid off them.
     """
 
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, remat=False,
                  approximate_gelu=True, layer_norm_epsilon=LAYER_NORM_EPSILON, attention_implementation="auto",
-                 mlp_activation="gelu", layer_scale=None, drop_path_rate=0.0, **kwargs):
+                 mlp_activation="gelu", layer_scale=None, drop_path_rate=0.0, rope=None, **kwargs):
         super().__init__(**kwargs)
+        self.rope = _check_block_rope(rope)
         self.drop_path_rate = check_drop_path_rate(drop_path_rate, f"{type(self).__name__}: drop_path_rate")
         self.mlp_activation = check_mlp_activation(mlp_activation)
         if layer_scale is not None and (isinstance(layer_scale, bool) or not isinstance(layer_scale, (int, float))):
@@ -188,6 +196,16 @@ class TransformerBlock(keras.layers.Layer):
         for layer in (self.norm_0, self.attention, self.norm_2, self.mlp_0):
             layer.build(input_shape)
         self.mlp_1.build((*input_shape[:-1], self.mlp_dim))
+        self.tables = None
+        if self.rope is not None:
+            check_rope_head_dim(dim // self.num_heads)
+            grid = self.rope["grid_size"]
+            if grid is not None and input_shape[1] is not None and \
+                    input_shape[1] != self.rope["num_prefix_tokens"] + grid[0] * grid[1]:
+                raise ValueError(f"{self.name}: its rotary tables are laid out for {self.rope['num_prefix_tokens']} "
+                                 f"prefix tokens and a {grid[0]}x{grid[1]} grid, got {input_shape[1]} tokens")
+            if grid is not None:  # made once: a fixed grid's tables are constants
+                self.tables = rope_tables(*grid, dim // self.num_heads, self.rope["temperature"])
         self.scales = ()
         if self.layer_scale is not None:
             self.scales = tuple(self.add_weight(name=f"layer_scale_{i}", shape=(dim,),
@@ -201,20 +219,37 @@ class TransformerBlock(keras.layers.Layer):
             name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy
         )
 
-    def call(self, x, training=None, return_attention=False, valid=None):
+    def call(self, x, training=None, return_attention=False, valid=None, images=None):
         x = _cotangent_barrier(x)
+        tables = self._tables(images)
         paths = self._path_masks(x) if training else ()  # drawn once: a recomputation reuses them
         if self.remat and training and not return_attention:
             # the masks travel with the dropout masks: the recomputation may close over no traced value
-            keep = (self._keep_masks(x), paths, valid)
+            keep = (self._keep_masks(x), paths, valid, tables)
             forward = lambda x, keep: self._forward(  # noqa: E731
-                x, training, keep=keep[0], paths=keep[1], valid=keep[2])
+                x, training, keep=keep[0], paths=keep[1], valid=keep[2], tables=keep[3])
             if keras.backend.backend() != "jax":
                 return keras.remat(lambda x: forward(x, keep))(x)
             # chosen for the platform the step is lowered for: `jax.checkpoint` on a GPU or TPU
             return per_platform(x, keep, cpu=lambda x, keep: _jax_cpu_remat(forward, self.variables, x, keep),
                                 default=keras.remat(forward))
-        return self._forward(x, training, return_attention=return_attention, valid=valid, paths=paths)
+        return self._forward(x, training, return_attention=return_attention, valid=valid, paths=paths, tables=tables)
+
+    @property
+    def rope_options(self):
+        """The builder's `rope` this block was made with (kind and temperature), or None."""
+        return None if self.rope is None else {k: self.rope[k] for k in ROPE_KEYS}
+
+    def _tables(self, images):
+        """The rotary (sin, cos) tables of this call: the fixed grid's, or those of the grid of `images`."""
+        if self.rope is None or self.tables is not None:
+            return self.tables
+        if images is None:
+            raise ValueError(f"{self.name}: a rotary block that reads its grid off the images (rope stride "
+                             f"{self.rope['stride']}) needs them: call it with images=")
+        stride = self.rope["stride"]
+        shape = ops.shape(images)
+        return rope_tables(shape[1] // stride, shape[2] // stride, self.attention.head_dim, self.rope["temperature"])
 
     def _keep_masks(self, x):
         """Dropout keep-masks for the three dropouts of a training step (none without dropout)."""
@@ -253,8 +288,10 @@ class TransformerBlock(keras.layers.Layer):
     def _scaled(self, y, i):
         return y * ops.cast(self.scales[i], y.dtype) if self.scales else y
 
-    def _forward(self, x, training, return_attention=False, keep=(), valid=None, paths=()):
-        y = self.attention(self.norm_0(x), training=training, return_attention=return_attention, valid=valid)
+    def _forward(self, x, training, return_attention=False, keep=(), valid=None, paths=(), tables=None):
+        rotary = {} if tables is None else {"rope": tables, "rope_prefix_tokens": self.rope["num_prefix_tokens"]}
+        y = self.attention(self.norm_0(x), training=training, return_attention=return_attention, valid=valid,
+                           **rotary)
         if return_attention:
             y, weights = y
         x = x + self._drop_branch(self._drop(self._scaled(y, 0), training, keep, 0), paths, 0)
@@ -289,4 +326,23 @@ class TransformerBlock(keras.layers.Layer):
             "mlp_activation": self.mlp_activation,
             "layer_scale": self.layer_scale,
             "drop_path_rate": self.drop_path_rate,
+            "rope": self.rope,
         }
+
+
+def _check_block_rope(rope):
+    """A block's `rope` (see `TransformerBlock`) checked, with grid_size a tuple; a ValueError otherwise."""
+    if rope is None:
+        return None
+    layout = ("num_prefix_tokens", "grid_size", "stride")
+    if not isinstance(rope, dict):
+        raise ValueError(f"TransformerBlock: rope must be None or a dict, got {rope!r}")
+    checked = check_rope({k: v for k, v in rope.items() if k not in layout}, "TransformerBlock: rope")
+    prefix, grid, stride = (rope.get(k) for k in layout)
+    if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
+        raise ValueError(f"TransformerBlock: rope's num_prefix_tokens must be a non-negative int, got {prefix!r}")
+    if (grid is None) == (stride is None):
+        raise ValueError("TransformerBlock: rope takes grid_size (a fixed grid) or stride (the grid of the images "
+                         f"each call gives), one of them; got grid_size={grid!r}, stride={stride!r}")
+    grid = None if grid is None else tuple(int(v) for v in grid)
+    return {**checked, "num_prefix_tokens": prefix, "grid_size": grid, "stride": stride}

@@ -57,7 +57,7 @@ def _read(path):
         config, tensors = hf.read_folder(path)
         _refuse(path, tensors)
         return "Hugging Face", hf.architecture(config, tensors), tensors, hf.to_official
-    tensors = read_tensors(path)
+    tensors = timm.from_dinov3(read_tensors(path), path)  # in the layout the rules read, where the name says DINOv3
     _refuse(path, tensors)
     if timm.is_timm(tensors):
         return "timm", timm.architecture(tensors, name=path), tensors, timm.to_official

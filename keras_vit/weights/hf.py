@@ -20,6 +20,9 @@ config.json `model_type` -> what the folder holds and how the builder makes it:
                            image's grid by torch's antialiased bilinear rule, the MAP head masked
     clip, siglip, siglip2  a whole CLIPModel / SiglipModel / Siglip2Model: its vision tower; the text
                            tower is dropped
+    dinov3_vit             DINOv3ViTModel / DINOv3ViTBackbone: DINOv3's rotary position embedding (rope_theta)
+                           and no other, registers, layer scale; q/k/v, output and MLP biases each where
+                           the config has them (zero elsewhere), a gated SiLU MLP as the builder's SwiGLU
 
 The folders are read as transformers' save_pretrained writes them (`encoder.layer.0.attention.
 attention.query`, `mlp.weights_in`, ...); the renamed modules of transformers 5 (`q_proj`,
@@ -64,6 +67,9 @@ _VIT = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, inter
 _DINOV2 = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, mlp_ratio=4, hidden_act="gelu",
                layer_norm_eps=1e-6, image_size=224, patch_size=14, num_channels=3, qkv_bias=True,
                layerscale_value=1.0, use_swiglu_ffn=False, drop_path_rate=0.0)
+_DINOV3 = dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536, hidden_act="gelu",
+               layer_norm_eps=1e-5, rope_theta=100.0, image_size=224, patch_size=16, num_channels=3,
+               layerscale_value=1.0, use_gated_mlp=False, num_register_tokens=0, drop_path_rate=0.0)
 _TOWER = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, image_size=224,
               num_channels=3)
 # torch's F.interpolate as each model's interpolate_pos_encoding calls it (transformers 5): bicubic with
@@ -87,6 +93,7 @@ FAMILIES = {
                                    {**{k: v for k, v in _TOWER.items() if k != "image_size"}, "patch_size": 16,
                                     "layer_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh",
                                     "vision_use_head": True, "num_patches": 256}, "bilinear_antialias"),
+    "dinov3_vit": Family("a DINOv3 ViT", _DINOV3, "bicubic", input_mode="imagenet"),  # no table to resize
     "clip": Family("a CLIP model", {}, "bicubic", vision_type="clip_vision_model"),
     "siglip": Family("a SigLIP model", {}, "bicubic", vision_type="siglip_vision_model"),
     "siglip2": Family("a SigLIP 2 model", {}, "bilinear_antialias", vision_type="siglip2_vision_model"),
@@ -96,7 +103,6 @@ OTHERS = {
     "clip_text_model": "a CLIP text tower (no vision tower)",
     "siglip_text_model": "a SigLIP text tower (no vision tower)",
     "siglip2_text_model": "a SigLIP 2 text tower (no vision tower)",
-    "dinov3_vit": "a DINOv3 ViT (rotary position embeddings)",
     "vit_mae": "a ViT-MAE (masked autoencoder with a decoder)",
     "vit_msn": "a ViT-MSN", "beit": "a BEiT (relative position bias)",
     "data2vec-vision": "a data2vec ViT (relative position bias)",
@@ -115,7 +121,8 @@ _TEXT = re.compile(r"^(?:text_model\.|text_projection\.|logit_scale$|logit_bias$
 # position_ids buffer that older transformers saved
 _IGNORED = re.compile(r"^embeddings\.(?:mask_token|position_ids)$")
 
-_L = r"(?:encoder\.layers?|layers)\.(\d+)\."  # ViT/DINOv2: encoder.layer.i; CLIP/SigLIP: encoder.layers.i; v5: layers.i
+# ViT/DINOv2: encoder.layer.i; CLIP/SigLIP: encoder.layers.i; transformers 5: layers.i; DINOv3: layer.i (model.layer.i)
+_L = r"(?:encoder\.layers?|layers?|model\.layer)\.(\d+)\."
 _B = "Transformer/encoderblock_{0}/"
 _A = _B + "MultiHeadDotProductAttention_1/"
 _MAP = "MAPHead_0/"
@@ -123,7 +130,7 @@ _QKV = {"q": "query", "k": "key", "v": "value"}
 _RULES = (
     # the stem: ViT/DeiT/DINOv2 call the conv patch_embeddings.projection, CLIP/SigLIP patch_embedding;
     # SigLIP 2's patch_embedding is a Linear on flattened patches ("patch": a conv's or a Linear's kernel)
-    *module_rules(r"embeddings\.patch_embeddings\.projection", "embedding", "conv"),
+    *module_rules(r"embeddings\.patch_embeddings(?:\.projection)?", "embedding", "conv"),  # DINOv3: no .projection
     *module_rules(r"embeddings\.patch_embedding", "embedding", "patch"),
     (r"embeddings\.cls_token", "cls", "same"),
     (r"embeddings\.class_embedding", "cls", "token"),  # CLIP: (D,)
@@ -149,7 +156,7 @@ _RULES = (
     *module_rules(_L + r"(?:output\.dense|mlp\.fc2|mlp\.weights_out|mlp\.down_proj)", _B + "MlpBlock_3/Dense_1",
                   "linear"),
     # after the encoder
-    *module_rules("(?:layernorm|post_layernorm)", "Transformer/encoder_norm", "norm"),
+    *module_rules("(?:layernorm|post_layernorm|norm)", "Transformer/encoder_norm", "norm"),
     *module_rules(r"pooler\.dense", "pre_logits", "linear"),  # ViTModel's pooler: Dense + tanh on [class]
     *module_rules("(?:classifier|cls_classifier)", "head", "linear"),
     *module_rules("distillation_classifier", "head_dist", "linear"),
@@ -205,7 +212,9 @@ def read_config(folder):
     except ValueError as err:
         raise ValueError(f"{folder}: {err}") from None
     act = vision.get("hidden_act")
-    if act not in ACTIVATIONS:
+    if kind == "dinov3_vit" and vision.get("use_gated_mlp") and act != "silu":
+        raise ValueError(f"{path}: a gated MLP of hidden_act {act!r}; the builder's gated MLP is SwiGLU (silu)")
+    if act not in ACTIVATIONS and not (kind == "dinov3_vit" and vision.get("use_gated_mlp")):
         raise ValueError(f"{path}: hidden_act {act!r} is not one the ViT builder makes; "
                          f"expected one of {list(ACTIVATIONS)}")
     if not vision.get("qkv_bias", True) or vision.get("num_channels", 3) != 3:
@@ -297,12 +306,13 @@ def architecture(config, tensors):
     kind, cfg = vision_config(config)
     local = _local(tensors)
     name = (config.get("architectures") or [kind])[0]
-    if not {"embeddings.patch_embeddings.projection.weight", "embeddings.patch_embedding.weight"} & set(local):
+    if not {"embeddings.patch_embeddings.projection.weight", "embeddings.patch_embedding.weight",
+            "embeddings.patch_embeddings.weight"} & set(local):
         raise ValueError(f"{name}: the weights hold no vision tower (no patch embedding among {len(tensors)} tensors)")
     hidden = int(cfg["hidden_size"])
     act = cfg["hidden_act"]
     dinov2 = kind.startswith("dinov2")
-    swiglu = dinov2 and bool(cfg.get("use_swiglu_ffn"))
+    swiglu = (dinov2 and bool(cfg.get("use_swiglu_ffn"))) or bool(cfg.get("use_gated_mlp"))
     if dinov2:
         mlp_dim = _swiglu_width(hidden, cfg["mlp_ratio"]) if swiglu else int(hidden * cfg["mlp_ratio"])
     else:
@@ -334,6 +344,13 @@ def architecture(config, tensors):
         arch.update(layer_scale=float(cfg["layerscale_value"]), drop_path_rate=_drop_path_rate(cfg, name),
                     num_register_tokens=0 if kind == "dinov2" else int(
                         cfg["num_register_tokens"] if registers is None else registers.shape[1]))
+    elif kind == "dinov3_vit":
+        if head is not None:
+            raise ValueError(f"{name}: a classifier on DINOv3; save its DINOv3ViTModel to load the backbone")
+        registers = local.get("embeddings.register_tokens")
+        arch.update(layer_scale=float(cfg["layerscale_value"]), drop_path_rate=_drop_path_rate(cfg, name),
+                    num_register_tokens=int(cfg["num_register_tokens"] if registers is None else registers.shape[1]),
+                    rope={"kind": "dinov3", "temperature": float(cfg["rope_theta"])}, position_embedding="none")
     elif kind == "clip_vision_model":
         if head is not None:
             raise ValueError(f"{name}: CLIPForImageClassification's head reads the mean of the patch tokens "
@@ -353,7 +370,7 @@ def architecture(config, tensors):
 
 
 def _drop_path_rate(cfg, name):
-    """The stochastic depth a DINOv2 config records, kept as keras-vit's `drop_path_rate`."""
+    """The stochastic depth a DINOv2 or DINOv3 config records, kept as keras-vit's `drop_path_rate`."""
     rate = float(cfg["drop_path_rate"])
     if rate:
         logger.info("keras_vit: %s records drop_path_rate=%g, which transformers applies to every block; "
@@ -409,9 +426,24 @@ def to_official(tensors, num_heads):
         else:
             unmapped.append(key)
     for official, parts in halves.items():  # transformers 5's gate_proj / up_proj: [gate; up] is weights_in
+        if set(parts) == {"up"}:  # DINOv3's ungated MLP: up_proj is the first dense layer
+            arrays[official] = parts["up"][1].T if official.endswith("kernel") else parts["up"][1]
+            continue
         if set(parts) != {"gate", "up"}:
             unmapped += [key for key, _ in parts.values()]
             continue
         packed = np.concatenate([parts["gate"][1], parts["up"][1]], axis=0)
         arrays[official] = packed.T if official.endswith("kernel") else packed
+    _zero_biases(arrays)
     return arrays, unmapped
+
+
+def _zero_biases(arrays):
+    """Zero biases for the blocks' projections that have none in the file (DINOv3's key projection, and any
+    q/v/output/MLP projection its config leaves without): the builder's projections all have one."""
+    for key in [k for k in arrays if k.startswith("Transformer/encoderblock_") and k.endswith("/kernel")]:
+        bias = key[:-len("kernel")] + "bias"
+        if bias not in arrays:
+            kernel = arrays[key]
+            heads = re.search(r"/(query|key|value)/kernel$", key)
+            arrays[bias] = np.zeros(kernel.shape[1:] if heads else kernel.shape[-1:], kernel.dtype)

@@ -41,6 +41,15 @@ _SIGLIP_EXACT = (*(f"vit_{size}_siglip_{gap}{res}" for gap in ("", "gap_") for s
     *(f"vit_so400m_patch14_siglip_{res}" for res in (224, 378, 384)),
     *(f"vit_so400m_patch14_siglip_gap_{res}" for res in (224, 378, 384, 448, 896)))
 TIMM_SIGLIP_GELU = {**dict.fromkeys(_SIGLIP_EXACT, False), **dict.fromkeys(_SIGLIP_TANH, True)}
+# timm's DINOv3 architectures (eva.py, `vit_*_dinov3*`; their `_qkvb` twins the same with q/v biases) -> their head
+# counts: huge_plus's width 1280 has 20 where timm's other 1280-wide ViTs have 16. Each has DINOv3's rotary
+# position embedding (DINOV3_ROPE), 4 registers, layer scale and LayerNorm epsilon 1e-5, none of which a state dict
+# records but the registers and the layer scale; timm's pretrained configs give 256 px (DINOV3_IMAGE_SIZE)
+TIMM_DINOV3_HEADS = {"vit_tiny_patch16_dinov3": 3, "vit_small_patch16_dinov3": 6, "vit_small_plus_patch16_dinov3": 6,
+                     "vit_base_patch16_dinov3": 12, "vit_large_patch16_dinov3": 16,
+                     "vit_huge_plus_patch16_dinov3": 20, "vit_7b_patch16_dinov3": 32}
+DINOV3_ROPE = {"kind": "dinov3", "temperature": 100.0}
+DINOV3_IMAGE_SIZE = 256
 # the head counts of those SigLIP architectures by width, one a width (giantopt's 1536 has 16 where DINOv2-giant's
 # 1536 has 24): what a state dict of SigLIP's layout takes in place of TIMM_HEADS
 TIMM_SIGLIP_HEADS = {768: 12, 1024: 16, 1152: 16, 1536: 16}
@@ -148,6 +157,43 @@ def unsupported(keys):
     return found
 
 
+def is_eva(tensors):
+    """A state dict of timm's `Eva` (eva.py) layout: layer scale as `gamma_1`, or q/v biases apart (`q_bias`)."""
+    return "patch_embed.proj.weight" in tensors and ("blocks.0.gamma_1" in tensors or "blocks.0.attn.q_bias" in tensors)
+
+
+def from_dinov3(tensors, name):
+    """A timm DINOv3 state dict (`is_eva`, its architecture named by `name`: TIMM_DINOV3_HEADS) in the key names
+    of timm's `VisionTransformer`, which the rules read: `gamma_i` -> `lsi.gamma`; q and v biases with the key's
+    zero (Eva's fixed k_bias), or zero biases where the model has none; SwiGLU's `fc1_g` and `fc1_x` as one `fc1`
+    (the gate first, as the builder's "swiglu" reads it). Any other state dict is returned as it is."""
+    if not is_eva(tensors) or named_architecture(name, TIMM_DINOV3_HEADS) is None:
+        return tensors
+    out = {}
+    for key, value in tensors.items():
+        block = re.match(r"(blocks\.\d+\.)(.*)$", key)
+        if block is None:
+            out[key] = value
+            continue
+        head, rest = block.groups()
+        if rest in ("gamma_1", "gamma_2"):
+            out[f"{head}ls{rest[-1]}.gamma"] = value
+        elif rest == "attn.qkv.weight":
+            out[key] = value
+            if f"{head}attn.qkv.bias" not in tensors:
+                q, v = tensors.get(f"{head}attn.q_bias"), tensors.get(f"{head}attn.v_bias")
+                zero = np.zeros(value.shape[0] // 3, value.dtype)
+                out[f"{head}attn.qkv.bias"] = np.concatenate([zero if q is None else q, zero, zero if v is None else v])
+        elif rest in ("attn.q_bias", "attn.v_bias"):
+            continue  # in the fused bias above
+        elif rest.startswith("mlp.fc1_g."):
+            out[f"{head}mlp.fc1.{rest.rsplit('.', 1)[1]}"] = np.concatenate(
+                [value, tensors[f"{head}mlp.fc1_x.{rest.rsplit('.', 1)[1]}"]])
+        elif not rest.startswith("mlp.fc1_x."):
+            out[key] = value
+    return out
+
+
 def is_timm(tensors):
     return "patch_embed.proj.weight" in tensors or is_naflex(tensors)
 
@@ -204,11 +250,11 @@ def _name_parts(name):
     return [part.lower() for part in (os.path.basename(text), *re.findall(r"models--timm--([^/\\]+)", text))]
 
 
-def named_architecture(name):
-    """The architecture of TIMM_SIGLIP_GELU that a timm model or file name names (the longest found, a
-    word of its own in `_name_parts`), or None."""
+def named_architecture(name, table=TIMM_SIGLIP_GELU):
+    """The architecture of `table` (TIMM_SIGLIP_GELU, TIMM_DINOV3_HEADS) that a timm model or file name names
+    (the longest found, a word of its own in `_name_parts`), or None."""
     for part in _name_parts(name):
-        found = [a for a in TIMM_SIGLIP_GELU if re.search(rf"(?<![a-z0-9]){a}(?![a-z0-9])", part)]
+        found = [a for a in table if re.search(rf"(?<![a-z0-9]){a}(?![a-z0-9])", part)]
         if found:
             return max(found, key=len)
     return None
@@ -270,10 +316,16 @@ def architecture(tensors, name=""):
         raise ValueError("a ViT with a class token pooled by average (fc_norm with cls_token: timm's global_pool='avg', "
                          "as MAE / BEiT fine-tuned): keras_vit's average-pooled models have no class token")
     clip = "norm_pre.weight" in tensors  # timm's only pre-norm ViTs are its CLIP towers, LayerNorm eps 1e-5
+    dinov3 = named_architecture(name, TIMM_DINOV3_HEADS)
+    if dinov3 is None and is_eva(tensors):
+        raise ValueError("a ViT of timm's Eva layout (eva.py: layer scale gamma_1, q/v biases apart) whose position "
+                         "encoding its state dict does not record: name the file after its timm architecture (one of "
+                         f"{', '.join(TIMM_DINOV3_HEADS)}, e.g. vit_small_patch16_dinov3.lvd1689m.safetensors) or "
+                         "pass that name to keras_vit.from_timm")
     prefix = int(has_cls) + int(has_dist)
     named = name_options(name)
     siglip = not (prefix or fc_norm or registers or clip or swiglu or "blocks.0.ls1.gamma" in tensors)
-    return dict(
+    arch = dict(
         patch_size=int(kernel.shape[-1]), hidden_size=int(kernel.shape[0]), num_layers=depth,
         timm_heads=(TIMM_SIGLIP_HEADS if siglip else TIMM_HEADS).get(int(kernel.shape[0])),
         mlp_dim=None if fc2 is None else int(fc2.shape[1]), resnet=None,
@@ -294,6 +346,10 @@ def architecture(tensors, name=""):
         # DINOv2, [-1, 1] for the paper's and AugReg's ViTs (and SigLIP)
         input_mode="clip" if clip else "imagenet" if has_dist or "blocks.0.ls1.gamma" in tensors else "vit",
     )
+    if dinov3 is not None:  # what the name tells (TIMM_DINOV3_HEADS); its patch tokens' positions are rotary only
+        arch.update(timm_heads=TIMM_DINOV3_HEADS[dinov3], rope=dict(DINOV3_ROPE), position_embedding="none",
+                    layer_norm_epsilon=1e-5, image_size=(DINOV3_IMAGE_SIZE,) * 2)
+    return arch
 
 
 def _naflex_architecture(tensors, name):

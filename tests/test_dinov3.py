@@ -1,0 +1,198 @@
+"""DINOv3 (2-D rotary position embedding, 4 registers, layer scale): timm's `vit_*_dinov3*` files and
+transformers' DINOv3ViTModel folders read by `from_timm` / `from_huggingface`, equal to the source
+library's own random-weight models at two image sizes (fixed-size builds, and one model of any size),
+reloaded in safe mode, trained with and without remat; and what is refused, in one line."""
+
+import os
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from timm_peer import import_timm  # noqa: E402
+
+timm = import_timm()
+SIZES = ((64, 64), (48, 80))  # the size timm's model is made at, and another (not square)
+PREFIX = 5  # the class token and 4 registers: left unrotated
+
+
+def _timm_dinov3(arch, seed=0):
+    """timm's `arch` at depth 2, its weights all drawn anew (layer scale 1e-5, zero or absent biases would hide
+    a mistake): kernels of about unit gain, vectors (biases, scales) of deviation 0.5."""
+    module = timm.create_model(arch, pretrained=False, depth=2, img_size=SIZES[0], global_pool="token")
+    _redraw(module, seed)
+    return module.eval()
+
+
+def _redraw(module, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            std = 0.5 if p.ndim == 1 else 1 / np.sqrt(p[0].numel())
+            p.copy_(std * torch.randn(p.shape, generator=gen))
+
+
+def _timm_file(module, folder, name):
+    path = str(folder / f"{name}.test.safetensors")  # named after its architecture, as timm's hub files are
+    safetensors_torch.save_file({k: v.contiguous() for k, v in module.state_dict().items()}, path)
+    return path
+
+
+def _images(h, w, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, (2, h, w, 3)).astype("float32")
+
+
+def _nchw(x):
+    return torch.from_numpy(x).permute(0, 3, 1, 2)
+
+
+def _np(y):
+    return keras.ops.convert_to_numpy(y)
+
+
+def _close(got, expected, what):
+    """Equal up to float32 rounding: 1e-5 of the output's scale."""
+    scale = float(np.abs(expected).max())
+    assert scale > 0.5, what  # a real signal
+    np.testing.assert_allclose(got, expected, atol=1e-5 * scale, rtol=0, err_msg=what)
+
+
+# the rotary numerics on every backend; the key maps of the biased and the SwiGLU layouts, once (torch's lane)
+ONCE = pytest.mark.backend_independent
+
+
+@pytest.mark.parametrize("arch", ["vit_small_patch16_dinov3", pytest.param("vit_tiny_patch16_dinov3_qkvb", marks=ONCE),
+                                  pytest.param("vit_small_plus_patch16_dinov3", marks=ONCE)],
+                         ids=["no_bias", "qv_bias", "swiglu"])
+def test_timm_dinov3_files_equal_timm_at_two_sizes(arch, tmp_path):
+    """Built at timm's pretrained size by default; the patch tokens on their grid at the size timm's model is
+    made at and another, the head count read off the name; at the first, the class token (upstream DINOv3's
+    representation) and timm's default average of the patch tokens."""
+    ref = _timm_dinov3(arch)
+    path = _timm_file(ref, tmp_path, arch)
+    assert keras_vit.from_timm(path).input_shape == (None, 256, 256, 3)  # timm's pretrained configs' size
+    for h, w in SIZES:
+        x = _images(h, w)
+        with torch.no_grad():
+            tokens = ref.forward_features(_nchw(x))
+        grid = keras_vit.from_timm(path, image_size=(h, w), pooling=None)
+        assert grid.get_layer("encoderblock_0").rope_options == {"kind": "dinov3", "temperature": 100.0}
+        _close(_np(grid(x)), tokens[:, PREFIX:].numpy().reshape(2, h // 16, w // 16, -1), f"patch tokens at {h}x{w}")
+    x = _images(*SIZES[0])
+    with torch.no_grad():
+        tokens = ref.forward_features(_nchw(x))
+    _close(_np(keras_vit.from_timm(path, image_size=SIZES[0])(x)), tokens[:, 0].numpy(), "class token")
+    _close(_np(keras_vit.from_timm(path, image_size=SIZES[0], pooling="avg")(x)), tokens[:, PREFIX:].mean(1).numpy(),
+           "patch average")
+
+
+def test_a_dinov3_model_of_any_size_reloads_extracts_and_inspects(tmp_path):
+    """`any_size` of a DINOv3 model reads its rotary tables off each call's images (three sizes, predict
+    too), reloads from `.keras` in safe mode, and gives the feature maps and attention maps of the zoo."""
+    arch = "vit_small_patch16_dinov3"
+    ref = _timm_dinov3(arch)
+    model = keras_vit.any_size(keras_vit.from_timm(_timm_file(ref, tmp_path, arch), image_size=SIZES[0]))
+    assert model.input_shape == (None, None, None, 3)
+    for h, w in (*SIZES, (32, 96)):
+        x = _images(h, w, seed=h)
+        with torch.no_grad():
+            expected = ref.forward_features(_nchw(x))[:, 0].numpy()
+        _close(_np(model(x)), expected, f"{h}x{w}")
+        _close(model.predict(x, verbose=0), expected, f"predict at {h}x{w}")
+    model.save(tmp_path / "m.keras")
+    again = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+    _close(_np(again(x)), expected, "reloaded")
+    fixed = keras_vit.from_timm(_timm_file(ref, tmp_path, arch), image_size=SIZES[0])
+    x = _images(*SIZES[0])
+    maps = keras_vit.feature_extractor(fixed, blocks=[0, -1], output="maps")(x)
+    assert [tuple(m.shape) for m in maps] == [(2, 4, 4, 384)] * 2
+    from keras_vit.inspection import attention_maps
+
+    attentions = attention_maps(fixed, x)
+    assert attentions[0].shape == (2, 6, PREFIX + 16, PREFIX + 16)
+    np.testing.assert_allclose(np.asarray(attentions[0]).sum(-1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("gated", [False, pytest.param(True, marks=ONCE)], ids=["mlp", "gated_mlp"])
+def test_transformers_dinov3_folders_equal_transformers_at_two_sizes(gated, tmp_path):
+    """DINOv3ViTModel saved with save_pretrained (registers, layer scale, no key bias; the gated SiLU MLP
+    of the large models, with all biases): its pooler output (the class token) and patch tokens."""
+    from transformers import DINOv3ViTConfig, DINOv3ViTModel
+
+    torch.manual_seed(0)
+    config = DINOv3ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+                             image_size=SIZES[0][0], num_register_tokens=4, layerscale_value=0.5,
+                             use_gated_mlp=gated, hidden_act="silu" if gated else "gelu", key_bias=gated)
+    ref = DINOv3ViTModel(config).eval()
+    _redraw(ref)
+    ref.save_pretrained(tmp_path / "hf")
+    for h, w in SIZES:
+        x = _images(h, w)
+        with torch.no_grad():
+            out = ref(pixel_values=_nchw(x))
+        model = keras_vit.from_huggingface(tmp_path / "hf", image_size=(h, w))
+        _close(_np(model(x)), out.pooler_output.numpy(), f"pooler output at {h}x{w}")
+        grid = keras_vit.from_huggingface(tmp_path / "hf", image_size=(h, w), pooling=None)
+        patches = out.last_hidden_state[:, PREFIX:].numpy().reshape(2, h // 16, w // 16, -1)
+        _close(_np(grid(x)), patches, f"patch tokens at {h}x{w}")
+
+
+def _rotary_vit(**kw):
+    return keras_vit.VisionTransformer(**{**dict(
+        image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2, classes=3,
+        num_register_tokens=2, layer_scale=0.5, position_embedding="none",
+        rope={"kind": "dinov3", "temperature": 100.0}), **kw})
+
+
+def test_a_rotary_model_trains_the_same_with_remat():
+    """Two SGD steps of a rotary model (the first trains its zero head) change its weights, and with remat
+    (the recomputed blocks take the tables with the dropout masks) to the same weights."""
+    x = _images(32, 32)
+    y = np.array([0, 2])
+    after = []
+    for remat in (False, True):
+        keras.utils.set_random_seed(1)
+        model = _rotary_vit(remat=remat, classifier_activation=None)
+        before = [w.copy() for w in model.get_weights()]
+        model.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=1, epochs=1, shuffle=False, verbose=0)
+        after.append(model.get_weights())
+        moved = [np.abs(a - b).max() for a, b in zip(after[-1], before)]
+        assert sum(m > 0 for m in moved) > len(moved) // 2, f"remat={remat}: most weights should move"
+    for a, b in zip(*after):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.backend_independent
+def test_what_rotary_position_embedding_refuses(tmp_path):
+    """An unknown kind, heads it cannot rotate, a NaFlex model, a timm Eva-layout file whose name does not say
+    its architecture, a keras-hub ViTBackbone preset of a rotary model: each one line naming what was
+    expected; nothing built or written."""
+    with pytest.raises(ValueError, match=r"rope: unknown kind 'xpos'; expected one of \('dinov3',\)"):
+        _rotary_vit(rope={"kind": "xpos"})
+    with pytest.raises(ValueError, match="rope must be None or a dict with the keys"):
+        _rotary_vit(rope="dinov3")
+    with pytest.raises(ValueError, match="head size 6 is not a multiple of 4"):
+        keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=12, mlp_dim=24, num_heads=2,
+                                    num_layers=1, position_embedding="none", rope={"kind": "dinov3"})
+    with pytest.raises(ValueError, match="a NaFlex batch holds each image at its own grid"):
+        _rotary_vit(naflex=True)
+    arch = "vit_small_patch16_dinov3"
+    unnamed = str(tmp_path / "model.safetensors")
+    safetensors_torch.save_file({k: v.contiguous() for k, v in _timm_dinov3(arch).state_dict().items()}, unnamed)
+    with pytest.raises(ValueError, match=r"timm's Eva layout .* does not record: name the file after its timm "
+                                         r"architecture \(one of vit_tiny_patch16_dinov3, vit_small_patch16_dinov3"):
+        keras_vit.from_timm(unnamed)
+    from keras_vit.weights.keras_hub_save import save_keras_hub_preset
+
+    with pytest.raises(ValueError, match=r"is no keras-hub ViTBackbone: .*rope=\{'kind': 'dinov3'"):
+        save_keras_hub_preset(_rotary_vit(include_top=False, approximate_gelu=False), tmp_path / "preset")
+    assert not (tmp_path / "preset").exists()
