@@ -18,9 +18,9 @@ python:
 	  exit 1; fi; \
 	echo "keras-vit: Python $$($$py -c 'import platform; print(platform.python_version())') ($$(command -v $$py))"
 
-# pip puts torch in (uv does not apply pip's configuration, which is what finds the CPU wheel on this machine's
-# disk); uv installs the rest, unpacking and compiling in parallel, from the package sources pip is configured with
-# (its index, extra indexes and find-links, every one equally: --index-strategy unsafe-best-match, as pip does).
+# uv installs everything, unpacking and compiling in parallel, from the package sources pip is configured with (its
+# index, extra indexes and find-links, every one equally: --index-strategy unsafe-best-match, as pip does; uv reads
+# no pip configuration itself): where find-links holds torch 2.13.0's CPU wheel, that wheel.
 PIP_SOURCES := import subprocess, sys; seen = []; \
   lines = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout; \
   [seen.append(arg) for key, _, value in (line.partition("=") for line in lines.splitlines()) \
@@ -30,10 +30,9 @@ UV_INSTALL = $(PY) -m uv pip install --python $(PY) --quiet --compile-bytecode -
              $$(cat $(VENV)/pip-sources)
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip uv
-	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet uv
 	$(PY) -c '$(PIP_SOURCES)' > $(VENV)/pip-sources
-	$(UV_INSTALL) -e ".[all]"
+	$(UV_INSTALL) "torch==2.13.0" -e ".[all]"
 	$(UV_INSTALL) --no-deps "timm>=1.0"  # not torchvision (pyproject's convert extra says why)
 	# LiteRT from torch: litert-torch and what converting imports, without its pins (keras_vit/export/formats.py says why)
 	$(UV_INSTALL) $$($(PY) -c 'import keras_vit.export as e; print(e.LITERT_TORCH_INSTALL.removeprefix("pip install "))')
