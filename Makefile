@@ -44,8 +44,9 @@ venv: python $(VENV)/.installed
 # errors) and the one_backend script runs (examples/benchmarks end to end, whose layers are tested per backend):
 # torch runs them fastest (eager, nothing to compile for the tiny models; docs/contributing.md has the figures).
 # A backend's suite is mostly one core's work, so on the default three backends two lanes run side by side,
-# each with parts of every backend's test files ("jax-KofN": the K-th of N parts of the test files, every N-th in
-# name order, tests/conftest.py), paired so that their measured times balance (LANES below; docs/contributing.md),
+# each with parts of every backend's test files ("jax-KofN": the K-th of N parts of the test files, balanced by the
+# file times of tests/durations.json, tests/conftest.py), paired so that their measured times balance (LANES below;
+# docs/contributing.md),
 # each into .test-logs/NAME.log, printed in order once all have ended; BACKENDS=... runs the backends named, one
 # after the other, whole. TESTS=... picks test
 # files (a part that TESTS leaves without a test passes: pytest's exit status 5). The run ends with each lane's time against LANE_BUDGET_MIN and the ten slowest tests

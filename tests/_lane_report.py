@@ -5,9 +5,13 @@
 LOGS is the folder `make test` writes (.test-logs): LANE.seconds, the lane's wall time, and BACKEND.xml, pytest's
 JUnit report of each backend of the lane (a lane is backends joined by "+", e.g. tensorflow+torch). A lane over
 its budget is said in one line; the exit status is 0 whatever the times (a loaded machine must not fail a run
-by chance): the budget is a rule for people (docs/contributing.md), not a test.
+by chance): the budget is a rule for people (docs/contributing.md), not a test. It writes LOGS/durations.json, each
+backend's seconds per test file in this run: copied to tests/durations.json, it is what the parts of a backend
+("jax-1of2") are balanced by (tests/conftest.py's `shard_files`).
 """
 
+import collections
+import json
 import pathlib
 import sys
 import xml.etree.ElementTree as ET
@@ -44,6 +48,18 @@ def report(logs, budget_min, lanes):
     return lines
 
 
+def durations(logs, tests=pathlib.Path("tests")):
+    """{backend: {test file stem: seconds}} of the JUnit reports in `logs` (a backend's parts added up), every
+    test file in `tests` there (0: none of its tests ran on the backend)."""
+    files = {path.stem: 0.0 for path in tests.glob("test_*.py")}
+    seconds = collections.defaultdict(lambda: collections.Counter(files))
+    for xml_path in sorted(logs.glob("*.xml")):
+        for time, test in test_times(xml_path):
+            seconds[xml_path.stem.split("-")[0]][pathlib.Path(test.split("::")[0]).stem] += time
+    return {backend: {f: round(s, 1) for f, s in sorted(files.items())} for backend, files in sorted(seconds.items())}
+
+
 if __name__ == "__main__":
     folder, budget, *lane_names = sys.argv[1:]
     print("\n".join(report(pathlib.Path(folder), float(budget), lane_names)))
+    (pathlib.Path(folder) / "durations.json").write_text(json.dumps(durations(pathlib.Path(folder)), indent=1) + "\n")

@@ -63,18 +63,36 @@ def _exact_float32():
     keras_vit.exact_float32()
 
 
+DURATIONS = pathlib.Path(__file__).with_name("durations.json")  # backend -> test file -> seconds, of a CI run
+
+
+def shard_files(files, k, n, seconds):
+    """The K-th of N parts of the test `files` (paths): dealt out longest first, each to the part with the
+    least time so far, by `seconds` (file stem -> seconds; a file not there counts as their median), ties by
+    name, so that the parts take about the same time."""
+    known = sorted(seconds.values())
+    default = known[len(known) // 2] if known else 1.0
+    parts = [[0.0, i, []] for i in range(n)]
+    for path in sorted(files, key=lambda p: (-seconds.get(p.stem, default), p.name)):
+        part = min(parts)
+        part[0] += seconds.get(path.stem, default)
+        part[2].append(path)
+    return parts[k - 1][2]
+
+
 def pytest_collection_modifyitems(config, items):
     """KERAS_VIT_TEST_SHARD=K/N (the Makefile's "BACKEND-KofN" runs): this process runs the K-th of N parts of the
-    collected test files, every N-th file in name order (whole files: their module fixtures built once); the
-    other parts' tests are deselected, run by the processes given the other K."""
+    collected test files (whole files: their module fixtures built once), balanced by the backend's file times in
+    tests/durations.json (`shard_files`); the other parts' tests are deselected, run by the processes given the
+    other K."""
     shard = os.environ.get("KERAS_VIT_TEST_SHARD")
     if not shard:
         return
     k, n = (int(v) for v in shard.split("/"))
     if not 1 <= k <= n:
         raise pytest.UsageError(f"KERAS_VIT_TEST_SHARD={shard}: expected K/N with 1 <= K <= N")
-    files = sorted({item.path for item in items})
-    mine = set(files[k - 1::n])
+    seconds = json.loads(DURATIONS.read_text()).get(backend(), {}) if DURATIONS.exists() else {}
+    mine = set(shard_files({item.path for item in items}, k, n, seconds))
     config.hook.pytest_deselected(items=[item for item in items if item.path not in mine])
     items[:] = [item for item in items if item.path in mine]
 

@@ -51,3 +51,30 @@ def test_only_an_old_python_is_refused_by_name(tmp_path):
     done = _make_python(tmp_path, python3=None)
     assert done.returncode != 0
     assert "keras-vit needs Python >= 3.10; found Python 3.9.2" in done.stdout
+
+
+@pytest.mark.backend_independent
+def test_the_parts_of_a_backend_are_balanced_by_the_recorded_file_times(tmp_path):
+    """`make test`'s "jax-KofN" parts: every file in exactly one part, the parts' recorded seconds dealt longest
+    first to the lighter part, a file not recorded counted as the median; the lane report writes the times
+    of its run (every test file there, 0 where none of its tests ran) for the next runs to be dealt by."""
+    from conftest import shard_files
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    import _lane_report
+
+    seconds = {"test_a": 100.0, "test_b": 60.0, "test_c": 50.0, "test_d": 30.0, "test_e": 20.0, "test_f": 0.0}
+    files = [tmp_path / f"{stem}.py" for stem in [*seconds, "test_new"]]
+    parts = [shard_files(set(files), k, 2, seconds) for k in (1, 2)]
+    assert sorted(parts[0] + parts[1]) == sorted(files)
+    totals = [sum(seconds.get(p.stem, 50.0) for p in part) for part in parts]  # test_new: the median, 50 s
+    assert sorted(totals) == [150.0, 160.0]  # of 310 s; every other file in name order: 220 | 90
+    logs, tests = tmp_path / "logs", tmp_path / "tests"
+    logs.mkdir()
+    tests.mkdir()
+    for stem in ("test_x", "test_y"):
+        (tests / f"{stem}.py").write_text("")
+    (logs / "jax-1of2.xml").write_text('<testsuites><testsuite><testcase classname="tests.test_x" name="t1" '
+                                       'time="2.5"/><testcase classname="tests.test_x" name="t2" time="1.0"/>'
+                                       '</testsuite></testsuites>')
+    assert _lane_report.durations(logs, tests) == {"jax": {"test_x": 3.5, "test_y": 0.0}}
