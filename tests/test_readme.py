@@ -494,6 +494,7 @@ RUN_CONFIGURATION = ("docs/using.md", "model = VisionTransformer(\n")
 RUN_RESOLUTION = ("docs/using.md", "# 1. any resolution")
 RUN_TIMM_HF = ("docs/families.md", "# timm: vit_base_patch16_224")
 RUN_FAMILIES = ("docs/families.md", "dino = keras_vit.from_timm(")
+RUN_DINOV3 = ("docs/families.md", "dinov3 = keras_vit.from_timm(")
 RUN_FINETUNE = ("docs/finetuning.md", 'data.load("cifar10"')
 RUN_ABLATIONS = ("docs/experiments.md", 'position_embedding="learned_2d"')
 RUN_MASKED_PATCH = ("docs/experiments.md", "MaskedPatchPredictor(")
@@ -501,8 +502,8 @@ RUN_WAYS = ("docs/ways-to-finetune.md", "keras_vit.enable_lora(model, rank=8)")
 RUN_OWN_IMAGES = ("docs/own-images.md", 'keras_vit.from_huggingface("dinov2-vits14"')
 RUN_ANY_SIZE = ("docs/serving.md", 'export(backbone, "dinov2_any_size", "onnx"')
 RUN_NAFLEX = ("docs/naflex.md", "flex = naflex(model)")
-RUN = (RUN_TWENTY_LINES, RUN_QUICK_START, RUN_CONFIGURATION, RUN_RESOLUTION, RUN_TIMM_HF, RUN_FAMILIES, RUN_FINETUNE,
-       RUN_ABLATIONS, RUN_MASKED_PATCH, RUN_WAYS, RUN_OWN_IMAGES, RUN_ANY_SIZE, RUN_NAFLEX)
+RUN = (RUN_TWENTY_LINES, RUN_QUICK_START, RUN_CONFIGURATION, RUN_RESOLUTION, RUN_TIMM_HF, RUN_FAMILIES, RUN_DINOV3,
+       RUN_FINETUNE, RUN_ABLATIONS, RUN_MASKED_PATCH, RUN_WAYS, RUN_OWN_IMAGES, RUN_ANY_SIZE, RUN_NAFLEX)
 NOT_RUN = {
     ("docs/scaling.md", "model_parallel((2, 4))"):
         "2 replicas x 4-way tensor parallel needs 8 devices; the same calls run on 8 virtual CPU devices in "
@@ -548,6 +549,45 @@ def test_blocks_not_run_compile_and_their_names_exist(key):
             if not getattr(obj, "__name__", "").startswith("keras_vit") and not isinstance(obj, type):
                 break
 
+
+
+def test_dinov3_in_python(user, monkeypatch, tmp_path):
+    """docs/families.md's DINOv3 block: timm's DINOv3 ViT-S/16 (its released width, two blocks) by name from the
+    hub cache and as a named file, a transformers DINOv3ViTModel folder: the class token equal to timm's, the patch
+    grid at 448 px, the pooler output equal to transformers'."""
+    torch = pytest.importorskip("torch")
+    timm = _timm()
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import save_file
+
+    code = block(RUN_DINOV3)
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_small_patch16_dinov3", pretrained=False, depth=2, global_pool="token").eval()
+    for p in ref.parameters():
+        torch.nn.init.normal_(p, 0, 0.2)
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, "vit_small_patch16_dinov3.lvd1689m.safetensors")
+    _hub_cache(monkeypatch, tmp_path / "hub", "timm/vit_small_patch16_dinov3.lvd1689m",
+               {"model.safetensors": "vit_small_patch16_dinov3.lvd1689m.safetensors"})
+    config = transformers.DINOv3ViTConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=2, num_register_tokens=4)
+    hf = transformers.DINOv3ViTModel(config).eval()
+    hf.save_pretrained("dinov3-vits16-pretrain-lvd1689m")
+    images, large = photos(256), photos(448, n=1)
+    ns = run(code, images=images, large=large)
+
+    def nchw(x):
+        return torch.from_numpy(np.transpose(np_(keras_vit.preprocess_input(x, mode="imagenet")), (0, 3, 1, 2)).copy())
+
+    with torch.no_grad():
+        expected = ref.forward_features(nchw(images))[:, 0].numpy()
+    assert shape_in(promise(code, "cls = ")) == ("B", expected.shape[1])
+    np.testing.assert_allclose(np_(ns.cls), expected, atol=1e-5 * np.abs(expected).max())
+    assert np_(ns.grid).shape == (1, *shape_in(promise(code, "grid = "))[1:])
+    at_224 = photos(224)
+    with torch.no_grad():
+        expected = hf(pixel_values=nchw(at_224)).pooler_output.numpy()
+    np.testing.assert_allclose(np_(ns.hf(keras_vit.preprocess_input(at_224, mode="imagenet"))), expected,
+                               atol=1e-5 * np.abs(expected).max())
 
 
 def test_own_images_in_python(user):
