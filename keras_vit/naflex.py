@@ -24,6 +24,8 @@ def _check_convertible(model, parts):
     why = one_grid_only(model, parts)
     if why is None and parts.resnet is not None:
         why = "a hybrid's ResNet stem needs whole images, not patches"
+    if why is None and getattr(parts.blocks[0], "rope", None):
+        why = "its blocks rotate queries and keys by the tables of one grid a batch, not of each image's own"
     if why:
         raise ValueError(f"naflex: model {model.name!r} cannot take a NaFlex batch: {why}; expected a keras-vit "
                          f"model with {ANY_SIZE_EXPECTED}")

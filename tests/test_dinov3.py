@@ -185,6 +185,11 @@ def test_what_rotary_position_embedding_refuses(tmp_path):
                                     num_layers=1, position_embedding="none", rope={"kind": "dinov3"})
     with pytest.raises(ValueError, match="a NaFlex batch holds each image at its own grid"):
         _rotary_vit(naflex=True)
+    from keras_vit.naflex import naflex
+
+    with pytest.raises(ValueError, match="cannot take a NaFlex batch: its blocks rotate queries and keys by the "
+                                         "tables of one grid"):
+        naflex(_rotary_vit())
     arch = "vit_small_patch16_dinov3"
     unnamed = str(tmp_path / "model.safetensors")
     safetensors_torch.save_file({k: v.contiguous() for k, v in _timm_dinov3(arch).state_dict().items()}, unnamed)
