@@ -72,12 +72,14 @@ ONCE = pytest.mark.backend_independent
                                   pytest.param("vit_small_plus_patch16_dinov3", marks=ONCE)],
                          ids=["no_bias", "qv_bias", "swiglu"])
 def test_timm_dinov3_files_equal_timm_at_two_sizes(arch, tmp_path):
-    """Built at timm's pretrained size by default; the patch tokens on their grid at the size timm's model is
-    made at and another, the head count read off the name; at the first, the class token (upstream DINOv3's
-    representation) and timm's default average of the patch tokens."""
+    """The patch tokens on their grid at the size timm's model is made at and another, the head count read off
+    the name; at the first, the class token (upstream DINOv3's representation); with the biased and SwiGLU
+    layouts (torch's lane), timm's default average of the patch tokens and the default size, timm's 256 px."""
     ref = _timm_dinov3(arch)
     path = _timm_file(ref, tmp_path, arch)
-    assert keras_vit.from_timm(path).input_shape == (None, 256, 256, 3)  # timm's pretrained configs' size
+    once = arch != "vit_small_patch16_dinov3"  # the torch lane's parameters: the loader's facts, not the numerics
+    if once:
+        assert keras_vit.from_timm(path).input_shape == (None, 256, 256, 3)  # timm's pretrained configs' size
     for h, w in SIZES:
         x = _images(h, w)
         with torch.no_grad():
@@ -89,8 +91,9 @@ def test_timm_dinov3_files_equal_timm_at_two_sizes(arch, tmp_path):
     with torch.no_grad():
         tokens = ref.forward_features(_nchw(x))
     _close(_np(keras_vit.from_timm(path, image_size=SIZES[0])(x)), tokens[:, 0].numpy(), "class token")
-    _close(_np(keras_vit.from_timm(path, image_size=SIZES[0], pooling="avg")(x)), tokens[:, PREFIX:].mean(1).numpy(),
-           "patch average")
+    if once:
+        _close(_np(keras_vit.from_timm(path, image_size=SIZES[0], pooling="avg")(x)),
+               tokens[:, PREFIX:].mean(1).numpy(), "patch average")
 
 
 def test_a_dinov3_model_of_any_size_reloads_extracts_and_inspects(tmp_path):
