@@ -177,8 +177,8 @@ def test_a_rotary_model_trains_the_same_with_remat():
 @pytest.mark.backend_independent
 def test_what_rotary_position_embedding_refuses(tmp_path):
     """An unknown kind, heads it cannot rotate, a NaFlex model, a timm Eva-layout file whose name does not say
-    its architecture, a keras-hub ViTBackbone preset of a rotary model: each one line naming what was
-    expected; nothing built or written."""
+    its architecture, a DINOv3 file into a model without rotary embedding (its weights kept), a keras-hub
+    ViTBackbone preset of a rotary model: each one line naming what was expected; nothing built or written."""
     with pytest.raises(ValueError, match=r"rope: unknown kind 'xpos'; expected one of \('dinov3',\)"):
         _rotary_vit(rope={"kind": "xpos"})
     with pytest.raises(ValueError, match="rope must be None or a dict with the keys"):
@@ -199,8 +199,46 @@ def test_what_rotary_position_embedding_refuses(tmp_path):
     with pytest.raises(ValueError, match=r"timm's Eva layout .* does not record: name the file after its timm "
                                          r"architecture \(one of vit_tiny_patch16_dinov3, vit_small_patch16_dinov3"):
         keras_vit.from_timm(unnamed)
+    plain = keras_vit.VisionTransformer(image_size=64, patch_size=16, hidden_size=384, mlp_dim=1536, num_heads=6,
+                                        num_layers=2, include_top=False, num_register_tokens=4, layer_scale=1e-5,
+                                        position_embedding="none", approximate_gelu=False, layer_norm_epsilon=1e-5)
+    named = _timm_file(_timm_dinov3(arch), tmp_path, arch)
+    before = [w.copy() for w in plain.get_weights()]
+    with pytest.raises(ValueError, match=r"rope=\{'kind': 'dinov3', 'temperature': 100.0\} in the file, None in the "
+                                         r"model\. Build the model with the file's options"):
+        keras_vit.load_weights(plain, named)
+    assert all(np.array_equal(a, b) for a, b in zip(before, plain.get_weights()))
     from keras_vit.weights.keras_hub_save import save_keras_hub_preset
 
     with pytest.raises(ValueError, match=r"is no keras-hub ViTBackbone: .*rope=\{'kind': 'dinov3'"):
         save_keras_hub_preset(_rotary_vit(include_top=False, approximate_gelu=False), tmp_path / "preset")
     assert not (tmp_path / "preset").exists()
+
+
+@pytest.mark.backend_independent
+def test_every_timm_architecture_of_dinov3s_layout_is_read_as_timm_defines_it():
+    """For every timm architecture with DINOv3's rotary embedding (rope_type='dinov3'), built at depth 1 on the
+    meta device (its tensors' shapes only): the state dict read with the architecture's name gives timm's head
+    count, rotary temperature, LayerNorm epsilon, registers, MLP and pretrained size; and every such
+    architecture is in the table."""
+    from keras_vit.weights import timm as timm_keys
+
+    archs = [a for a in timm.list_models(["*dinov3*", "*lingbot*"])]
+    assert len(archs) >= 15
+    named = set()
+    for arch in archs:
+        with torch.device("meta"):
+            ref = timm.create_model(arch, pretrained=False, depth=1)
+        assert type(ref.rope).__name__ == "RotaryEmbeddingDinoV3", arch
+        tensors = {k: np.broadcast_to(np.float32(0), tuple(v.shape)) for k, v in ref.state_dict().items()}
+        read = timm_keys.architecture(timm_keys.from_dinov3(tensors, arch), arch)
+        block = ref.blocks[0]
+        swiglu = type(block.mlp).__name__ != "Mlp"
+        assert (read["timm_heads"], read["rope"], read["layer_norm_epsilon"], read["num_register_tokens"]) == (
+            block.attn.num_heads, {"kind": "dinov3", "temperature": ref.rope.temperature}, ref.norm.eps,
+            ref.reg_token.shape[1]), arch
+        assert read["mlp_activation"] == ("swiglu" if swiglu else None), arch
+        assert read["mlp_dim"] == (block.mlp.fc2.in_features), arch
+        assert read["image_size"] == tuple(timm.models.get_pretrained_cfg(arch).input_size[1:]), arch
+        named.add(timm_keys.named_architecture(arch, timm_keys.TIMM_DINOV3_LAYOUT))
+    assert named == set(timm_keys.TIMM_DINOV3_LAYOUT)

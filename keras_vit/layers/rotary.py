@@ -48,8 +48,9 @@ def _axis(n):
 
 
 def rope_tables(grid_h, grid_w, head_dim, temperature):
-    """(sin, cos), each (grid_h * grid_w, head_dim) float32, of the patches in raster order; the grid
-    sides may be tensors (a grid read off the images at call time)."""
+    """(sin, cos), each (grid_h * grid_w, head_dim) float32, of the patches of a `grid_h` x `grid_w` grid in
+    raster order, for heads of `head_dim` and periods of base `temperature`; the grid sides may be tensors (a
+    grid read off the images at call time)."""
     quarter = head_dim // 4
     periods = ops.power(float(temperature), 2.0 * ops.cast(ops.arange(quarter), "float32") / (head_dim // 2))
     rows = 2.0 * math.pi * _axis(grid_h)[:, None] / periods[None, :]  # (h, d/4)
@@ -64,7 +65,7 @@ def rope_tables(grid_h, grid_w, head_dim, temperature):
 
 def rotate_patches(x, sin, cos, num_prefix_tokens):
     """`x` (B, T, heads, head_dim) with its tokens after the first `num_prefix_tokens` rotated by the
-    tables (T - prefix, head_dim), computed in float32 and cast back to x's dtype."""
+    tables `sin` and `cos` (T - prefix, head_dim), computed in float32 and cast back to x's dtype."""
     prefix, patches = x[:, :num_prefix_tokens], x[:, num_prefix_tokens:]
     half = patches.shape[-1] // 2
     p = ops.cast(patches, "float32")

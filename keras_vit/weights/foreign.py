@@ -158,6 +158,8 @@ def numerics(model):
 def _same(key, ours, theirs):
     if key == "layer_scale":
         return (ours is None) == (theirs is None)
+    if key == "rope":  # None is no rotary embedding, not "not said"
+        return ours == theirs
     # None: the file does not say (timm's GELU form, the layout of a non-square grid), or a feature-map model's pooling
     if theirs is None or ours is None:
         return True

@@ -323,7 +323,7 @@ def architecture(config, tensors):
         classifier="token", classes=None, image_size=_pair(cfg.get("image_size")), pre_logits=False,
         approximate_gelu=GELUS.get(act, False), layer_norm_epsilon=float(cfg["layer_norm_eps"]),
         distillation_token=False, num_register_tokens=0, prefix_position_embedding=True, layer_scale=None,
-        pre_norm=False, fc_norm=False,
+        pre_norm=False, fc_norm=False, rope=None,
         mlp_activation="swiglu" if swiglu else "quick_gelu" if act == "quick_gelu" else "gelu",
         position_interpolation=FAMILIES[kind].position_interpolation, input_mode=FAMILIES[kind].input_mode,
     )

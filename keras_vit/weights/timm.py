@@ -41,15 +41,18 @@ _SIGLIP_EXACT = (*(f"vit_{size}_siglip_{gap}{res}" for gap in ("", "gap_") for s
     *(f"vit_so400m_patch14_siglip_{res}" for res in (224, 378, 384)),
     *(f"vit_so400m_patch14_siglip_gap_{res}" for res in (224, 378, 384, 448, 896)))
 TIMM_SIGLIP_GELU = {**dict.fromkeys(_SIGLIP_EXACT, False), **dict.fromkeys(_SIGLIP_TANH, True)}
-# timm's DINOv3 architectures (eva.py, `vit_*_dinov3*`; their `_qkvb` twins the same with q/v biases) -> their head
-# counts: huge_plus's width 1280 has 20 where timm's other 1280-wide ViTs have 16. Each has DINOv3's rotary
-# position embedding (DINOV3_ROPE), 4 registers, layer scale and LayerNorm epsilon 1e-5, none of which a state dict
-# records but the registers and the layer scale; timm's pretrained configs give 256 px (DINOV3_IMAGE_SIZE)
-TIMM_DINOV3_HEADS = {"vit_tiny_patch16_dinov3": 3, "vit_small_patch16_dinov3": 6, "vit_small_plus_patch16_dinov3": 6,
-                     "vit_base_patch16_dinov3": 12, "vit_large_patch16_dinov3": 16,
-                     "vit_huge_plus_patch16_dinov3": 20, "vit_7b_patch16_dinov3": 32}
+# timm's ViTs of DINOv3's layout (eva.py, rope_type='dinov3': DINOv3's `vit_*_dinov3*`, their `_qkvb` twins the
+# same with q/v biases, and LingBot-Vision's `vit_*_lingbot`) -> (head count, the size of timm's pretrained configs).
+# Each has DINOv3's rotary position embedding (DINOV3_ROPE) and no other, 4 registers, layer scale and LayerNorm
+# epsilon 1e-5; a state dict records the registers and the layer scale only, and huge_plus's width 1280 has 20
+# heads where timm's other 1280-wide ViTs have 16. tests/test_dinov3.py checks the table against timm's definitions.
+TIMM_DINOV3_LAYOUT = {
+    "vit_tiny_patch16_dinov3": (3, 256), "vit_small_patch16_dinov3": (6, 256),
+    "vit_small_plus_patch16_dinov3": (6, 256), "vit_base_patch16_dinov3": (12, 256), "vit_large_patch16_dinov3": (16, 256),
+    "vit_huge_plus_patch16_dinov3": (20, 256), "vit_7b_patch16_dinov3": (32, 256),
+    "vit_small_patch16_lingbot": (6, 512), "vit_base_patch16_lingbot": (12, 512),
+    "vit_large_patch16_lingbot": (16, 512), "vit_giant_patch16_lingbot": (24, 512)}
 DINOV3_ROPE = {"kind": "dinov3", "temperature": 100.0}
-DINOV3_IMAGE_SIZE = 256
 # the head counts of those SigLIP architectures by width, one a width (giantopt's 1536 has 16 where DINOv2-giant's
 # 1536 has 24): what a state dict of SigLIP's layout takes in place of TIMM_HEADS
 TIMM_SIGLIP_HEADS = {768: 12, 1024: 16, 1152: 16, 1536: 16}
@@ -163,11 +166,11 @@ def is_eva(tensors):
 
 
 def from_dinov3(tensors, name):
-    """A timm DINOv3 state dict (`is_eva`, its architecture named by `name`: TIMM_DINOV3_HEADS) in the key names
+    """A timm DINOv3 state dict (`is_eva`, its architecture named by `name`: TIMM_DINOV3_LAYOUT) in the key names
     of timm's `VisionTransformer`, which the rules read: `gamma_i` -> `lsi.gamma`; q and v biases with the key's
     zero (Eva's fixed k_bias), or zero biases where the model has none; SwiGLU's `fc1_g` and `fc1_x` as one `fc1`
     (the gate first, as the builder's "swiglu" reads it). Any other state dict is returned as it is."""
-    if not is_eva(tensors) or named_architecture(name, TIMM_DINOV3_HEADS) is None:
+    if not is_eva(tensors) or named_architecture(name, TIMM_DINOV3_LAYOUT) is None:
         return tensors
     out = {}
     for key, value in tensors.items():
@@ -251,7 +254,7 @@ def _name_parts(name):
 
 
 def named_architecture(name, table=TIMM_SIGLIP_GELU):
-    """The architecture of `table` (TIMM_SIGLIP_GELU, TIMM_DINOV3_HEADS) that a timm model or file name names
+    """The architecture of `table` (TIMM_SIGLIP_GELU, TIMM_DINOV3_LAYOUT) that a timm model or file name names
     (the longest found, a word of its own in `_name_parts`), or None."""
     for part in _name_parts(name):
         found = [a for a in table if re.search(rf"(?<![a-z0-9]){a}(?![a-z0-9])", part)]
@@ -316,11 +319,11 @@ def architecture(tensors, name=""):
         raise ValueError("a ViT with a class token pooled by average (fc_norm with cls_token: timm's global_pool='avg', "
                          "as MAE / BEiT fine-tuned): keras_vit's average-pooled models have no class token")
     clip = "norm_pre.weight" in tensors  # timm's only pre-norm ViTs are its CLIP towers, LayerNorm eps 1e-5
-    dinov3 = named_architecture(name, TIMM_DINOV3_HEADS)
+    dinov3 = named_architecture(name, TIMM_DINOV3_LAYOUT)
     if dinov3 is None and is_eva(tensors):
         raise ValueError("a ViT of timm's Eva layout (eva.py: layer scale gamma_1, q/v biases apart) whose position "
                          "encoding its state dict does not record: name the file after its timm architecture (one of "
-                         f"{', '.join(TIMM_DINOV3_HEADS)}, e.g. vit_small_patch16_dinov3.lvd1689m.safetensors) or "
+                         f"{', '.join(TIMM_DINOV3_LAYOUT)}, e.g. vit_small_patch16_dinov3.lvd1689m.safetensors) or "
                          "pass that name to keras_vit.from_timm")
     prefix = int(has_cls) + int(has_dist)
     named = name_options(name)
@@ -338,7 +341,7 @@ def architecture(tensors, name=""):
         distillation_token=has_dist, num_register_tokens=registers,
         # without a class token there is nothing to skip: True, as the builder takes it then
         prefix_position_embedding=True if tokens is None else covers_prefix(tokens, prefix, registers) or not prefix,
-        layer_scale=1e-5 if "blocks.0.ls1.gamma" in tensors else None, pre_norm=clip, fc_norm=fc_norm,
+        layer_scale=1e-5 if "blocks.0.ls1.gamma" in tensors else None, pre_norm=clip, fc_norm=fc_norm, rope=None,
         # GELU or QuickGELU a state dict does not say (None: the builder's GELU), its name may
         mlp_activation="swiglu" if swiglu else named.get("mlp_activation"),
         position_interpolation="bicubic_antialias", source_head=timm_head(tensors),
@@ -346,9 +349,10 @@ def architecture(tensors, name=""):
         # DINOv2, [-1, 1] for the paper's and AugReg's ViTs (and SigLIP)
         input_mode="clip" if clip else "imagenet" if has_dist or "blocks.0.ls1.gamma" in tensors else "vit",
     )
-    if dinov3 is not None:  # what the name tells (TIMM_DINOV3_HEADS); its patch tokens' positions are rotary only
-        arch.update(timm_heads=TIMM_DINOV3_HEADS[dinov3], rope=dict(DINOV3_ROPE), position_embedding="none",
-                    layer_norm_epsilon=1e-5, image_size=(DINOV3_IMAGE_SIZE,) * 2)
+    if dinov3 is not None:  # what the name tells (TIMM_DINOV3_LAYOUT); its patch tokens' positions are rotary only
+        heads, size = TIMM_DINOV3_LAYOUT[dinov3]
+        arch.update(timm_heads=heads, rope=dict(DINOV3_ROPE), position_embedding="none", layer_norm_epsilon=1e-5,
+                    image_size=(size, size))
     return arch
 
 
