@@ -6,6 +6,7 @@ from keras import ops
 from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, check_attention_implementation, dense
 from keras_vit.layers.drop_path import check_drop_path_rate, drop_path, drop_path_keep
 from keras_vit.layers.mlp import activate, check_mlp_activation, hidden_width
+from keras_vit.layers.position_embedding import runtime_grid
 from keras_vit.layers.quantized import with_sublayer_policies
 from keras_vit.layers.rotary import ROPE_KEYS, check_rope, check_rope_head_dim, rope_tables
 from keras_vit.runtime import per_platform
@@ -247,9 +248,7 @@ class TransformerBlock(keras.layers.Layer):
         if images is None:
             raise ValueError(f"{self.name}: a rotary block that reads its grid off the images (rope stride "
                              f"{self.rope['stride']}) needs them: call it with images=")
-        stride = self.rope["stride"]
-        shape = ops.shape(images)
-        return rope_tables(shape[1] // stride, shape[2] // stride, self.attention.head_dim, self.rope["temperature"])
+        return rope_tables(*runtime_grid(images, self.rope["stride"]), self.attention.head_dim, self.rope["temperature"])
 
     def _keep_masks(self, x):
         """Dropout keep-masks for the three dropouts of a training step (none without dropout)."""
