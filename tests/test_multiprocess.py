@@ -8,6 +8,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -247,6 +248,28 @@ def test_tf_two_workers_equal_mirrored_strategy_on_one(tmp_path):
         assert len(weights) > 10 and sorted(weights) == sorted(k for k in multi.files if k.startswith("weights/"))
         for key in weights:
             np.testing.assert_allclose(multi[key], other[key], rtol=1e-6, atol=1e-7, err_msg=f"{name} {key}")
+
+
+@pytest.mark.skipif(backend() != "tensorflow", reason="TensorFlow's coordination service")
+@pytest.mark.timeout(300)
+def test_tf_leader_leaves_last_so_no_worker_logs_a_lost_coordination_service():
+    """Two TensorFlow workers (tests/_leave_last.py, heartbeat timeout 10 s), worker 1 staying 6 s longer at its
+    exit than the leader: as TensorFlow leaves them, worker 1 heartbeats to the leader's service once it has
+    gone and logs the error that ended a CI run ("Failed to send RPC to coordination service ... Connection
+    refused"); with `leave_last_at_exit` the leader waits for it to leave, nothing is logged, and both end with
+    0. Both runs side by side."""
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    runs = {how: subprocess.Popen([sys.executable, "-m", "keras_vit.launch", "-n", "2", "--timeout", "200", "--",
+                                   sys.executable, str(HERE / "_leave_last.py"), "10", "6", how],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for how in ("first", "last")}
+    said = {how: run.communicate(timeout=250)[0] for how, run in runs.items()}
+    lost = "Failed to send RPC to coordination service"
+    assert runs["first"].returncode == 0 and re.search(f"^\\[1\\] .*{lost}", said["first"], re.M), said["first"]
+    assert runs["last"].returncode == 0 and lost not in said["last"] and "crashed" not in said["last"], said["last"]
+    left = {int(i): float(t) for i, t in re.findall(r"^\[\d\] process (\d) leaves at ([\d.]+)$", said["last"], re.M)}
+    assert sorted(left) == [0, 1] and left[0] > left[1], said["last"]
 
 
 @pytest.mark.skipif(backend() != "jax", reason="keras.distribution runs on the jax backend")

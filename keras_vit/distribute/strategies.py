@@ -1,10 +1,14 @@
 """TensorFlow's `tf.distribute` strategy for the machine: what `tf_strategy` looks at (`Machine`,
 `probe_machine`), the kind it picks (`strategy_kind`: TPU, several workers, several GPUs or one
-device), and a `MultiWorkerMirroredStrategy` whose `reduce` takes what Keras' `fit` gives it."""
+device), a `MultiWorkerMirroredStrategy` whose `reduce` takes what Keras' `fit` gives it, and its workers'
+leader leaving last at exit (`leave_last_at_exit`)."""
 
+import atexit
 import collections
 import json
 import os
+import socket
+import time
 
 import keras
 
@@ -145,3 +149,47 @@ def _coordination_service():
     context.context().configure_coordination_service(
         service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster),
         coordinated_jobs=jobs, heartbeat_timeout_in_ms=HEARTBEAT_TIMEOUT_S * 1000)
+
+
+def leave_last_at_exit():
+    """Has the leader of the several-worker TensorFlow run that `tf_strategy()` joined (the chief, or worker 0:
+    it holds the coordination service) wait, as it exits, until every other worker's process has gone (its
+    server no longer takes a connection), up to HEARTBEAT_TIMEOUT_S; nothing on another process, or without such
+    a run. TensorFlow's processes do not leave the service as they exit: their heartbeats simply stop. A worker
+    that outlives the leader then logs "Failed to send RPC to coordination service ... Connection refused" at
+    its next heartbeat, and a leader that outlives a worker long enough logs "The tasks have crashed", each at
+    the end of a good run; with the leader last and leaving at once after the others, neither happens. Call it
+    once the run is done on every worker (the recipes do, once the run is written). A second call changes
+    nothing."""
+    if not os.environ.get("TF_CONFIG"):
+        return
+    import tensorflow as tf
+    from tensorflow.python.distribute import multi_worker_util
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    cluster, name = resolver.cluster_spec(), "/job:{}/replica:0/task:{}".format
+    if cluster.jobs and name(resolver.task_type, resolver.task_id) == multi_worker_util.coordination_leader(cluster):
+        others = [cluster.task_address(job, i) for job in ("chief", "worker") if job in cluster.jobs
+                  for i in cluster.task_indices(job) if (job, i) != (resolver.task_type, resolver.task_id)]
+        atexit.unregister(_wait_until_gone)  # once
+        atexit.register(_wait_until_gone, others, HEARTBEAT_TIMEOUT_S)
+
+
+def _wait_until_gone(addresses, timeout_s):
+    """Returns once no server listens at any of `addresses` ("host:port"; one that cannot be reached is gone), or
+    after `timeout_s` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while addresses and time.monotonic() < deadline:
+        addresses = [address for address in addresses if _listening(address)]
+        if addresses:
+            time.sleep(0.1)
+
+
+def _listening(address):
+    """Whether a server takes a connection at `address` ("host:port") within a second."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
+            return True
+    except OSError:
+        return False

@@ -196,8 +196,15 @@ def run_written():
     """Waits, on several processes, until process 0 has written the run: none leaves before. On TensorFlow a
     worker that has left stops its heartbeats, and once `strategies.HEARTBEAT_TIMEOUT_S` has passed (process 0
     still evaluating, saving or exporting) the coordination service declares it crashed: process 0 then logs
-    "The tasks have crashed" and any collective of its fails."""
+    "The tasks have crashed" and any collective of its fails. Then, on TensorFlow, process 0 is set to leave last
+    (`keras_vit.distribute.leave_last_at_exit`)."""
+    import keras
+
     wait_for_every_process("the run is written")
+    if several_processes() and keras.backend.backend() == "tensorflow":
+        from keras_vit.distribute import strategies
+
+        strategies.leave_last_at_exit()
 
 
 def distribution(args):
