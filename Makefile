@@ -73,7 +73,7 @@ test: python venv
 	      xla=$$(echo $(TEST_XLA_FLAGS) $${XLA_FLAGS:-}); \
 	      start=$$(date +%s); \
 	      ( if [ -n "$$xla" ]; then export XLA_FLAGS="$$xla"; fi; \
-	        KERAS_BACKEND=$$b KERAS_VIT_TEST_SHARD=$$shard exec $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
+	        KERAS_BACKEND=$$b KERAS_VIT_TEST_SHARD=$$shard KERAS_VIT_TEST_LANES="$(LANES)" exec $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
 	        --junitxml=.test-logs/$$run.xml -m "$$only" $(TESTS) ) > .test-logs/$$run.log 2>&1; code=$$?; \
 	      if [ $$code = 5 ] && [ -n "$$shard" ]; then code=0; fi; \
 	      if [ $$code != 0 ]; then touch .test-logs/$$run.failed; break; fi; \

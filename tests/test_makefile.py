@@ -58,7 +58,7 @@ def test_the_parts_of_a_backend_are_balanced_by_the_recorded_file_times(tmp_path
     """`make test`'s "jax-KofN" parts: every file in exactly one part, the parts' recorded seconds dealt longest
     first to the lighter part, a file not recorded counted as the median; the lane report writes the times
     of its run (every test file there, 0 where none of its tests ran) for the next runs to be dealt by."""
-    from conftest import shard_files
+    from conftest import lane_starts, shard_files
 
     sys.path.insert(0, str(ROOT / "tests"))
     import _lane_report
@@ -69,6 +69,12 @@ def test_the_parts_of_a_backend_are_balanced_by_the_recorded_file_times(tmp_path
     assert sorted(parts[0] + parts[1]) == sorted(files)
     totals = [sum(seconds.get(p.stem, 50.0) for p in part) for part in parts]  # test_new: the median, 50 s
     assert sorted(totals) == [150.0, 160.0]  # of 310 s; every other file in name order: 220 | 90
+    recorded = {"jax": seconds, "tensorflow": {"test_a": 40.0, "test_b": 20.0}, "torch": {"test_a": 120.0}}
+    starts = lane_starts("tensorflow+jax-2of2 jax-1of2+torch", "jax", 2, recorded)
+    assert starts == [120.0, 60.0] and lane_starts("", "jax", 2, recorded) == [0.0, 0.0]
+    parts = [shard_files(set(files), k, 2, seconds, starts) for k in (1, 2)]
+    totals = [sum(seconds.get(p.stem, 50.0) for p in part) + start for part, start in zip(parts, starts)]
+    assert sorted(parts[0] + parts[1]) == sorted(files) and max(totals) - min(totals) <= 10.0, totals  # lanes even
     logs, tests = tmp_path / "logs", tmp_path / "tests"
     logs.mkdir()
     tests.mkdir()
