@@ -15,6 +15,7 @@ import benchmark  # noqa: E402
 import flops  # noqa: E402
 import folder_feed  # noqa: E402
 import gemm  # noqa: E402
+import torch_overhead  # noqa: E402
 import workers  # noqa: E402
 
 
@@ -102,6 +103,27 @@ def test_gemm_script_refuses_bad_arguments(args, message, capsys):
     with pytest.raises(SystemExit):
         gemm.main(args)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the torch backend's cost per call")
+def test_torch_overhead_counts_ops_and_host_time_beside_timm(tmp_path, capsys):
+    """benchmarks/torch_overhead.py on the tiny configuration: both libraries timed, their dispatched aten ops
+    and layer calls (Keras') / module forwards (timm's) counted, the host time split off, the table printed."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        torch_overhead.main(["--models", "tiny", "--batches", "1", "--repeats", "2", "--json", str(tmp_path / "r.json")])
+    finally:
+        torch.set_num_threads(threads)  # the script runs on one thread; the lane's later tests on their own
+    printed = capsys.readouterr().out
+    (row,) = json.loads((tmp_path / "r.json").read_text())
+    for library in ("keras-vit", "timm"):
+        got = row[library]
+        assert got["median_ms"] > 0 and got["ops"] > 20 and got["calls"] > 4 and 0 < got["op_ms"], (library, got)
+        assert got["host_ms"] >= 0 and got["host_us_per_call"] == pytest.approx(1e3 * got["host_ms"] / got["calls"])
+    assert row["x_timm"] == pytest.approx(row["timm"]["median_ms"] / row["keras-vit"]["median_ms"])
+    assert "| tiny | 1 |" in printed and "thread(s)" in printed.splitlines()[0]
 
 
 @pytest.mark.backend_independent
