@@ -87,10 +87,35 @@ def dense(x, kernel, bias, gelu=False, approximate=True):
     return ops.gelu(y, approximate=approximate) if gelu else y
 
 
+def direct(layer, x):
+    """Whether `layer` may run on x through its `call`, without Keras' layer call around it: on torch, eager,
+    with the layer built and its policy and x float32 (nothing for the layer call to cast). Keras' host cost per
+    layer call is several times the kernels' own time on a small batch there; the outputs are the same."""
+    return (keras.backend.backend() == "torch" and layer.built
+            and layer.compute_dtype == layer.variable_dtype == keras.backend.standardize_dtype(x.dtype) == "float32")
+
+
+def layer_norm(layer, x):
+    """The `keras.layers.LayerNormalization` `layer` on x: where `direct`, the one `layer_norm` call the layer's
+    own call makes (Keras' also converts each argument's dtype and device); otherwise the layer's call."""
+    if (direct(layer, x) and layer.axis in (-1, [-1], [x.ndim - 1]) and layer.center and layer.scale
+            and not layer.rms_scaling):
+        import torch
+
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), layer.gamma.value, layer.beta.value, layer.epsilon)
+    return layer(x)
+
+
 # q/k/v as one (D, 3D) matmul where it measured faster (torch: one addmm; tensorflow without XLA);
 # on jax, XLA:CPU ran the three einsums faster than the concatenated kernel and its slices
 # (benchmarks/README.md).
 _FUSED_QKV = {"torch": True, "tensorflow": True}
+
+
+def _torch(value, dtype):
+    """A Keras variable's torch tensor (or a torch tensor: a LoRA kernel), as `dtype`."""
+    value = value.value if isinstance(value, keras.Variable) else value
+    return value if value.dtype == dtype else value.to(dtype)
 
 
 def mask_keys(logits, valid):
@@ -251,6 +276,12 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         if not _FUSED_QKV.get(keras.backend.backend()) or not all(_plain(layer) for layer in layers):
             return tuple(layer(x) for layer in layers)
         dim, n, h = x.shape[-1], self.num_heads, self.head_dim
+        if keras.backend.backend() == "torch":  # torch's own ops: Keras' converts each argument once more
+            import torch
+
+            kernel = torch.cat([_torch(layer.kernel, x.dtype).reshape(dim, n * h) for layer in layers], dim=-1)
+            bias = torch.cat([_torch(layer.bias, x.dtype).reshape(n * h) for layer in layers])
+            return torch.nn.functional.linear(x, kernel.T, bias).unflatten(-1, (3, n, h)).unbind(-3)
         kernel = ops.concatenate([ops.reshape(layer.kernel, (dim, n * h)) for layer in layers], axis=-1)
         bias = ops.concatenate([ops.reshape(layer.bias, (n * h,)) for layer in layers], axis=0)
         qkv = dense(x, ops.cast(kernel, x.dtype), ops.cast(bias, x.dtype))
@@ -262,6 +293,11 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         if not _FUSED_QKV.get(keras.backend.backend()) or not _plain(self.out):
             return self.out(y)
         dim = self.num_heads * self.head_dim
+        if keras.backend.backend() == "torch":
+            import torch
+
+            kernel = _torch(self.out.kernel, y.dtype).reshape(dim, -1)
+            return torch.nn.functional.linear(y.flatten(-2), kernel.T, _torch(self.out.bias, y.dtype))
         y = ops.reshape(y, (-1, y.shape[1] if y.shape[1] is not None else ops.shape(y)[1], dim))
         kernel = ops.reshape(self.out.kernel, (dim, self.out.kernel.shape[-1]))
         return dense(y, ops.cast(kernel, y.dtype), ops.cast(self.out.bias, y.dtype))

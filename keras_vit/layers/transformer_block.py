@@ -3,7 +3,8 @@
 import keras
 from keras import ops
 
-from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, check_attention_implementation, dense
+from keras_vit.layers.attention import (MultiHeadDotProductAttention, _plain, check_attention_implementation, dense,
+                                       direct, layer_norm)
 from keras_vit.layers.drop_path import check_drop_path_rate, drop_path, drop_path_keep
 from keras_vit.layers.mlp import activate, check_mlp_activation, hidden_width
 from keras_vit.layers.position_embedding import runtime_grid
@@ -269,8 +270,8 @@ class TransformerBlock(keras.layers.Layer):
         return drop_path(y, paths[i], self.drop_path_rate) if paths else y
 
     def _drop(self, y, training, keep, i):
-        if not keep:
-            return self.dropout(y, training=training)
+        if not keep:  # the layer only where it drops something: a layer call is a host cost on eager torch
+            return self.dropout(y, training=training) if training and self.dropout_rate else y
         return ops.where(keep[i], y / ops.cast(1.0 - self.dropout_rate, y.dtype), ops.zeros_like(y))
 
     def _dense(self, layer, x, activation=False):
@@ -289,12 +290,13 @@ class TransformerBlock(keras.layers.Layer):
 
     def _forward(self, x, training, return_attention=False, keep=(), valid=None, paths=(), tables=None):
         rotary = {} if tables is None else {"rope": tables, "rope_prefix_tokens": self.rope["num_prefix_tokens"]}
-        y = self.attention(self.norm_0(x), training=training, return_attention=return_attention, valid=valid,
-                           **rotary)
+        x_0 = layer_norm(self.norm_0, x)
+        attention = self.attention.call if direct(self.attention, x_0) else self.attention
+        y = attention(x_0, training=training, return_attention=return_attention, valid=valid, **rotary)
         if return_attention:
             y, weights = y
         x = x + self._drop_branch(self._drop(self._scaled(y, 0), training, keep, 0), paths, 0)
-        y = self._dense(self.mlp_0, self.norm_2(x), activation=True)
+        y = self._dense(self.mlp_0, layer_norm(self.norm_2, x), activation=True)
         y = self._dense(self.mlp_1, self._drop(y, training, keep, 1))
         x = x + self._drop_branch(self._drop(self._scaled(y, 1), training, keep, 2), paths, 1)
         return (x, weights) if return_attention else x
