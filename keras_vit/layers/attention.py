@@ -281,7 +281,9 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
 
             kernel = torch.cat([_torch(layer.kernel, x.dtype).reshape(dim, n * h) for layer in layers], dim=-1)
             bias = torch.cat([_torch(layer.bias, x.dtype).reshape(n * h) for layer in layers])
-            return torch.nn.functional.linear(x, kernel.T, bias).unflatten(-1, (3, n, h)).unbind(-3)
+            # the layout keras_vit.export.onnx_rewrites finds in the ONNX file to split the projection again
+            qkv = torch.nn.functional.linear(x, kernel.T, bias).reshape(-1, x.shape[1], 3, n, h)
+            return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         kernel = ops.concatenate([ops.reshape(layer.kernel, (dim, n * h)) for layer in layers], axis=-1)
         bias = ops.concatenate([ops.reshape(layer.bias, (n * h,)) for layer in layers], axis=0)
         qkv = dense(x, ops.cast(kernel, x.dtype), ops.cast(bias, x.dtype))
