@@ -8,7 +8,8 @@ process passes its own rows of every global batch (`process_rows()` cuts them fr
 `process_shard()` says which part to give `keras_vit.data.load`).
 TensorFlow: `tf.distribute`; `tf_strategy()` picks TPUStrategy, MultiWorkerMirroredStrategy,
 MirroredStrategy or the default strategy for the machine (`leave_last_at_exit()` ends a several-worker
-run cleanly), and `data_parallel()` is a MirroredStrategy scope. torch: Keras 3 has no distribution for this backend, and these helpers refuse it.
+run cleanly), and `data_parallel()` is a MirroredStrategy scope. torch: Keras 3 has no distribution for this
+backend, and these helpers refuse it.
 
 Its parts: `layout` (the model axis's split of the parameters), `parallel` (the contexts to build in and the
 replicas they split a batch over), `hosts` (several processes, each with its rows) and `strategies`

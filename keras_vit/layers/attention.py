@@ -88,8 +88,8 @@ def dense(x, kernel, bias, gelu=False, approximate=True):
 
 
 def direct(layer, x):
-    """Whether `layer` may run on x through its `call`, without Keras' layer call around it: on torch, eager,
-    with the layer built and its policy and x float32 (nothing for the layer call to cast). Keras' host cost per
+    """Whether `layer` may run on x through its `call`, without Keras' layer call around it: on torch, with
+    the layer built and its policy and x float32 (nothing for the layer call to cast). Keras' host cost per
     layer call is several times the kernels' own time on a small batch there; the outputs are the same."""
     return (keras.backend.backend() == "torch" and layer.built
             and layer.compute_dtype == layer.variable_dtype == keras.backend.standardize_dtype(x.dtype) == "float32")
