@@ -59,6 +59,10 @@ venv: python $(VENV)/.installed
 # XLA stops a process at once on an empty flag (XLA_FLAGS=" " ended TensorFlow's jit-compiled tests with no message).
 TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true \
                   --xla_cpu_use_fusion_emitters=false
+# Lanes side by side compute on one thread each (torch's OpenMP pool, TensorFlow's and XLA's intra-op pools): two
+# lanes and their tests' subprocesses on the 2 cores otherwise oversubscribe them (docs/contributing.md has the figures).
+LANE_THREADS_ENV ?= OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1
+LANE_THREADS_XLA ?= --xla_cpu_multi_thread_eigen=false
 TESTS ?= tests
 LANE_BUDGET_MIN ?= 25
 LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),tensorflow+jax-2of2 jax-1of2+torch)
@@ -70,9 +74,10 @@ test: python venv
 	    for run in $$(echo $$lane | tr + ' '); do \
 	      b=$${run%%-*}; shard=$$(echo $$run | sed -n 's/^[a-z]*-\([0-9]*\)of\([0-9]*\)$$/\1\/\2/p'); \
 	      if [ $$b = torch ]; then only=""; else only="not backend_independent and not one_backend"; fi; \
-	      xla=$$(echo $(TEST_XLA_FLAGS) $${XLA_FLAGS:-}); \
+	      xla=$$(echo $(TEST_XLA_FLAGS) $(if $(word 2,$(LANES)),$(LANE_THREADS_XLA)) $${XLA_FLAGS:-}); \
 	      start=$$(date +%s); \
 	      ( if [ -n "$$xla" ]; then export XLA_FLAGS="$$xla"; fi; \
+	        $(if $(word 2,$(LANES)),export $(LANE_THREADS_ENV);) \
 	        KERAS_BACKEND=$$b KERAS_VIT_TEST_SHARD=$$shard KERAS_VIT_TEST_LANES="$(LANES)" exec $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
 	        --junitxml=.test-logs/$$run.xml -m "$$only" $(TESTS) ) > .test-logs/$$run.log 2>&1; code=$$?; \
 	      if [ $$code = 5 ] && [ -n "$$shard" ]; then code=0; fi; \

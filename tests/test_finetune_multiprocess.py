@@ -29,17 +29,20 @@ CLI = ["-m", "keras_vit.cli"]  # `keras-vit`, after python
 several = pytest.mark.skipif(backend() not in ("jax", "tensorflow"), reason="several processes: jax and tensorflow")
 
 
-def _flags(photos, out):
-    return [str(photos), "--model", "ViT_Ti16", "--weights", "none", "--image-size", "32", "--steps", "2", "--lr",
-            "0.05", "--validation-split", "0.2", "--quiet", "--out", str(out)]
+def _flags(photos, out, start=None):
+    """The command's flags after `finetune`: from `start` (a .keras file), else a ViT-Ti/16 from scratch."""
+    model = ["--weights", start] if start else ["--model", "ViT_Ti16", "--weights", "none"]
+    return [str(photos), *model, "--image-size", "32", "--steps", "2", "--lr", "0.05", "--validation-split", "0.2",
+            "--quiet", "--out", str(out)]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(start, tmp_path_factory):
     """(folder of the runs, the Lines of the killed 2-process run with `left`, the paths it left in runs/two,
     those of its resumption): 9 photographs (3 of each of 3 classes, one of each validates: an odd validation
-    split, in batches that do not split evenly), fine-tuned 2 epochs of one update of 8 images by `keras-vit
-    finetune` on 2 processes (runs/two) whose process 0 kills itself (SIGKILL) after the backup of the first
+    split, in batches that do not split evenly), the small random model `start` (TINY's, from a .keras file: the
+    runs' plumbing, not a released model's 12 layers, is what they show) fine-tuned 2 epochs of one update of 8
+    images by `keras-vit finetune` on 2 processes (runs/two) whose process 0 kills itself (SIGKILL) after the backup of the first
     epoch; then the same 2-process command with --resume, whose process 1 says as it exits whether process 0's
     report is written, and at the same time the command on one process (runs/one, the reference: it runs beside
     the resumed run, whose processes wait on each other for a while). On TensorFlow, process 1 of the resumed
@@ -48,12 +51,15 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("finetune_multiprocess")
     photos = photo_folder(root / "photos", per_class=3, size=(40, 48))
     killed = Lines()
-    code = two_processes([FAULTS, *_flags(photos, root / "two")], killed, KILL_PROCESS="0")
+    code = two_processes([FAULTS, *_flags(photos, root / "two", start)], killed, KILL_PROCESS="0")
     assert code != 0, killed.text()[-6000:]
     killed.left = sorted(path.relative_to(root / "two").as_posix() for path in (root / "two").rglob("*"))
     held_up = {"STOP_PROCESS": "1", "STOP_S": "15"} if backend() == "tensorflow" else {}
-    resumed = run_beside(lambda out: [FAULTS, *_flags(photos, out), *(["--resume"] if out.name == "two" else [])],
-                         root, SAY_LEAVING="1", **held_up)
+
+    def argv(out):  # runs/two resumes the killed run; runs/one is the reference
+        return [FAULTS, *_flags(photos, out, start), *(["--resume"] if out.name == "two" else [])]
+
+    resumed = run_beside(argv, root, SAY_LEAVING="1", **held_up)
     return root, killed, resumed
 
 
@@ -158,7 +164,7 @@ def test_two_processes_train_one_model_written_once_equal_to_one_process(runs):
     assert [line for line in said["resumed"] if line.startswith("[0]")][-1].endswith(f"wrote {root / 'two'}")
     assert sorted(os.listdir(root / "two")) == sorted(os.listdir(root / "one"))  # the backup gone, the lock released
     assert not (root / "two.lock").exists()
-    same_model(root / "two", root / "one")
+    same_model(root / "two", root / "one", weights_at_least=10)  # a TINY model
 
 
 @several
@@ -178,7 +184,7 @@ def test_a_killed_two_process_run_resumes_to_the_uninterrupted_model(runs):
         assert killed.lines[-1][1].startswith("keras_vit.launch: process 0"), killed.text()[-6000:]
     assert "backup/latest.weights.h5" in killed.left and "report.json" not in killed.left
     assert f"[0] resuming {root / 'two'}: 1 of 2 epochs done" in resumed.text().splitlines()
-    same_model(root / "two", root / "one")
+    same_model(root / "two", root / "one", weights_at_least=10)  # a TINY model
 
 
 @several
