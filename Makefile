@@ -63,6 +63,8 @@ TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensiv
 # lanes and their tests' subprocesses on the 2 cores otherwise oversubscribe them (docs/contributing.md has the figures).
 LANE_THREADS_ENV ?= OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1
 LANE_THREADS_XLA ?= --xla_cpu_multi_thread_eigen=false
+# The runs write bytecode whatever the environment says (PYTHONDONTWRITEBYTECODE unset): each test's subprocess then
+# reads the package's compiled modules, and pytest's rewritten test modules are compiled once, not in every run.
 TESTS ?= tests
 LANE_BUDGET_MIN ?= 25
 LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),tensorflow+jax-2of2 jax-1of2+torch)
@@ -77,7 +79,7 @@ test: python venv
 	      xla=$$(echo $(TEST_XLA_FLAGS) $(if $(word 2,$(LANES)),$(LANE_THREADS_XLA)) $${XLA_FLAGS:-}); \
 	      start=$$(date +%s); \
 	      ( if [ -n "$$xla" ]; then export XLA_FLAGS="$$xla"; fi; \
-	        $(if $(word 2,$(LANES)),export $(LANE_THREADS_ENV);) \
+	        $(if $(word 2,$(LANES)),export $(LANE_THREADS_ENV);) unset PYTHONDONTWRITEBYTECODE; \
 	        KERAS_BACKEND=$$b KERAS_VIT_TEST_SHARD=$$shard KERAS_VIT_TEST_LANES="$(LANES)" exec $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
 	        --junitxml=.test-logs/$$run.xml -m "$$only" $(TESTS) ) > .test-logs/$$run.log 2>&1; code=$$?; \
 	      if [ $$code = 5 ] && [ -n "$$shard" ]; then code=0; fi; \
