@@ -15,6 +15,7 @@ import benchmark  # noqa: E402
 import flops  # noqa: E402
 import folder_feed  # noqa: E402
 import gemm  # noqa: E402
+import keras_torch_device  # noqa: E402
 import torch_overhead  # noqa: E402
 import workers  # noqa: E402
 
@@ -124,6 +125,23 @@ def test_torch_overhead_counts_ops_and_host_time_beside_timm(tmp_path, capsys):
         assert got["host_ms"] >= 0 and got["host_us_per_call"] == pytest.approx(1e3 * got["host_ms"] / got["calls"])
     assert row["x_timm"] == pytest.approx(row["timm"]["median_ms"] / row["keras-vit"]["median_ms"])
     assert "| tiny | 1 |" in printed and "thread(s)" in printed.splitlines()[0]
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="Keras' torch backend's conversion")
+def test_keras_torch_device_shows_the_move_of_a_tensor_already_on_the_device(tmp_path, capsys):
+    """benchmarks/keras_torch_device.py, the script for Keras' tracker: the backend's device as Keras keeps it
+    (a string) makes each convert_to_tensor of a CPU tensor dispatch an aten::to; as a torch.device, none; the
+    global device it changes to show it is Keras' own again after."""
+    from keras.src.backend.torch.core import get_device
+
+    before = get_device()
+    result = keras_torch_device.main(["--calls", "50", "--json", str(tmp_path / "r.json")])
+    assert get_device() is before
+    assert json.loads((tmp_path / "r.json").read_text()) == result
+    assert result["differs"] and result["device"] == "'cpu'"
+    assert result["string"]["ops"] == ["aten::to"] and result["torch.device"]["ops"] == []
+    assert result["string"]["us_per_call"] > 0 and result["torch.device"]["us_per_call"] > 0
+    assert "a tensor's device != it: True" in capsys.readouterr().out
 
 
 @pytest.mark.backend_independent
