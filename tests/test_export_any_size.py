@@ -64,6 +64,9 @@ def test_any_size_artefact_equals_keras_at_six_sizes(format, tmp_path):
     """Probabilities within 1e-5 and the top-k, any batch; a size that does not tile and a float image
     are refused by the runtime."""
     _runtime_or_skip(format)
+    if tensorflows_file(format, any_size=True) and format != "onnx":
+        pytest.skip(f"{BACKEND}'s any-size {format} is written by TensorFlow in a fresh process, as the tensorflow "
+                    "lane writes it: the hand-off is checked here once, with ONNX")
     model = _spread(keras_vit.VisionTransformer(**ANY,
                                                 position_interpolation=RULE[format]))
     assert takes_any_size(model)
