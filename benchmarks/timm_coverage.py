@@ -16,7 +16,6 @@ apart and left out of the count.
 
 import argparse
 import collections
-import json
 import os
 import sys
 import tempfile
@@ -46,6 +45,11 @@ def _randomised(model, torch, seed=0):
     return model.eval()
 
 
+def _first_line(err):
+    """`err` as its type and the first line of its message (a message may be empty)."""
+    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+
+
 def check(name, folder, depth=2):
     """{"name", "status": "exact" | "differs" | "refused" | "not built", "error" or "why"} of one architecture."""
     import keras
@@ -61,7 +65,7 @@ def check(name, folder, depth=2):
     try:
         model = _randomised(timm.create_model(name, pretrained=False, depth=depth), torch)
     except Exception as err:  # timm's own: not this project's to count
-        return {"name": name, "status": "not built", "why": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+        return {"name": name, "status": "not built", "why": _first_line(err)[:200]}
     size = model.pretrained_cfg.get("input_size", (3, 224, 224))[1:]
     x = np.random.default_rng(0).uniform(-1, 1, (2, *size, 3)).astype("float32")
     with torch.no_grad():
@@ -72,8 +76,7 @@ def check(name, folder, depth=2):
         ours = keras_vit.from_timm(path, num_heads=_heads(model), classifier_activation=None)
         got = keras.ops.convert_to_numpy(ours(x))
     except Exception as err:  # the reason, without the file's place (the same for every architecture)
-        why = str(err).splitlines()[0].replace(path, "the file")
-        return {"name": name, "status": "refused", "why": f"{type(err).__name__}: {why[:200]}"}
+        return {"name": name, "status": "refused", "why": _first_line(err).replace(path, "the file")[:200]}
     finally:
         os.remove(path)
         keras.backend.clear_session()
