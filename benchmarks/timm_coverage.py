@@ -4,7 +4,8 @@
 Every architecture timm registers in its ViT modules is built by timm at depth 2 with random weights (every
 parameter moved off its initial value: zero heads and unit scales would hide mistakes), its state dict written
 as `<architecture>.safetensors` (the name tells `from_timm` what a state dict does not), read by
-`keras_vit.from_timm(file, num_heads=...)` with the head count read off timm's model, as a user passes it,
+`keras_vit.from_timm(file, num_heads=...)` with the head count read off timm's model, as a user passes it (and
+`pooling="avg"` where timm averages the patch tokens beside a class token, which DINOv3's files do not record),
 and compared with timm's output on 2 random images at the architecture's input size. An architecture is
 "exact" within 1e-5 of the output's scale (at least 1), "differs" past it, or "refused" with the first line of
 the error, which names what is missing. timm's own failures to build an architecture at depth 2 are listed
@@ -45,6 +46,13 @@ def _randomised(model, torch, seed=0):
     return model.eval()
 
 
+def _pooling(model):
+    """{"pooling": "avg"} where timm's `model` averages its patch tokens beside a class token (timm's default for its
+    DINOv3 models, whose state dict does not say it), else {}: the choice a user passes, as the head count."""
+    averaged = getattr(model, "global_pool", None) == "avg" and getattr(model, "cls_token", None) is not None
+    return {"pooling": "avg"} if averaged else {}
+
+
 def _first_line(err):
     """`err` as its type and the first line of its message (a message may be empty)."""
     return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
@@ -73,7 +81,7 @@ def check(name, folder, depth=2):
     path = os.path.join(folder, f"{name}.safetensors")
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
     try:
-        ours = keras_vit.from_timm(path, num_heads=_heads(model), classifier_activation=None)
+        ours = keras_vit.from_timm(path, num_heads=_heads(model), classifier_activation=None, **_pooling(model))
         got = keras.ops.convert_to_numpy(ours(x))
     except Exception as err:  # the reason, without the file's place (the same for every architecture)
         return {"name": name, "status": "refused", "why": _first_line(err).replace(path, "the file")[:200]}

@@ -116,7 +116,8 @@ def pair(value, what):
 # the paper's model. A timm / Hugging Face file's architecture names its values; `family_name`
 # says which published model a set of them is.
 FAMILY_DEFAULTS = dict(distillation_token=False, num_register_tokens=0, prefix_position_embedding=True,
-                       layer_scale=None, pre_norm=False, fc_norm=False, mlp_activation="gelu", rope=None)
+                       layer_scale=None, pre_norm=False, fc_norm=False, mlp_activation="gelu", rope=None,
+                       mlp_norm=False, attention_norm=False)
 
 
 def family_options(config):
@@ -137,12 +138,14 @@ def family_name(config):
         (opts["mlp_activation"], opts["mlp_activation"] != "gelu"),
         ("attention-pool head", config.get("classifier") == "map"),
         (f"{(opts['rope'] or {}).get('kind')} rotary position embedding", opts["rope"] is not None),
+        ("a norm in the MLP", opts["mlp_norm"]), ("a norm in the attention", opts["attention_norm"]),
     ) if on]
     if not traits:
         return "a ViT of the paper's layout"
     kind = next((k for k, on in (
         ("SigLIP-style", config.get("classifier") == "map"), ("CLIP-style", opts["pre_norm"]),
         ("DINOv3-style", (opts["rope"] or {}).get("kind") == "dinov3"),
+        ("EVA-style", (opts["rope"] or {}).get("kind") == "eva" or opts["mlp_norm"]),
         ("DeiT", opts["distillation_token"]), ("DINOv2-style", opts["num_register_tokens"]),
         ("DeiT III-style", opts["layer_scale"] is not None and not opts["prefix_position_embedding"]),
         ("DINOv2-style", opts["layer_scale"] is not None)) if on), "")

@@ -89,7 +89,7 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
     if image_size is not None:  # the layout of a non-square grid's embeddings is read for this grid
         arch = settle_layout(arch, tuple(v // stride for v in pair(image_size, "image_size")))
     args = dict(
-        image_size=size, num_heads=heads, classes=arch["classes"] or 1000, classifier=arch["classifier"],
+        **({"pooling": arch["pooling"]} if arch.get("pooling") else {}), image_size=size, num_heads=heads, classes=arch["classes"] or 1000, classifier=arch["classifier"],
         representation_size=(arch.get("representation_size") or arch["hidden_size"]) if arch["pre_logits"] else None,
         include_top=arch["classes"] is not None or "classes" in overrides, classifier_activation=classifier_activation,
         name=variant or find_variant({**{k: arch[k] for k in _ARCH}, "num_heads": heads}) or "vit",

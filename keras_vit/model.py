@@ -117,6 +117,8 @@ def build_vit(
     drop_path_rate=0.0,
     crop_to_patches=False,
     rope=None,
+    mlp_norm=False,
+    attention_norm=False,
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -147,7 +149,8 @@ def build_vit(
             patch convolution of timm, Hugging Face and keras-hub (no padding) leaves them unread:
             SigLIP so400m/14 takes 384 px images as 27 x 27 patches. The loaders of those files set it
             for a file whose own size is no multiple of its patch. Not with a ResNet stem.
-        include_top: with the head; without it the model returns what `pooling` says.
+        include_top: with the head; without it the model returns what `pooling` says (the head reads "avg"
+            too: the mean of the patch tokens with a class token beside them, EVA's timm models).
         input_tensor: optional Keras tensor to build the model on (None height/width: any size).
         classifier_activation: activation of the head; None gives logits.
         head: with `include_top`, "classifier" (the default) or "projection": the top is a linear
@@ -221,8 +224,12 @@ def build_vit(
             tables, timm's "parfac" models) goes with it, and with any model that takes any size.
         rope: None, or a rotary position embedding of the patch tokens' queries and keys in every
             block (`keras_vit.layers.rotary`): {"kind": "dinov3", "temperature": 100.0} is DINOv3's
-            (with `position_embedding="none"`, as DINOv3 has no other). Its tables follow the grid,
-            so the model takes another image size as it is (`any_size` too).
+            (with `position_embedding="none"`, as DINOv3 has no other); {"kind": "eva", "temperature":
+            10000.0, "reference_grid": (16, 16)} is EVA-02's (beside its learned position embeddings).
+            Its tables follow the grid, so the model takes another image size as it is (`any_size` too).
+        mlp_norm: a LayerNorm on the MLP's hidden units before its second dense layer (EVA-02's SwiGLU).
+        attention_norm: a LayerNorm on the heads' outputs before the attention's output projection
+            (EVA-02 CLIP).
     """
     # every argument but the input and the name: the config's fields (tests/test_vit_config.py)
     config = ViTConfig(**{k: v for k, v in locals().items() if k not in ("input_tensor", "name")})
@@ -320,7 +327,8 @@ def _encoder(config, x, posembed, grid, images=None):
                   layer_norm_epsilon=config.layer_norm_epsilon,
                   attention_implementation=config.attention_implementation,
                   mlp_activation=config.mlp_activation, layer_scale=config.layer_scale,
-                  drop_path_rate=drop_path_rates[i], rope=rope, name=f"encoderblock_{i}")(x, **on_images)
+                  drop_path_rate=drop_path_rates[i], rope=rope, mlp_norm=config.mlp_norm,
+                  attention_norm=config.attention_norm, name=f"encoderblock_{i}")(x, **on_images)
     if not config.fc_norm:
         x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="encoder_norm")(x)
     return x

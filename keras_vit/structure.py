@@ -82,7 +82,8 @@ class ViTParts:
             prefix_position_embedding=int(self.posembed.num_prefix_tokens) > 0 or self.cls is None,
             layer_scale=getattr(block, "layer_scale", None), pre_norm=self.pre_norm is not None,
             fc_norm="encoder_norm" not in names, mlp_activation=getattr(block, "mlp_activation", "gelu"),
-            rope=getattr(block, "rope_options", None),
+            rope=getattr(block, "rope_options", None), mlp_norm=getattr(block, "mlp_norm", False),
+            attention_norm=getattr(block, "attention_norm", False),
             # None: a feature-map model (pooling=None) has no pooling to tell
             classifier="map" if "map_head" in names else None if not names & {"pool", "pool_average"}
             else "token" if self.cls is not None else "gap")

@@ -77,6 +77,8 @@ class ViTConfig:
     drop_path_rate: float = 0.0
     crop_to_patches: bool = False
     rope: dict | None = None
+    mlp_norm: bool = False
+    attention_norm: bool = False
 
     def __post_init__(self):
         # In this order, the builder's: of several bad options, the same one is named.
@@ -187,8 +189,9 @@ def _check_numbers(c):
 def _check_pooling(c):
     if c.pooling not in POOLINGS:
         raise ValueError(f"unknown pooling {c.pooling!r}; expected one of {POOLINGS}")
-    if c.include_top and c.pooling != "representation":
-        raise ValueError(f"pooling={c.pooling!r} is for include_top=False (the head reads the representation)")
+    if c.include_top and c.pooling not in ("representation", "avg"):
+        raise ValueError(f"pooling={c.pooling!r} is for include_top=False (the head reads the representation, or "
+                         "with 'avg' the mean of the patch tokens)")
     if c.pooling == "token" and c.classifier != "token":
         raise ValueError(f'pooling="token" needs a class token; this model has classifier={c.classifier!r} (use "avg")')
     if c.pooling != "representation" and c.representation_size is not None:

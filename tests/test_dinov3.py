@@ -17,6 +17,8 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from timm_peer import import_timm  # noqa: E402
+from timm_files import close as _close, images as _images, nchw as _nchw, redraw as _redraw  # noqa: E402
+from timm_files import timm_file as _timm_file, to_numpy as _np  # noqa: E402
 
 timm = import_timm()
 SIZES = ((64, 64), (48, 80))  # the size timm's model is made at, and another (not square)
@@ -29,39 +31,6 @@ def _timm_dinov3(arch, seed=0):
     module = timm.create_model(arch, pretrained=False, depth=2, img_size=SIZES[0], global_pool="token")
     _redraw(module, seed)
     return module.eval()
-
-
-def _redraw(module, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            std = 0.5 if p.ndim == 1 else 1 / np.sqrt(p[0].numel())
-            p.copy_(std * torch.randn(p.shape, generator=gen))
-
-
-def _timm_file(module, folder, name):
-    path = str(folder / f"{name}.test.safetensors")  # named after its architecture, as timm's hub files are
-    safetensors_torch.save_file({k: v.contiguous() for k, v in module.state_dict().items()}, path)
-    return path
-
-
-def _images(h, w, seed=0):
-    return np.random.default_rng(seed).uniform(-1, 1, (2, h, w, 3)).astype("float32")
-
-
-def _nchw(x):
-    return torch.from_numpy(x).permute(0, 3, 1, 2)
-
-
-def _np(y):
-    return keras.ops.convert_to_numpy(y)
-
-
-def _close(got, expected, what):
-    """Equal up to float32 rounding: 1e-5 of the output's scale."""
-    scale = float(np.abs(expected).max())
-    assert scale > 0.5, what  # a real signal
-    np.testing.assert_allclose(got, expected, atol=1e-5 * scale, rtol=0, err_msg=what)
 
 
 # the rotary numerics on every backend; the key maps of the biased and the SwiGLU layouts, once (torch's lane)
@@ -179,7 +148,7 @@ def test_what_rotary_position_embedding_refuses(tmp_path):
     """An unknown kind, heads it cannot rotate, a NaFlex model, a timm Eva-layout file whose name does not say
     its architecture, a DINOv3 file into a model without rotary embedding (its weights kept), a keras-hub
     ViTBackbone preset of a rotary model: each one line naming what was expected; nothing built or written."""
-    with pytest.raises(ValueError, match=r"rope: unknown kind 'xpos'; expected one of \('dinov3',\)"):
+    with pytest.raises(ValueError, match=r"rope: unknown kind 'xpos'; expected one of \('dinov3', 'eva'\)"):
         _rotary_vit(rope={"kind": "xpos"})
     with pytest.raises(ValueError, match="rope must be None or a dict with the keys"):
         _rotary_vit(rope="dinov3")
@@ -231,7 +200,8 @@ def test_every_timm_architecture_of_dinov3s_layout_is_read_as_timm_defines_it():
             ref = timm.create_model(arch, pretrained=False, depth=1)
         assert type(ref.rope).__name__ == "RotaryEmbeddingDinoV3", arch
         tensors = {k: np.broadcast_to(np.float32(0), tuple(v.shape)) for k, v in ref.state_dict().items()}
-        read = timm_keys.architecture(timm_keys.from_dinov3(tensors, arch), arch)
+        layout = timm_keys.TIMM_EVA_LAYOUT[timm_keys.named_architecture(arch, timm_keys.TIMM_EVA_LAYOUT)]
+        read = timm_keys.architecture(timm_keys.from_eva(tensors, layout), arch)
         block = ref.blocks[0]
         swiglu = type(block.mlp).__name__ != "Mlp"
         assert (read["timm_heads"], read["rope"], read["layer_norm_epsilon"], read["num_register_tokens"]) == (

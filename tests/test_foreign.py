@@ -204,8 +204,9 @@ def _unchanged(model, before):
     ("registers", "position embeddings cover the 4 register tokens too"),
     ("clip", r"CLIP-style ViT \(pre-norm\).*pre_norm=True in the file, False in the model"),
     ("layer_scale", "layer_scale=1e-05 in the file, None in the model"),
-    ("beit", "BEiT-style ViT"),
-    ("eva", "EVA-style ViT"),
+    ("beit", r"BEiT-style ViT \(relative position bias\)"),
+    ("eva", r"timm's Eva layout .* name the file after its timm architecture"),
+    ("rope_mixed", "learned rotary frequencies"),
     ("hybrid", "timm's ResNetV2 stem"),
     ("missing", "missing from the file"),
     ("extra", "has no place for"),
@@ -228,8 +229,10 @@ def test_other_architectures_and_broken_state_dicts_are_refused_whole(kind, matc
         if kind == "missing":
             del state["blocks.1.mlp.fc2.weight"]
         elif kind == "beit":
+            state["blocks.0.attn.relative_position_bias_table"] = torch.zeros(10, 2)
+        elif kind == "eva":  # q/v biases apart, in a file whose name says no architecture
             state["blocks.0.attn.q_bias"] = torch.zeros(32)
-        elif kind == "eva":
+        elif kind == "rope_mixed":
             state["rope.freqs"] = torch.zeros(8)
         elif kind == "extra":
             state["blocks.0.attn.extra.weight"] = torch.zeros(3)

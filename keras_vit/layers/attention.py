@@ -226,6 +226,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             through `padded_attention`: the sequence padded to a multiple of 64, the padding
             masked), else the standard path, saying why in one log line; "flash": that kernel, a
             ValueError when the layer is built where it cannot run; "standard": never that kernel.
+        inner_norm: a LayerNorm `inner_norm` (epsilon `layer_norm_epsilon`) on the heads' concatenated
+            outputs before the output projection (EVA-02 CLIP's; timm's `scale_attn_inner`); False by default.
     Call args:
         x: tokens (B, T, D).
         return_attention: also return the softmax weights (B, heads, T, T).
@@ -237,8 +239,10 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             (`keras_vit.layers.rotary`); every path, the fused ones included, then runs as without.
     """
 
-    def __init__(self, num_heads, dropout_rate=0.0, attention_implementation="auto", **kwargs):
+    def __init__(self, num_heads, dropout_rate=0.0, attention_implementation="auto", inner_norm=False,
+                 layer_norm_epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
+        self.inner_norm, self.layer_norm_epsilon = bool(inner_norm), float(layer_norm_epsilon)
         self.num_heads = int(num_heads)
         self.dropout_rate = float(dropout_rate)
         self.attention_implementation = check_attention_implementation(attention_implementation)
@@ -258,6 +262,11 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         for layer in (self.query, self.key, self.value):
             layer.build(input_shape)
         self.out.build((*input_shape[:-1], self.num_heads, self.head_dim))
+        self.norm = None
+        if self.inner_norm:
+            self.norm = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="inner_norm",
+                                                        dtype=self.dtype_policy)
+            self.norm.build((*input_shape[:-1], dim))
         self.attention_dropout = keras.layers.Dropout(self.dropout_rate)
         self.flash = self.attention_implementation != "standard" and self._flash_possible()
 
@@ -291,7 +300,11 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
 
     def _out(self, y):
-        """The output projection of y (B, T, heads, head_dim) -> (B, T, D)."""
+        """The output projection of y (B, T, heads, head_dim) -> (B, T, D), after the inner norm if any."""
+        if self.norm is not None:
+            tokens = y.shape[1] if y.shape[1] is not None else ops.shape(y)[1]
+            y = layer_norm(self.norm, ops.reshape(y, (-1, tokens, self.num_heads * self.head_dim)))
+            y = ops.reshape(y, (-1, tokens, self.num_heads, self.head_dim))
         if not _FUSED_QKV.get(keras.backend.backend()) or not _plain(self.out):
             return self.out(y)
         dim = self.num_heads * self.head_dim
@@ -328,15 +341,19 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         return (y, weights) if return_attention else y
 
     def official_weights(self):
-        return {
+        params = {
             f"{name}/{w}": getattr(layer, w)
             for name, layer in (("query", self.query), ("key", self.key), ("value", self.value), ("out", self.out))
             for w in ("kernel", "bias")
         }
+        if self.norm is not None:
+            params |= {"inner_norm/scale": self.norm.gamma, "inner_norm/bias": self.norm.beta}
+        return params
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "dropout_rate": self.dropout_rate,
-                "attention_implementation": self.attention_implementation}
+                "attention_implementation": self.attention_implementation, "inner_norm": self.inner_norm,
+                "layer_norm_epsilon": self.layer_norm_epsilon}
 
 
 def check_attention_implementation(value):

@@ -1,37 +1,66 @@
-"""2-D rotary position embedding (RoPE) of the patch tokens' queries and keys, in DINOv3's form
-(Simeoni et al. 2025; timm's `RotaryEmbeddingDinoV3`, transformers' `DINOv3ViTRopePositionEmbedding`).
+"""2-D rotary position embedding (RoPE) of the patch tokens' queries and keys, in the two forms the released
+ViTs use: DINOv3's (Simeoni et al. 2025; timm's `RotaryEmbeddingDinoV3`, transformers'
+`DINOv3ViTRopePositionEmbedding`) and EVA-02's (Fang et al. 2023; timm's `RotaryEmbeddingCat`, also its
+`vit_*_rope_*` models and Perception Encoder).
 
-Each patch at row i, column j of an (h, w) grid has the coordinates y = 2 (i + 0.5) / h - 1 and
-x = 2 (j + 0.5) / w - 1 in [-1, 1]. A head of size d is cut into d / 4 frequencies per axis, of periods
-`temperature ** (2 k / (d / 2))`, k < d / 4; the angles are 2 pi y / period and 2 pi x / period, the
-y ones first, (h w, d / 2), laid out twice along the head ("rotate half": the first and second halves
-of a head rotate as pairs). A query or key q of a patch becomes `q cos + rotate_half(q) sin` with
-`rotate_half(q) = [-q2, q1]`; the prefix tokens (class, registers) are left as they are. The tables
-depend on the grid only, so a model of another image size reads them for its own grid: the
-coordinates are normalised by the grid, which is what lets DINOv3 run at any resolution."""
+A head of size d is cut into d / 4 frequencies per axis, band k < d / 4 of frequency
+`temperature ** (-k / (d / 4))` (DINOv3 names its inverse the period). A patch at row i, column j of an (h, w) grid has one coordinate per axis:
+- "dinov3": y = 2 (i + 0.5) / h - 1 and x = 2 (j + 0.5) / w - 1 in [-1, 1], and the angles are
+  2 pi y and 2 pi x times each band; the coordinates are normalised by the grid, so a model reads any size.
+- "eva": y = i + offset and x = j + offset, rescaled by `reference_grid` / (h, w) when given (the grid the
+  model was pre-trained on: EVA-02's way of fine-tuning at another size), and the angles are y and x times
+  each band.
+The angles of one patch are (d / 2) values, one axis's bands after the other's (rows first, or columns first
+with `axes="xy"`), laid out twice along the head ("rotate half": the first and second halves of a head rotate
+as pairs). A query or key q of a patch becomes `q cos + rotate_half(q) sin` with `rotate_half(q) = [-q2, q1]`;
+the prefix tokens (class, registers) are left as they are. EVA-02 pairs neighbouring channels instead
+(2c, 2c + 1); its loader lays each head's query and key channels out as halves, which leaves q . k and so
+the model unchanged (`keras_vit.weights.timm`)."""
 
 import math
 
 from keras import ops
 
-ROPE_KINDS = ("dinov3",)
-ROPE_KEYS = ("kind", "temperature")
+ROPE_KINDS = ("dinov3", "eva")
+# each kind's keys and their defaults (the sources' own)
+ROPE_DEFAULTS = {"dinov3": {"temperature": 100.0},
+                 "eva": {"temperature": 10000.0, "reference_grid": None, "offset": 0.0, "axes": "ij"}}
+
+
+def _number(value, what, positive=True):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and not value > 0):
+        raise ValueError(f"{what} must be a {'positive ' if positive else ''}number, got {value!r}")
+    return float(value)
 
 
 def check_rope(rope, what="rope"):
-    """`rope` as a dict {"kind": one of ROPE_KINDS, "temperature": float > 0}, or None; a ValueError
+    """`rope` as a dict of its kind's keys (ROPE_DEFAULTS, the missing ones filled in), or None; a ValueError
     naming what was expected otherwise."""
     if rope is None:
         return None
-    if not isinstance(rope, dict) or set(rope) - set(ROPE_KEYS) or "kind" not in rope:
-        raise ValueError(f"{what} must be None or a dict with the keys {ROPE_KEYS} (e.g. {{'kind': 'dinov3', "
+    if not isinstance(rope, dict) or "kind" not in rope:
+        raise ValueError(f"{what} must be None or a dict with the keys 'kind' and its kind's (e.g. {{'kind': 'dinov3', "
                          f"'temperature': 100.0}}), got {rope!r}")
-    if rope["kind"] not in ROPE_KINDS:
-        raise ValueError(f"{what}: unknown kind {rope['kind']!r}; expected one of {ROPE_KINDS}")
-    temperature = rope.get("temperature", 100.0)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise ValueError(f"{what}: temperature must be a positive number, got {temperature!r}")
-    return {"kind": rope["kind"], "temperature": float(temperature)}
+    kind = rope["kind"]
+    if kind not in ROPE_KINDS:
+        raise ValueError(f"{what}: unknown kind {kind!r}; expected one of {ROPE_KINDS}")
+    keys = ROPE_DEFAULTS[kind]
+    if set(rope) - {"kind", *keys}:
+        raise ValueError(f"{what}: the {kind!r} rotary embedding takes the keys {('kind', *keys)}, got {rope!r}")
+    out = {"kind": kind, **keys, **{k: v for k, v in rope.items() if k != "kind"}}
+    out["temperature"] = _number(out["temperature"], f"{what}: temperature")
+    if kind == "eva":
+        out["offset"] = _number(out["offset"], f"{what}: offset", positive=False)
+        if out["axes"] not in ("ij", "xy"):
+            raise ValueError(f"{what}: axes must be 'ij' (rows first) or 'xy' (columns first), got {out['axes']!r}")
+        grid = out["reference_grid"]
+        if grid is not None:
+            if not isinstance(grid, (list, tuple)) or len(grid) != 2 or not all(
+                    isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in grid):
+                raise ValueError(f"{what}: reference_grid must be None or an (h, w) pair of positive ints, "
+                                 f"got {grid!r}")
+            out["reference_grid"] = tuple(grid)
+    return out
 
 
 def check_rope_head_dim(head_dim):
@@ -41,24 +70,34 @@ def check_rope_head_dim(head_dim):
                          f"head size {head_dim} is not a multiple of 4")
 
 
-def _axis(n):
-    """DINOv3's coordinates of `n` positions along one axis (a Python int or a scalar tensor), in [-1, 1]."""
+def _axis(n, rope, reference=None):
+    """The coordinates of `n` positions along one axis (a Python int or a scalar tensor) by `rope`'s kind, with
+    `reference` that axis's side of an "eva" rope's reference grid."""
     positions = ops.cast(ops.arange(n), "float32")  # before the cast of n: JAX needs a concrete stop
-    return 2.0 * ((positions + 0.5) / ops.cast(n, "float32")) - 1.0
+    if rope["kind"] == "dinov3":
+        return 2.0 * ((positions + 0.5) / ops.cast(n, "float32")) - 1.0
+    positions = positions + rope["offset"]
+    return positions if reference is None else positions / ops.cast(n, "float32") * float(reference)
 
 
-def rope_tables(grid_h, grid_w, head_dim, temperature):
+def rope_tables(grid_h, grid_w, head_dim, rope):
     """(sin, cos), each (grid_h * grid_w, head_dim) float32, of the patches of a `grid_h` x `grid_w` grid in
-    raster order, for heads of `head_dim` and periods of base `temperature`; the grid sides may be tensors (a
-    grid read off the images at call time)."""
+    raster order, for heads of `head_dim` and the rotary embedding `rope` (`check_rope`'s dict); the grid sides
+    may be tensors (a grid read off the images at call time)."""
     quarter = head_dim // 4
-    periods = ops.power(float(temperature), 2.0 * ops.cast(ops.arange(quarter), "float32") / (head_dim // 2))
-    rows = 2.0 * math.pi * _axis(grid_h)[:, None] / periods[None, :]  # (h, d/4)
-    cols = 2.0 * math.pi * _axis(grid_w)[:, None] / periods[None, :]  # (w, d/4)
+    k = ops.cast(ops.arange(quarter), "float32")
+    if rope["kind"] == "dinov3":  # in each source's order of operations: the same float32 roundings
+        periods = ops.power(rope["temperature"], 2.0 * k / (head_dim // 2))
+        angles = lambda coords: 2.0 * math.pi * coords[:, None] / periods[None, :]  # noqa: E731
+    else:
+        bands = 1.0 / ops.power(rope["temperature"], k / quarter)
+        angles = lambda coords: coords[:, None] * bands[None, :]  # noqa: E731
+    reference = rope.get("reference_grid") or (None, None)
+    rows, cols = angles(_axis(grid_h, rope, reference[0])), angles(_axis(grid_w, rope, reference[1]))  # (h|w, d/4)
     shape = (ops.shape(rows)[0], ops.shape(cols)[0], quarter)
-    angles = ops.concatenate([ops.broadcast_to(rows[:, None, :], shape), ops.broadcast_to(cols[None, :, :], shape)],
-                             axis=-1)
-    angles = ops.reshape(angles, (-1, 2 * quarter))
+    rows, cols = ops.broadcast_to(rows[:, None, :], shape), ops.broadcast_to(cols[None, :, :], shape)
+    first, second = (cols, rows) if rope.get("axes") == "xy" else (rows, cols)
+    angles = ops.reshape(ops.concatenate([first, second], axis=-1), (-1, 2 * quarter))
     sin, cos = ops.sin(angles), ops.cos(angles)
     return ops.concatenate([sin, sin], axis=-1), ops.concatenate([cos, cos], axis=-1)
 

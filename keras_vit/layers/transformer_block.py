@@ -9,7 +9,7 @@ from keras_vit.layers.drop_path import check_drop_path_rate, drop_path, drop_pat
 from keras_vit.layers.mlp import activate, check_mlp_activation, hidden_width
 from keras_vit.layers.position_embedding import runtime_grid
 from keras_vit.layers.quantized import with_sublayer_policies
-from keras_vit.layers.rotary import ROPE_KEYS, check_rope, check_rope_head_dim, rope_tables
+from keras_vit.layers.rotary import check_rope, check_rope_head_dim, rope_tables
 from keras_vit.runtime import per_platform
 
 LAYER_NORM_EPSILON = 1e-6
@@ -146,10 +146,14 @@ class TransformerBlock(keras.layers.Layer):
             block without it. In [0, 1); the builder gives each block its rate
             (`keras_vit.layers.drop_path_rates`).
         rope: None (the default), or the block's rotary position embedding (`keras_vit.layers.rotary`,
-            DINOv3's): a dict of `kind` and `temperature` (`check_rope`), `num_prefix_tokens` (the
+            DINOv3's or EVA-02's): `check_rope`'s dict (its kind and that kind's keys), `num_prefix_tokens` (the
             tokens before the patches, left unrotated) and either `grid_size` (gh, gw), the tables
             made once when the block is built, or `stride` (pixels per token), the grid read off the
             images each call gives (`images=`: a model that takes any size).
+        mlp_norm: a LayerNorm `MlpNorm` on the MLP's hidden units, after the activation and before the second
+            dense layer (EVA-02's SwiGLU; timm's `scale_mlp`); False (the default) has none.
+        attention_norm: a LayerNorm on the heads' concatenated outputs before the attention's output
+            projection (EVA-02 CLIP; timm's `scale_attn_inner`; see `MultiHeadDotProductAttention`).
     Call args:
         x: tokens (B, T, D).
         return_attention: also return the softmax attention weights (B, heads, T, T).
@@ -159,8 +163,10 @@ class TransformerBlock(keras.layers.Layer):
 
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, remat=False,
                  approximate_gelu=True, layer_norm_epsilon=LAYER_NORM_EPSILON, attention_implementation="auto",
-                 mlp_activation="gelu", layer_scale=None, drop_path_rate=0.0, rope=None, **kwargs):
+                 mlp_activation="gelu", layer_scale=None, drop_path_rate=0.0, rope=None, mlp_norm=False,
+                 attention_norm=False, **kwargs):
         super().__init__(**kwargs)
+        self.mlp_norm, self.attention_norm = bool(mlp_norm), bool(attention_norm)
         self.rope = _check_block_rope(rope)
         self.drop_path_rate = check_drop_path_rate(drop_path_rate, f"{type(self).__name__}: drop_path_rate")
         self.mlp_activation = check_mlp_activation(mlp_activation)
@@ -195,9 +201,13 @@ class TransformerBlock(keras.layers.Layer):
         self.dropout = keras.layers.Dropout(self.dropout_rate)
         # its own generator, made only with a rate: a model without stochastic depth has the state it had
         self.drop_path_seed = keras.random.SeedGenerator(name="drop_path_seed") if self.drop_path_rate else None
+        self.norm_mlp = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="MlpNorm",
+                                                        dtype=policy) if self.mlp_norm else None
         for layer in (self.norm_0, self.attention, self.norm_2, self.mlp_0):
             layer.build(input_shape)
-        self.mlp_1.build((*input_shape[:-1], self.mlp_dim))
+        for layer in (self.norm_mlp, self.mlp_1):
+            if layer is not None:
+                layer.build((*input_shape[:-1], self.mlp_dim))
         self.tables = None
         if self.rope is not None:
             check_rope_head_dim(dim // self.num_heads)
@@ -207,7 +217,7 @@ class TransformerBlock(keras.layers.Layer):
                 raise ValueError(f"{self.name}: its rotary tables are laid out for {self.rope['num_prefix_tokens']} "
                                  f"prefix tokens and a {grid[0]}x{grid[1]} grid, got {input_shape[1]} tokens")
             if grid is not None:  # made once: a fixed grid's tables are constants
-                self.tables = rope_tables(*grid, dim // self.num_heads, self.rope["temperature"])
+                self.tables = rope_tables(*grid, dim // self.num_heads, self.rope)
         self.scales = ()
         if self.layer_scale is not None:
             self.scales = tuple(self.add_weight(name=f"layer_scale_{i}", shape=(dim,),
@@ -218,6 +228,7 @@ class TransformerBlock(keras.layers.Layer):
         """The block's self-attention layer (a hook for subclasses)."""
         return MultiHeadDotProductAttention(
             self.num_heads, self.attention_dropout_rate, attention_implementation=self.attention_implementation,
+            inner_norm=self.attention_norm, layer_norm_epsilon=self.layer_norm_epsilon,
             name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy
         )
 
@@ -239,8 +250,8 @@ class TransformerBlock(keras.layers.Layer):
 
     @property
     def rope_options(self):
-        """The builder's `rope` this block was made with (kind and temperature), or None."""
-        return None if self.rope is None else {k: self.rope[k] for k in ROPE_KEYS}
+        """The builder's `rope` this block was made with (`check_rope`'s dict), or None."""
+        return None if self.rope is None else {k: v for k, v in self.rope.items() if k not in _ROPE_LAYOUT}
 
     def _tables(self, images):
         """The rotary (sin, cos) tables of this call: the fixed grid's, or those of the grid of `images`."""
@@ -249,7 +260,7 @@ class TransformerBlock(keras.layers.Layer):
         if images is None:
             raise ValueError(f"{self.name}: a rotary block that reads its grid off the images (rope stride "
                              f"{self.rope['stride']}) needs them: call it with images=")
-        return rope_tables(*runtime_grid(images, self.rope["stride"]), self.attention.head_dim, self.rope["temperature"])
+        return rope_tables(*runtime_grid(images, self.rope["stride"]), self.attention.head_dim, self.rope)
 
     def _keep_masks(self, x):
         """Dropout keep-masks for the three dropouts of a training step (none without dropout)."""
@@ -297,7 +308,8 @@ class TransformerBlock(keras.layers.Layer):
             y, weights = y
         x = x + self._drop_branch(self._drop(self._scaled(y, 0), training, keep, 0), paths, 0)
         y = self._dense(self.mlp_0, layer_norm(self.norm_2, x), activation=True)
-        y = self._dense(self.mlp_1, self._drop(y, training, keep, 1))
+        y = self._drop(y, training, keep, 1)
+        y = self._dense(self.mlp_1, y if self.norm_mlp is None else layer_norm(self.norm_mlp, y))
         x = x + self._drop_branch(self._drop(self._scaled(y, 1), training, keep, 2), paths, 1)
         return (x, weights) if return_attention else x
 
@@ -310,6 +322,8 @@ class TransformerBlock(keras.layers.Layer):
         params |= {f"LayerNorm_2/{k}": v for k, v in _norm_params(self.norm_2).items()}
         for name, layer in (("Dense_0", self.mlp_0), ("Dense_1", self.mlp_1)):
             params |= {f"MlpBlock_3/{name}/kernel": layer.kernel, f"MlpBlock_3/{name}/bias": layer.bias}
+        if self.norm_mlp is not None:
+            params |= {f"MlpBlock_3/norm/{k}": v for k, v in _norm_params(self.norm_mlp).items()}
         params |= {f"LayerScale_{i}/scale": scale for i, scale in enumerate(self.scales)}
         return params
 
@@ -328,14 +342,19 @@ class TransformerBlock(keras.layers.Layer):
             "layer_scale": self.layer_scale,
             "drop_path_rate": self.drop_path_rate,
             "rope": self.rope,
+            "mlp_norm": self.mlp_norm,
+            "attention_norm": self.attention_norm,
         }
+
+
+_ROPE_LAYOUT = ("num_prefix_tokens", "grid_size", "stride")  # where a block's rope meets its tokens
 
 
 def _check_block_rope(rope):
     """A block's `rope` (see `TransformerBlock`) checked, with grid_size a tuple; a ValueError otherwise."""
     if rope is None:
         return None
-    layout = ("num_prefix_tokens", "grid_size", "stride")
+    layout = _ROPE_LAYOUT
     if not isinstance(rope, dict):
         raise ValueError(f"TransformerBlock: rope must be None or a dict, got {rope!r}")
     checked = check_rope({k: v for k, v in rope.items() if k not in layout}, "TransformerBlock: rope")

@@ -57,7 +57,8 @@ def _read(path):
         config, tensors = hf.read_folder(path)
         _refuse(path, tensors)
         return "Hugging Face", hf.architecture(config, tensors), tensors, hf.to_official
-    tensors = timm.from_dinov3(read_tensors(path), path)  # in the layout the rules read, where the name says DINOv3
+    tensors = read_tensors(path)  # of timm's Eva layout where the name says which: in the layout the rules read
+    tensors = timm.from_eva(tensors, timm.TIMM_EVA_LAYOUT.get(timm.named_architecture(path, timm.TIMM_EVA_LAYOUT)))
     _refuse(path, tensors)
     if timm.is_timm(tensors):
         return "timm", timm.architecture(tensors, name=path), tensors, timm.to_official
@@ -134,7 +135,12 @@ def warn_assumed_gelu(arch, path):
 def settle_layout(arch, grid):
     """`arch` with `prefix_position_embedding` read off its position-embedding count for a known patch
     `grid` (gh, gw): a timm count alone is ambiguous when the grid may be non-square (4x6 + a class token
-    = 25 = 5x5)."""
+    = 25 = 5x5). Where the file's own size is known (its config's, or its architecture's name's), its own grid
+    reads the count, not the `grid` it is resized to (a 4x4 table of patches only is no 3x5 grid and a class
+    token)."""
+    own = arch.get("image_size")
+    if own and arch.get("resnet") is None and arch.get("patch_size"):
+        grid = tuple(side // arch["patch_size"] for side in pair(own, "image_size"))
     prefix = int(arch["classifier"] == "token") + int(arch.get("distillation_token", False))
     if arch.get("tokens") and prefix and grid:
         exact = timm.covers_prefix(arch["tokens"], prefix, arch.get("num_register_tokens", 0), grid=grid[0] * grid[1])

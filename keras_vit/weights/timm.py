@@ -10,15 +10,18 @@ import re
 import numpy as np
 
 from keras_vit.weights.heads import timm_head
+from keras_vit.weights.timm_eva import TIMM_DINOV3_LAYOUT, TIMM_EVA_LAYOUT, from_eva, is_eva  # noqa: F401
 
 # Keys of architectures the builder does not make -> what they are.
 UNSUPPORTED = (
     (r"\.attn\.[qk]_norm\.", "a ViT with q/k normalisation (q_norm/k_norm)"),
-    (r"\.attn\.[qv]_bias$|relative_position_bias_table$", "a BEiT-style ViT (separate q/v biases, relative position "
-     "bias)"),
-    (r"(^|\.)rope\.|\.freqs", "an EVA-style ViT (rotary position embeddings)"),
-    (r"\.mlp\.(fc1_g|fc1_x|ffn_ln|norm)\.", "a ViT whose MLP is gated unpacked or normalised (EVA / SwiGLU fc1_g, "
-     "ffn_ln)"),
+    (r"relative_position_bias_table$", "a BEiT-style ViT (relative position bias)"),
+    (r"\.attn\.[qv]_bias$|\.attn\.q_proj\.", "a ViT of timm's Eva layout (q/v biases apart, or q, k and v apart) whose name "
+     "is none of timm's architectures that keras_vit reads (keras_vit.weights.timm_eva.TIMM_EVA_LAYOUT): name the file "
+     "after its timm architecture"),
+    (r"(^|\.)rope\.|\.freqs", "a ViT with learned rotary frequencies (timm's `*_rope_mixed_*`)"),
+    (r"\.mlp\.(fc1_g|fc1_x|ffn_ln)\.", "a ViT whose MLP is gated unpacked (SwiGLU fc1_g / fc1_x of an unnamed Eva "
+     "file: name it after its timm architecture) or in the original EVA's layout (ffn_ln)"),
     (r"^attn_pool\.(q_norm|k_norm|pos_embed)", "an attention-pooling head with q/k norms or position embeddings"),
     (r"^(visual|vision_model)\.", "a CLIP tower in OpenAI / open_clip layout (use timm's or Hugging Face's layout)"),
     (r"^patch_embed\.backbone\.", "a hybrid with timm's ResNetV2 stem (patch_embed.backbone), whose weight "
@@ -41,18 +44,6 @@ _SIGLIP_EXACT = (*(f"vit_{size}_siglip_{gap}{res}" for gap in ("", "gap_") for s
     *(f"vit_so400m_patch14_siglip_{res}" for res in (224, 378, 384)),
     *(f"vit_so400m_patch14_siglip_gap_{res}" for res in (224, 378, 384, 448, 896)))
 TIMM_SIGLIP_GELU = {**dict.fromkeys(_SIGLIP_EXACT, False), **dict.fromkeys(_SIGLIP_TANH, True)}
-# timm's ViTs of DINOv3's layout (eva.py, rope_type='dinov3': DINOv3's `vit_*_dinov3*`, their `_qkvb` twins the
-# same with q/v biases, and LingBot-Vision's `vit_*_lingbot`) -> (head count, the size of timm's pretrained configs).
-# Each has DINOv3's rotary position embedding (DINOV3_ROPE) and no other, 4 registers, layer scale and LayerNorm
-# epsilon 1e-5; a state dict records the registers and the layer scale only, and huge_plus's width 1280 has 20
-# heads where timm's other 1280-wide ViTs have 16. tests/test_dinov3.py checks the table against timm's definitions.
-TIMM_DINOV3_LAYOUT = {
-    "vit_tiny_patch16_dinov3": (3, 256), "vit_small_patch16_dinov3": (6, 256),
-    "vit_small_plus_patch16_dinov3": (6, 256), "vit_base_patch16_dinov3": (12, 256), "vit_large_patch16_dinov3": (16, 256),
-    "vit_huge_plus_patch16_dinov3": (20, 256), "vit_7b_patch16_dinov3": (32, 256),
-    "vit_small_patch16_lingbot": (6, 512), "vit_base_patch16_lingbot": (12, 512),
-    "vit_large_patch16_lingbot": (16, 512), "vit_giant_patch16_lingbot": (24, 512)}
-DINOV3_ROPE = {"kind": "dinov3", "temperature": 100.0}
 # the head counts of those SigLIP architectures by width, one a width (giantopt's 1536 has 16 where DINOv2-giant's
 # 1536 has 24): what a state dict of SigLIP's layout takes in place of TIMM_HEADS
 TIMM_SIGLIP_HEADS = {768: 12, 1024: 16, 1152: 16, 1536: 16}
@@ -80,9 +71,11 @@ _RULES = (
     (_BLOCK + r"attn\.qkv\.weight", _ATTN + "{{}}/kernel", "qkv_kernel"),
     (_BLOCK + r"attn\.qkv\.bias", _ATTN + "{{}}/bias", "qkv_bias"),
     *module_rules(_BLOCK + r"attn\.proj", _ATTN + "out", "out_kernel"),
+    *module_rules(_BLOCK + r"attn\.norm", _ATTN + "inner_norm", "norm"),
     (_BLOCK + r"ls1\.gamma", _T + "LayerScale_0/scale", "same"),
     *module_rules(_BLOCK + "norm2", _T + "LayerNorm_2", "norm"),
     *module_rules(_BLOCK + r"mlp\.fc1", _T + "MlpBlock_3/Dense_0", "linear"),
+    *module_rules(_BLOCK + r"mlp\.norm", _T + "MlpBlock_3/norm", "norm"),
     *module_rules(_BLOCK + r"mlp\.fc2", _T + "MlpBlock_3/Dense_1", "linear"),
     (_BLOCK + r"ls2\.gamma", _T + "LayerScale_1/scale", "same"),
     *module_rules("norm", "Transformer/encoder_norm", "norm"),
@@ -158,43 +151,6 @@ def unsupported(keys):
         if hits:
             found.append(f"{what}: {', '.join(hits[:3])}" + (" ..." if len(hits) > 3 else ""))
     return found
-
-
-def is_eva(tensors):
-    """A state dict of timm's `Eva` (eva.py) layout: layer scale as `gamma_1`, or q/v biases apart (`q_bias`)."""
-    return "patch_embed.proj.weight" in tensors and ("blocks.0.gamma_1" in tensors or "blocks.0.attn.q_bias" in tensors)
-
-
-def from_dinov3(tensors, name):
-    """A timm DINOv3 state dict (`is_eva`, its architecture named by `name`: TIMM_DINOV3_LAYOUT) in the key names
-    of timm's `VisionTransformer`, which the rules read: `gamma_i` -> `lsi.gamma`; q and v biases with the key's
-    zero (Eva's fixed k_bias), or zero biases where the model has none; SwiGLU's `fc1_g` and `fc1_x` as one `fc1`
-    (the gate first, as the builder's "swiglu" reads it). Any other state dict is returned as it is."""
-    if not is_eva(tensors) or named_architecture(name, TIMM_DINOV3_LAYOUT) is None:
-        return tensors
-    out = {}
-    for key, value in tensors.items():
-        block = re.match(r"(blocks\.\d+\.)(.*)$", key)
-        if block is None:
-            out[key] = value
-            continue
-        head, rest = block.groups()
-        if rest in ("gamma_1", "gamma_2"):
-            out[f"{head}ls{rest[-1]}.gamma"] = value
-        elif rest == "attn.qkv.weight":
-            out[key] = value
-            if f"{head}attn.qkv.bias" not in tensors:
-                q, v = tensors.get(f"{head}attn.q_bias"), tensors.get(f"{head}attn.v_bias")
-                zero = np.zeros(value.shape[0] // 3, value.dtype)
-                out[f"{head}attn.qkv.bias"] = np.concatenate([zero if q is None else q, zero, zero if v is None else v])
-        elif rest in ("attn.q_bias", "attn.v_bias"):
-            continue  # in the fused bias above
-        elif rest.startswith("mlp.fc1_g."):
-            out[f"{head}mlp.fc1.{rest.rsplit('.', 1)[1]}"] = np.concatenate(
-                [value, tensors[f"{head}mlp.fc1_x.{rest.rsplit('.', 1)[1]}"]])
-        elif not rest.startswith("mlp.fc1_x."):
-            out[key] = value
-    return out
 
 
 def is_timm(tensors):
@@ -315,15 +271,12 @@ def architecture(tensors, name=""):
     swiglu = fc1 is not None and fc2 is not None and fc1.shape[0] == 2 * fc2.shape[1]
     tokens = int(tensors["pos_embed"].shape[1]) if "pos_embed" in tensors else None
     fc_norm = "fc_norm.weight" in tensors
-    if fc_norm and has_cls:
-        raise ValueError("a ViT with a class token pooled by average (fc_norm with cls_token: timm's global_pool='avg', "
-                         "as MAE / BEiT fine-tuned): keras_vit's average-pooled models have no class token")
     clip = "norm_pre.weight" in tensors  # timm's only pre-norm ViTs are its CLIP towers, LayerNorm eps 1e-5
-    dinov3 = named_architecture(name, TIMM_DINOV3_LAYOUT)
-    if dinov3 is None and is_eva(tensors):
+    eva = named_architecture(name, TIMM_EVA_LAYOUT)
+    if eva is None and is_eva(tensors):
         raise ValueError("a ViT of timm's Eva layout (eva.py: layer scale gamma_1, q/v biases apart) whose position "
                          "encoding its state dict does not record: name the file after its timm architecture (one of "
-                         f"{', '.join(TIMM_DINOV3_LAYOUT)}, e.g. vit_small_patch16_dinov3.lvd1689m.safetensors) or "
+                         f"{', '.join(TIMM_EVA_LAYOUT)}, e.g. vit_small_patch16_dinov3.lvd1689m.safetensors) or "
                          "pass that name to keras_vit.from_timm")
     prefix = int(has_cls) + int(has_dist)
     named = name_options(name)
@@ -342,6 +295,9 @@ def architecture(tensors, name=""):
         # without a class token there is nothing to skip: True, as the builder takes it then
         prefix_position_embedding=True if tokens is None else covers_prefix(tokens, prefix, registers) or not prefix,
         layer_scale=1e-5 if "blocks.0.ls1.gamma" in tensors else None, pre_norm=clip, fc_norm=fc_norm, rope=None,
+        mlp_norm="blocks.0.mlp.norm.weight" in tensors, attention_norm="blocks.0.attn.norm.weight" in tensors,
+        # a class token beside an average of the patch tokens (timm's global_pool='avg' with fc_norm: EVA, MAE)
+        pooling="avg" if fc_norm and has_cls else None,
         # GELU or QuickGELU a state dict does not say (None: the builder's GELU), its name may
         mlp_activation="swiglu" if swiglu else named.get("mlp_activation"),
         position_interpolation="bicubic_antialias", source_head=timm_head(tensors),
@@ -349,10 +305,12 @@ def architecture(tensors, name=""):
         # DINOv2, [-1, 1] for the paper's and AugReg's ViTs (and SigLIP)
         input_mode="clip" if clip else "imagenet" if has_dist or "blocks.0.ls1.gamma" in tensors else "vit",
     )
-    if dinov3 is not None:  # what the name tells (TIMM_DINOV3_LAYOUT); its patch tokens' positions are rotary only
-        heads, size = TIMM_DINOV3_LAYOUT[dinov3]
-        arch.update(timm_heads=heads, rope=dict(DINOV3_ROPE), position_embedding="none", layer_norm_epsilon=1e-5,
-                    image_size=(size, size))
+    if eva is not None:  # what the name tells (TIMM_EVA_LAYOUT)
+        layout = TIMM_EVA_LAYOUT[eva]
+        arch.update(timm_heads=layout["heads"], rope=layout["rope"] and dict(layout["rope"]),
+                    image_size=(layout["size"],) * 2, **layout["options"])
+        if tokens is None:  # rotary only (DINOv3, timm's rope ViTs without `_ape`)
+            arch["position_embedding"] = "none"
     return arch
 
 

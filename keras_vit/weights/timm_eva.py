@@ -1,0 +1,119 @@
+"""timm's `Eva` state dicts (eva.py: EVA-01, EVA-02, DINOv3, LingBot-Vision and timm's own rotary ViTs) in the
+key names of its `VisionTransformer`, which `keras_vit.weights.timm` reads, and what each architecture's name
+tells that its state dict does not: the head count, the rotary embedding and the pretrained size."""
+
+import re
+
+import numpy as np
+
+DINOV3_ROPE = {"kind": "dinov3", "temperature": 100.0}
+# EVA-02's (and timm's `vit_*_rope_reg*_gap_256`): timm's RotaryEmbeddingCat on a grid index rescaled to the
+# 16 x 16 grid the models were pre-trained on (224 px / 14)
+EVA02_ROPE = {"kind": "eva", "temperature": 10000.0, "reference_grid": (16, 16), "offset": 0.0, "axes": "ij"}
+# timm's `vit_{small,base,large}_patch16_rope[_ape]_224` (Heo et al. 2024's axial RoPE): columns first, no rescale
+AXIAL_ROPE = {"kind": "eva", "temperature": 100.0, "reference_grid": None, "offset": 0.0, "axes": "xy"}
+
+# timm's ViTs of DINOv3's layout (rope_type='dinov3': DINOv3's `vit_*_dinov3*`, their `_qkvb` twins the same with
+# q/v biases, and LingBot-Vision's `vit_*_lingbot`) -> (head count, the size of timm's pretrained configs). Each has
+# DINOv3's rotary position embedding (DINOV3_ROPE) and no other, 4 registers, layer scale and LayerNorm epsilon
+# 1e-5; a state dict records the registers and the layer scale only, and huge_plus's width 1280 has 20 heads where
+# timm's other 1280-wide ViTs have 16. tests/test_dinov3.py checks the table against timm's definitions.
+TIMM_DINOV3_LAYOUT = {
+    "vit_tiny_patch16_dinov3": (3, 256), "vit_small_patch16_dinov3": (6, 256),
+    "vit_small_plus_patch16_dinov3": (6, 256), "vit_base_patch16_dinov3": (12, 256), "vit_large_patch16_dinov3": (16, 256),
+    "vit_huge_plus_patch16_dinov3": (20, 256), "vit_7b_patch16_dinov3": (32, 256),
+    "vit_small_patch16_lingbot": (6, 512), "vit_base_patch16_lingbot": (12, 512),
+    "vit_large_patch16_lingbot": (16, 512), "vit_giant_patch16_lingbot": (24, 512)}
+
+
+def _layout(heads, size, rope=None, **options):
+    return {"heads": heads, "size": size, "rope": rope, "options": options}
+
+
+# Every timm architecture of the Eva layout keras-vit reads -> its head count, the size of its pretrained configs,
+# its rotary embedding (None: none) and the builder options its state dict does not record. The state dict records
+# the rest (q/v biases, SwiGLU, the norms in the MLP and the attention, fc_norm, registers, layer scale).
+# tests/test_eva.py checks the table against timm's definitions.
+TIMM_EVA_LAYOUT = {
+    **{arch: _layout(heads, size, DINOV3_ROPE, layer_norm_epsilon=1e-5)
+       for arch, (heads, size) in TIMM_DINOV3_LAYOUT.items()},
+    **{f"eva02_{width}_patch14_{size}": _layout(heads, size, EVA02_ROPE)
+       for width, heads, sizes in (("tiny", 3, (224, 336)), ("small", 6, (224, 336)), ("base", 12, (224, 448)),
+                                   ("large", 16, (224, 448))) for size in sizes},
+    "eva02_base_patch16_clip_224": _layout(12, 224, EVA02_ROPE),
+    "eva02_large_patch14_clip_224": _layout(16, 224, EVA02_ROPE),
+    "eva02_large_patch14_clip_336": _layout(16, 336, EVA02_ROPE),
+    **{f"eva_giant_patch14_{size}": _layout(16, size) for size in (224, 336, 560)},
+    "eva_giant_patch14_clip_224": _layout(16, 224),
+    "vit_medium_patch16_rope_reg1_gap_256": _layout(8, 256, EVA02_ROPE),
+    "vit_mediumd_patch16_rope_reg1_gap_256": _layout(8, 256, EVA02_ROPE),
+    "vit_betwixt_patch16_rope_reg4_gap_256": _layout(10, 256, EVA02_ROPE),
+    "vit_base_patch16_rope_reg1_gap_256": _layout(12, 256, EVA02_ROPE),
+    **{f"vit_{width}_patch16_rope{ape}_224": _layout(heads, 224, AXIAL_ROPE)
+       for width, heads in (("small", 6), ("base", 12), ("large", 16)) for ape in ("", "_ape")},
+}
+
+
+def is_eva(tensors):
+    """A state dict of timm's `Eva` layout: layer scale as `gamma_1`, q/v biases apart (`q_bias`), or q, k and v
+    as three projections (`q_proj`)."""
+    return "patch_embed.proj.weight" in tensors and any(
+        f"blocks.0.{k}" in tensors for k in ("gamma_1", "attn.q_bias", "attn.q_proj.weight"))
+
+
+def halves(heads, head_dim):
+    """The order of a projection's rows that lays each head's neighbouring pairs (2c, 2c + 1) of channels out
+    as halves (c, c + head_dim / 2): EVA-02's rotation of pairs as the "rotate half" one of
+    `keras_vit.layers.rotary`. Queries and keys in the same order leave every q . k as it was."""
+    within = np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
+    return (np.arange(heads)[:, None] * head_dim + within[None, :]).reshape(-1)
+
+
+def _fused_qkv(tensors, block, heads, pairs):
+    """(weight (3D, D), bias (3D,)) of a block's q, k and v as timm's fused `qkv`: the three projections
+    concatenated, the biases a model lacks (Eva's k, or all) zero, and with `pairs` (an "eva" rope) the query and
+    key rows of each head laid out as `halves`."""
+    get = lambda key: tensors.get(f"{block}attn.{key}")  # noqa: E731
+    weight = get("qkv.weight")
+    if weight is None:
+        weight = np.concatenate([get(f"{n}_proj.weight") for n in "qkv"])
+    bias = get("qkv.bias")
+    if bias is None:
+        dim = weight.shape[0] // 3
+        parts = [get(f"{n}_bias") if get(f"{n}_bias") is not None else get(f"{n}_proj.bias") for n in "qkv"]
+        bias = np.concatenate([np.zeros(dim, weight.dtype) if p is None else p for p in parts])
+    if pairs:
+        dim = weight.shape[0] // 3
+        order = halves(heads, dim // heads)
+        order = np.concatenate([order, dim + order, 2 * dim + np.arange(dim)])  # q and k; v as it is
+        weight, bias = weight[order], bias[order]
+    return weight, bias
+
+
+def from_eva(tensors, layout):
+    """A timm state dict of the Eva layout (`is_eva`, its architecture's `layout` a TIMM_EVA_LAYOUT entry) in the
+    key names of timm's `VisionTransformer`: `gamma_i` -> `lsi.gamma`; q, k and v (fused or apart, their biases
+    apart or none) as one `qkv` (`_fused_qkv`); SwiGLU's `fc1_g` and `fc1_x` as one `fc1` (the gate first, as the
+    builder's "swiglu" reads it). Any other state dict, or no layout, is returned as it is."""
+    if layout is None or not is_eva(tensors):
+        return tensors
+    pairs = (layout["rope"] or {}).get("kind") == "eva"
+    out = {}
+    for key, value in tensors.items():
+        block = re.match(r"(blocks\.\d+\.)(.*)$", key)
+        rest = block and block.group(2)
+        if block is None:
+            out[key] = value
+        elif rest in ("gamma_1", "gamma_2"):
+            out[f"{block.group(1)}ls{rest[-1]}.gamma"] = value
+        elif rest in ("attn.qkv.weight", "attn.q_proj.weight"):
+            qkv = _fused_qkv(tensors, block.group(1), layout["heads"], pairs)
+            out[f"{block.group(1)}attn.qkv.weight"], out[f"{block.group(1)}attn.qkv.bias"] = qkv
+        elif re.fullmatch(r"attn\.(qkv\.bias|[qkv]_bias|[qkv]_proj\.\w+)", rest):
+            continue  # in the fused q/k/v above
+        elif rest.startswith("mlp.fc1_g."):
+            kind = rest.rsplit(".", 1)[1]
+            out[f"{block.group(1)}mlp.fc1.{kind}"] = np.concatenate([value, tensors[f"{block.group(1)}mlp.fc1_x.{kind}"]])
+        elif not rest.startswith("mlp.fc1_x."):
+            out[key] = value
+    return out
