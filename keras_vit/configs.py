@@ -117,7 +117,7 @@ def pair(value, what):
 # says which published model a set of them is.
 FAMILY_DEFAULTS = dict(distillation_token=False, num_register_tokens=0, prefix_position_embedding=True,
                        layer_scale=None, pre_norm=False, fc_norm=False, mlp_activation="gelu", rope=None,
-                       mlp_norm=False, attention_norm=False)
+                       mlp_norm=False, attention_norm=False, normalization="layer_norm", embed_norm=False)
 
 
 def family_options(config):
@@ -139,6 +139,7 @@ def family_name(config):
         ("attention-pool head", config.get("classifier") == "map"),
         (f"{(opts['rope'] or {}).get('kind')} rotary position embedding", opts["rope"] is not None),
         ("a norm in the MLP", opts["mlp_norm"]), ("a norm in the attention", opts["attention_norm"]),
+        ("RMSNorm", opts["normalization"] == "rms_norm"), ("a norm on the patch embeddings", opts["embed_norm"]),
     ) if on]
     if not traits:
         return "a ViT of the paper's layout"
@@ -146,6 +147,7 @@ def family_name(config):
         ("SigLIP-style", config.get("classifier") == "map"), ("CLIP-style", opts["pre_norm"]),
         ("DINOv3-style", (opts["rope"] or {}).get("kind") == "dinov3"),
         ("EVA-style", (opts["rope"] or {}).get("kind") == "eva" or opts["mlp_norm"]),
+        ("AIMv2-style", opts["normalization"] == "rms_norm"),
         ("DeiT", opts["distillation_token"]), ("DINOv2-style", opts["num_register_tokens"]),
         ("DeiT III-style", opts["layer_scale"] is not None and not opts["prefix_position_embedding"]),
         ("DINOv2-style", opts["layer_scale"] is not None)) if on), "")

@@ -119,6 +119,8 @@ def build_vit(
     rope=None,
     mlp_norm=False,
     attention_norm=False,
+    normalization="layer_norm",
+    embed_norm=False,
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -230,6 +232,9 @@ def build_vit(
         mlp_norm: a LayerNorm on the MLP's hidden units before its second dense layer (EVA-02's SwiGLU).
         attention_norm: a LayerNorm on the heads' outputs before the attention's output projection
             (EVA-02 CLIP).
+        normalization: "layer_norm" (the paper's) or "rms_norm" (AIMv2's RMSNorm: no centring, no bias) for
+            every norm of the model (`keras_vit.layers.norms`), of epsilon `layer_norm_epsilon`.
+        embed_norm: a norm `embed_norm` on the patch embeddings, before the position embeddings (AIMv2).
     """
     # every argument but the input and the name: the config's fields (tests/test_vit_config.py)
     config = ViTConfig(**{k: v for k, v in locals().items() if k not in ("input_tensor", "name")})
@@ -282,6 +287,11 @@ def _position_embedding(config, grid, name, stride=None):
     return L.NoPositionEmbs(**args, stride=stride)  # "none"; "relative" biases the attention instead
 
 
+def _norm(config, name):
+    """One of the model's own norms (not a block's): the configured kind and epsilon."""
+    return L.make_norm(config.normalization, config.layer_norm_epsilon, name)
+
+
 def _embed(config, images, grid, runtime):
     """(the tokens the first block reads, the input's position layer): the (hybrid's ResNet stem and)
     patch embedding, the position embeddings and the prefix tokens in their order, dropout, pre_norm."""
@@ -289,6 +299,8 @@ def _embed(config, images, grid, runtime):
     if config.resnet is not None:
         x = L.ResNetStem(tuple(config.resnet["num_layers"]), config.resnet.get("width_factor", 1), name="resnet")(x)
     x = L.PatchEncoder(config.patch_size, config.hidden_size, name="embedding")(x)
+    if config.embed_norm:
+        x = _norm(config, "embed_norm")(x)
     posembed = _position_embedding(config, grid, "posembed_input", config.stride if runtime else None)
     add_positions = (lambda x: posembed(x, images)) if runtime else posembed
     if not config.prefix_position_embedding:  # to the patch tokens only, before the class token comes
@@ -303,7 +315,7 @@ def _embed(config, images, grid, runtime):
         x = L.PrefixTokens(config.num_register_tokens, index=config.cls_tokens, name="registers")(x)
     x = keras.layers.Dropout(config.dropout_rate, name="dropout")(x)
     if config.pre_norm:
-        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="pre_norm")(x)
+        x = _norm(config, "pre_norm")(x)
     return x, posembed
 
 
@@ -328,9 +340,10 @@ def _encoder(config, x, posembed, grid, images=None):
                   attention_implementation=config.attention_implementation,
                   mlp_activation=config.mlp_activation, layer_scale=config.layer_scale,
                   drop_path_rate=drop_path_rates[i], rope=rope, mlp_norm=config.mlp_norm,
-                  attention_norm=config.attention_norm, name=f"encoderblock_{i}")(x, **on_images)
+                  attention_norm=config.attention_norm, normalization=config.normalization,
+                  name=f"encoderblock_{i}")(x, **on_images)
     if not config.fc_norm:
-        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="encoder_norm")(x)
+        x = _norm(config, "encoder_norm")(x)
     return x
 
 
@@ -348,14 +361,14 @@ def _pool(config, x, images, grid, runtime):
     if config.pooling == "representation" and config.classifier == "map":
         x = L.MAPHead(config.num_heads, config.mlp_dim, num_prefix_tokens=prefix,
                       layer_norm_epsilon=config.layer_norm_epsilon, approximate_gelu=config.approximate_gelu,
-                      mlp_activation=config.mlp_activation, name="map_head")(x)
+                      mlp_activation=config.mlp_activation, normalization=config.normalization, name="map_head")(x)
     elif config.pooling == "representation":
         x = L.SequencePooling(config.classifier, num_prefix_tokens=prefix, name="pool")(x)
     else:
         x = L.SequencePooling("token" if config.pooling == "token" else "gap", num_prefix_tokens=prefix,
                               name="pool")(x)
     if config.fc_norm:
-        x = keras.layers.LayerNormalization(epsilon=config.layer_norm_epsilon, name="fc_norm")(x)
+        x = _norm(config, "fc_norm")(x)
     if config.representation_size is not None:
         x = keras.layers.Dense(config.representation_size, activation="tanh", name="pre_logits")(x)
     return x

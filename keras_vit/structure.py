@@ -84,6 +84,7 @@ class ViTParts:
             fc_norm="encoder_norm" not in names, mlp_activation=getattr(block, "mlp_activation", "gelu"),
             rope=getattr(block, "rope_options", None), mlp_norm=getattr(block, "mlp_norm", False),
             attention_norm=getattr(block, "attention_norm", False),
+            normalization=getattr(block, "normalization", "layer_norm"), embed_norm="embed_norm" in names,
             # None: a feature-map model (pooling=None) has no pooling to tell
             classifier="map" if "map_head" in names else None if not names & {"pool", "pool_average"}
             else "token" if self.cls is not None else "gap")

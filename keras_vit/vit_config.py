@@ -9,6 +9,7 @@ from keras_vit.interpolation import check_interpolation
 from keras_vit.layers.attention import check_attention_implementation
 from keras_vit.layers.drop_path import check_drop_path_rate
 from keras_vit.layers.mlp import check_mlp_activation
+from keras_vit.layers.norms import check_normalization
 from keras_vit.layers.rotary import check_rope, check_rope_head_dim
 from keras_vit.preprocessing import NORMALIZATIONS
 
@@ -79,6 +80,8 @@ class ViTConfig:
     rope: dict | None = None
     mlp_norm: bool = False
     attention_norm: bool = False
+    normalization: str = "layer_norm"
+    embed_norm: bool = False
 
     def __post_init__(self):
         # In this order, the builder's: of several bad options, the same one is named.
@@ -90,6 +93,7 @@ class ViTConfig:
         check_drop_path_rate(self.drop_path_rate)
         _check_pooling(self)
         check_mlp_activation(self.mlp_activation)
+        check_normalization(self.normalization)
         check_interpolation(self.position_interpolation, "position_interpolation")
         _check_token_layout(self)
         _check_rope(self)

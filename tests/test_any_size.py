@@ -173,8 +173,8 @@ def test_default_pooling_is_the_representation_the_head_reads():
 
 
 def test_bad_pooling_raises_clearly():
-    with pytest.raises(ValueError, match="pooling='avg' is for include_top=False"):
-        VisionTransformer(**TINY, pooling="avg")
+    with pytest.raises(ValueError, match="pooling='token' is for include_top=False"):
+        VisionTransformer(**TINY, pooling="token")
     with pytest.raises(ValueError, match="unknown pooling 'max'"):
         VisionTransformer(**TINY, include_top=False, pooling="max")
     with pytest.raises(ValueError, match='pooling="token" needs a class token'):

@@ -200,8 +200,7 @@ def test_every_timm_architecture_of_dinov3s_layout_is_read_as_timm_defines_it():
             ref = timm.create_model(arch, pretrained=False, depth=1)
         assert type(ref.rope).__name__ == "RotaryEmbeddingDinoV3", arch
         tensors = {k: np.broadcast_to(np.float32(0), tuple(v.shape)) for k, v in ref.state_dict().items()}
-        layout = timm_keys.TIMM_EVA_LAYOUT[timm_keys.named_architecture(arch, timm_keys.TIMM_EVA_LAYOUT)]
-        read = timm_keys.architecture(timm_keys.from_eva(tensors, layout), arch)
+        read = timm_keys.architecture(timm_keys.readable(tensors, arch), arch)
         block = ref.blocks[0]
         swiglu = type(block.mlp).__name__ != "Mlp"
         assert (read["timm_heads"], read["rope"], read["layer_norm_epsilon"], read["num_register_tokens"]) == (

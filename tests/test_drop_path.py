@@ -209,5 +209,6 @@ def test_the_rate_a_file_records_is_kept(tmp_path, caplog):
     hub = keras_hub._family_arguments("DINOV2Backbone", {"intermediate_dim": 64, "drop_path_rate": 0.3})
     assert hub["drop_path_rate"] == 0.3
     tensors = {"patch_embed.proj.weight": np.zeros((32, 3, 8, 8)), "pos_embed": np.zeros((1, 17, 32)),
-               "cls_token": np.zeros((1, 1, 32)), "blocks.0.norm1.weight": np.zeros(32)}
+               "cls_token": np.zeros((1, 1, 32)), "blocks.0.norm1.weight": np.zeros(32),
+               "blocks.0.norm1.bias": np.zeros(32)}
     assert "drop_path_rate" not in timm.architecture(tensors)

@@ -101,7 +101,7 @@ def test_every_timm_eva_architecture_keras_vit_builds_is_read_as_timm_defines_it
             continue
         found.add(arch)
         tensors = {k: np.broadcast_to(np.float32(0), tuple(v.shape)) for k, v in ref.state_dict().items()}
-        read = timm_keys.architecture(timm_keys.from_eva(tensors, timm_keys.TIMM_EVA_LAYOUT.get(arch)), arch)
+        read = timm_keys.architecture(timm_keys.readable(tensors, arch), arch)
         attn, rope = ref.blocks[0].attn, ref.rope
         expected_rope = None if rope is None else {
             "kind": "eva", "temperature": float(rope.temperature), "offset": float(rope.grid_offset),

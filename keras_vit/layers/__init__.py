@@ -8,6 +8,7 @@ from keras_vit.layers.factorized_position_embedding import AddFactorizedPosition
 from keras_vit.layers.feature_map import TokensToMap
 from keras_vit.layers.map_head import MAPHead
 from keras_vit.layers.no_position_embedding import NoPositionEmbs
+from keras_vit.layers.norms import NORMALIZATIONS, make_norm
 from keras_vit.layers.patch_corruption import MaskedPatchCorruption
 from keras_vit.layers.patch_encoder import PatchEncoder
 from keras_vit.layers.patch_targets import MaskedPatchTargets
@@ -34,6 +35,7 @@ __all__ = [
     "MaskedPatchCorruption",
     "MaskedPatchTargets",
     "MultiHeadDotProductAttention",
+    "NORMALIZATIONS",
     "NoPositionEmbs",
     "PatchEncoder",
     "PrefixTokens",
@@ -50,6 +52,7 @@ __all__ = [
     "drop_path",
     "drop_path_keep",
     "drop_path_rates",
+    "make_norm",
     "resize_position_embeddings",
     "rope_tables",
     "rotate_patches",

@@ -6,6 +6,7 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.layers.norms import check_normalization, make_norm, norm_weights, normalize
 from keras_vit.layers.rotary import rotate_patches
 from keras_vit.runtime import per_platform
 
@@ -85,25 +86,6 @@ def dense(x, kernel, bias, gelu=False, approximate=True):
         return tf.reshape(y, tf.concat([lead, [n]], axis=0))
     y = ops.matmul(x, kernel) + bias
     return ops.gelu(y, approximate=approximate) if gelu else y
-
-
-def direct(layer, x):
-    """Whether `layer` may run on x through its `call`, without Keras' layer call around it: on torch, with
-    the layer built and its policy and x float32 (nothing for the layer call to cast). Keras' host cost per
-    layer call is several times the kernels' own time on a small batch there; the outputs are the same."""
-    return (keras.backend.backend() == "torch" and layer.built
-            and layer.compute_dtype == layer.variable_dtype == keras.backend.standardize_dtype(x.dtype) == "float32")
-
-
-def layer_norm(layer, x):
-    """The `keras.layers.LayerNormalization` `layer` on x: where `direct`, the one `layer_norm` call the layer's
-    own call makes (Keras' also converts each argument's dtype and device); otherwise the layer's call."""
-    if (direct(layer, x) and layer.axis in (-1, [-1], [x.ndim - 1]) and layer.center and layer.scale
-            and not layer.rms_scaling):
-        import torch
-
-        return torch.nn.functional.layer_norm(x, (x.shape[-1],), layer.gamma.value, layer.beta.value, layer.epsilon)
-    return layer(x)
 
 
 # q/k/v as one (D, 3D) matmul where it measured faster (torch: one addmm; tensorflow without XLA);
@@ -226,8 +208,9 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             through `padded_attention`: the sequence padded to a multiple of 64, the padding
             masked), else the standard path, saying why in one log line; "flash": that kernel, a
             ValueError when the layer is built where it cannot run; "standard": never that kernel.
-        inner_norm: a LayerNorm `inner_norm` (epsilon `layer_norm_epsilon`) on the heads' concatenated
-            outputs before the output projection (EVA-02 CLIP's; timm's `scale_attn_inner`); False by default.
+        inner_norm: a LayerNorm `inner_norm` (epsilon `layer_norm_epsilon`; an RMSNorm with
+            `normalization="rms_norm"`) on the heads' concatenated outputs before the output projection (EVA-02
+            CLIP's; timm's `scale_attn_inner`); False by default.
     Call args:
         x: tokens (B, T, D).
         return_attention: also return the softmax weights (B, heads, T, T).
@@ -240,9 +223,10 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     """
 
     def __init__(self, num_heads, dropout_rate=0.0, attention_implementation="auto", inner_norm=False,
-                 layer_norm_epsilon=1e-6, **kwargs):
+                 layer_norm_epsilon=1e-6, normalization="layer_norm", **kwargs):
         super().__init__(**kwargs)
         self.inner_norm, self.layer_norm_epsilon = bool(inner_norm), float(layer_norm_epsilon)
+        self.normalization = check_normalization(normalization)
         self.num_heads = int(num_heads)
         self.dropout_rate = float(dropout_rate)
         self.attention_implementation = check_attention_implementation(attention_implementation)
@@ -264,8 +248,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         self.out.build((*input_shape[:-1], self.num_heads, self.head_dim))
         self.norm = None
         if self.inner_norm:
-            self.norm = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="inner_norm",
-                                                        dtype=self.dtype_policy)
+            self.norm = make_norm(self.normalization, self.layer_norm_epsilon, "inner_norm", self.dtype_policy)
             self.norm.build((*input_shape[:-1], dim))
         self.attention_dropout = keras.layers.Dropout(self.dropout_rate)
         self.flash = self.attention_implementation != "standard" and self._flash_possible()
@@ -303,7 +286,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         """The output projection of y (B, T, heads, head_dim) -> (B, T, D), after the inner norm if any."""
         if self.norm is not None:
             tokens = y.shape[1] if y.shape[1] is not None else ops.shape(y)[1]
-            y = layer_norm(self.norm, ops.reshape(y, (-1, tokens, self.num_heads * self.head_dim)))
+            y = normalize(self.norm, ops.reshape(y, (-1, tokens, self.num_heads * self.head_dim)))
             y = ops.reshape(y, (-1, tokens, self.num_heads, self.head_dim))
         if not _FUSED_QKV.get(keras.backend.backend()) or not _plain(self.out):
             return self.out(y)
@@ -347,13 +330,13 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             for w in ("kernel", "bias")
         }
         if self.norm is not None:
-            params |= {"inner_norm/scale": self.norm.gamma, "inner_norm/bias": self.norm.beta}
+            params |= {f"inner_norm/{k}": v for k, v in norm_weights(self.norm).items()}
         return params
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "dropout_rate": self.dropout_rate,
                 "attention_implementation": self.attention_implementation, "inner_norm": self.inner_norm,
-                "layer_norm_epsilon": self.layer_norm_epsilon}
+                "layer_norm_epsilon": self.layer_norm_epsilon, "normalization": self.normalization}
 
 
 def check_attention_implementation(value):

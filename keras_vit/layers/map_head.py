@@ -8,6 +8,7 @@ from keras import ops
 
 from keras_vit.layers.attention import mask_keys
 from keras_vit.layers.mlp import activate, check_mlp_activation
+from keras_vit.layers.norms import check_normalization, make_norm, norm_weights
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -29,8 +30,9 @@ class MAPHead(keras.layers.Layer):
     """
 
     def __init__(self, num_heads, mlp_dim, num_prefix_tokens=0, layer_norm_epsilon=1e-6, approximate_gelu=True,
-                 mlp_activation="gelu", **kwargs):
+                 mlp_activation="gelu", normalization="layer_norm", **kwargs):
         super().__init__(**kwargs)
+        self.normalization = check_normalization(normalization)
         self.num_heads, self.mlp_dim = int(num_heads), int(mlp_dim)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
@@ -50,7 +52,7 @@ class MAPHead(keras.layers.Layer):
         self.query, self.key, self.value = (keras.layers.EinsumDense(**proj, name=n) for n in ("query", "key", "value"))
         self.out = keras.layers.EinsumDense("btnh,nhd->btd", output_shape=(None, dim), bias_axes="d", name="out",
                                             dtype=policy)
-        self.norm = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="LayerNorm_0", dtype=policy)
+        self.norm = make_norm(self.normalization, self.layer_norm_epsilon, "LayerNorm_0", policy)
         self.mlp_0 = keras.layers.Dense(self.mlp_dim, name="Dense_0", dtype=policy)
         self.mlp_1 = keras.layers.Dense(dim, name="Dense_1", dtype=policy)
         for layer in (self.query, self.key, self.value):
@@ -80,7 +82,7 @@ class MAPHead(keras.layers.Layer):
         for name in ("query", "key", "value", "out"):
             layer = getattr(self, name)
             params |= {f"MultiHeadDotProductAttention_0/{name}/{w}": getattr(layer, w) for w in ("kernel", "bias")}
-        params |= {"LayerNorm_0/scale": self.norm.gamma, "LayerNorm_0/bias": self.norm.beta}
+        params |= {f"LayerNorm_0/{k}": v for k, v in norm_weights(self.norm).items()}
         for name, layer in (("Dense_0", self.mlp_0), ("Dense_1", self.mlp_1)):
             params |= {f"MlpBlock_0/{name}/kernel": layer.kernel, f"MlpBlock_0/{name}/bias": layer.bias}
         return params
@@ -88,4 +90,5 @@ class MAPHead(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "mlp_dim": self.mlp_dim,
                 "num_prefix_tokens": self.num_prefix_tokens, "layer_norm_epsilon": self.layer_norm_epsilon,
-                "approximate_gelu": self.approximate_gelu, "mlp_activation": self.mlp_activation}
+                "approximate_gelu": self.approximate_gelu, "mlp_activation": self.mlp_activation,
+                "normalization": self.normalization}

@@ -66,6 +66,6 @@ class RelativeTransformerBlock(TransformerBlock):
     def make_attention(self, input_shape):
         return RelativeMultiHeadDotProductAttention(
             self.num_heads, self.attention_dropout_rate, attention_implementation=self.attention_implementation,
-            inner_norm=self.attention_norm, layer_norm_epsilon=self.layer_norm_epsilon,
+            inner_norm=self.attention_norm, layer_norm_epsilon=self.layer_norm_epsilon, normalization=self.normalization,
             name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy
         )

@@ -3,10 +3,10 @@
 import keras
 from keras import ops
 
-from keras_vit.layers.attention import (MultiHeadDotProductAttention, _plain, check_attention_implementation, dense,
-                                       direct, layer_norm)
+from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, check_attention_implementation, dense
 from keras_vit.layers.drop_path import check_drop_path_rate, drop_path, drop_path_keep
 from keras_vit.layers.mlp import activate, check_mlp_activation, hidden_width
+from keras_vit.layers.norms import check_normalization, direct, make_norm, norm_weights, normalize
 from keras_vit.layers.position_embedding import runtime_grid
 from keras_vit.layers.quantized import with_sublayer_policies
 from keras_vit.layers.rotary import check_rope, check_rope_head_dim, rope_tables
@@ -104,10 +104,6 @@ def _jax_cpu_remat(fn, variables, x, keep=()):
     return run(x, [v.value for v in variables], keep)
 
 
-def _norm_params(layer):
-    return {"scale": layer.gamma, "bias": layer.beta}
-
-
 @keras.saving.register_keras_serializable(package="keras_vit")
 class TransformerBlock(keras.layers.Layer):
     """`x + Dropout(MSA(LN(x)))`, then `x + MLP(LN(x))`; as the official `encoderblock_i`, each residual
@@ -154,6 +150,8 @@ class TransformerBlock(keras.layers.Layer):
             dense layer (EVA-02's SwiGLU; timm's `scale_mlp`); False (the default) has none.
         attention_norm: a LayerNorm on the heads' concatenated outputs before the attention's output
             projection (EVA-02 CLIP; timm's `scale_attn_inner`; see `MultiHeadDotProductAttention`).
+        normalization: "layer_norm" (the default) or "rms_norm" (AIMv2's RMSNorm, no bias) for every norm of
+            the block (`keras_vit.layers.norms`), of epsilon `layer_norm_epsilon`.
     Call args:
         x: tokens (B, T, D).
         return_attention: also return the softmax attention weights (B, heads, T, T).
@@ -164,8 +162,9 @@ class TransformerBlock(keras.layers.Layer):
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, remat=False,
                  approximate_gelu=True, layer_norm_epsilon=LAYER_NORM_EPSILON, attention_implementation="auto",
                  mlp_activation="gelu", layer_scale=None, drop_path_rate=0.0, rope=None, mlp_norm=False,
-                 attention_norm=False, **kwargs):
+                 attention_norm=False, normalization="layer_norm", **kwargs):
         super().__init__(**kwargs)
+        self.normalization = check_normalization(normalization)
         self.mlp_norm, self.attention_norm = bool(mlp_norm), bool(attention_norm)
         self.rope = _check_block_rope(rope)
         self.drop_path_rate = check_drop_path_rate(drop_path_rate, f"{type(self).__name__}: drop_path_rate")
@@ -191,9 +190,9 @@ class TransformerBlock(keras.layers.Layer):
     def build(self, input_shape):
         dim = input_shape[-1]
         policy = self.dtype_policy
-        self.norm_0 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="LayerNorm_0", dtype=policy)
+        self.norm_0 = make_norm(self.normalization, self.layer_norm_epsilon, "LayerNorm_0", policy)
         self.attention = self.make_attention(input_shape)
-        self.norm_2 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="LayerNorm_2", dtype=policy)
+        self.norm_2 = make_norm(self.normalization, self.layer_norm_epsilon, "LayerNorm_2", policy)
         init = dict(kernel_initializer="glorot_uniform", bias_initializer=keras.initializers.RandomNormal(stddev=1e-6))
         self.mlp_0 = keras.layers.Dense(hidden_width(self.mlp_dim, self.mlp_activation), name="Dense_0", dtype=policy,
                                         **init)
@@ -201,8 +200,8 @@ class TransformerBlock(keras.layers.Layer):
         self.dropout = keras.layers.Dropout(self.dropout_rate)
         # its own generator, made only with a rate: a model without stochastic depth has the state it had
         self.drop_path_seed = keras.random.SeedGenerator(name="drop_path_seed") if self.drop_path_rate else None
-        self.norm_mlp = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="MlpNorm",
-                                                        dtype=policy) if self.mlp_norm else None
+        self.norm_mlp = make_norm(self.normalization, self.layer_norm_epsilon, "MlpNorm", policy) if self.mlp_norm \
+            else None
         for layer in (self.norm_0, self.attention, self.norm_2, self.mlp_0):
             layer.build(input_shape)
         for layer in (self.norm_mlp, self.mlp_1):
@@ -228,7 +227,7 @@ class TransformerBlock(keras.layers.Layer):
         """The block's self-attention layer (a hook for subclasses)."""
         return MultiHeadDotProductAttention(
             self.num_heads, self.attention_dropout_rate, attention_implementation=self.attention_implementation,
-            inner_norm=self.attention_norm, layer_norm_epsilon=self.layer_norm_epsilon,
+            inner_norm=self.attention_norm, layer_norm_epsilon=self.layer_norm_epsilon, normalization=self.normalization,
             name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy
         )
 
@@ -301,15 +300,15 @@ class TransformerBlock(keras.layers.Layer):
 
     def _forward(self, x, training, return_attention=False, keep=(), valid=None, paths=(), tables=None):
         rotary = {} if tables is None else {"rope": tables, "rope_prefix_tokens": self.rope["num_prefix_tokens"]}
-        x_0 = layer_norm(self.norm_0, x)
+        x_0 = normalize(self.norm_0, x)
         attention = self.attention.call if direct(self.attention, x_0) else self.attention
         y = attention(x_0, training=training, return_attention=return_attention, valid=valid, **rotary)
         if return_attention:
             y, weights = y
         x = x + self._drop_branch(self._drop(self._scaled(y, 0), training, keep, 0), paths, 0)
-        y = self._dense(self.mlp_0, layer_norm(self.norm_2, x), activation=True)
+        y = self._dense(self.mlp_0, normalize(self.norm_2, x), activation=True)
         y = self._drop(y, training, keep, 1)
-        y = self._dense(self.mlp_1, y if self.norm_mlp is None else layer_norm(self.norm_mlp, y))
+        y = self._dense(self.mlp_1, y if self.norm_mlp is None else normalize(self.norm_mlp, y))
         x = x + self._drop_branch(self._drop(self._scaled(y, 1), training, keep, 2), paths, 1)
         return (x, weights) if return_attention else x
 
@@ -317,13 +316,13 @@ class TransformerBlock(keras.layers.Layer):
         return input_shape
 
     def official_weights(self):
-        params = {f"LayerNorm_0/{k}": v for k, v in _norm_params(self.norm_0).items()}
+        params = {f"LayerNorm_0/{k}": v for k, v in norm_weights(self.norm_0).items()}
         params |= {f"MultiHeadDotProductAttention_1/{k}": v for k, v in self.attention.official_weights().items()}
-        params |= {f"LayerNorm_2/{k}": v for k, v in _norm_params(self.norm_2).items()}
+        params |= {f"LayerNorm_2/{k}": v for k, v in norm_weights(self.norm_2).items()}
         for name, layer in (("Dense_0", self.mlp_0), ("Dense_1", self.mlp_1)):
             params |= {f"MlpBlock_3/{name}/kernel": layer.kernel, f"MlpBlock_3/{name}/bias": layer.bias}
         if self.norm_mlp is not None:
-            params |= {f"MlpBlock_3/norm/{k}": v for k, v in _norm_params(self.norm_mlp).items()}
+            params |= {f"MlpBlock_3/norm/{k}": v for k, v in norm_weights(self.norm_mlp).items()}
         params |= {f"LayerScale_{i}/scale": scale for i, scale in enumerate(self.scales)}
         return params
 
@@ -344,6 +343,7 @@ class TransformerBlock(keras.layers.Layer):
             "rope": self.rope,
             "mlp_norm": self.mlp_norm,
             "attention_norm": self.attention_norm,
+            "normalization": self.normalization,
         }
 
 

@@ -57,8 +57,7 @@ def _read(path):
         config, tensors = hf.read_folder(path)
         _refuse(path, tensors)
         return "Hugging Face", hf.architecture(config, tensors), tensors, hf.to_official
-    tensors = read_tensors(path)  # of timm's Eva layout where the name says which: in the layout the rules read
-    tensors = timm.from_eva(tensors, timm.TIMM_EVA_LAYOUT.get(timm.named_architecture(path, timm.TIMM_EVA_LAYOUT)))
+    tensors = timm.readable(read_tensors(path), path)  # in the key names the rules read
     _refuse(path, tensors)
     if timm.is_timm(tensors):
         return "timm", timm.architecture(tensors, name=path), tensors, timm.to_official

@@ -6,9 +6,11 @@ import math
 import os
 import zipfile
 
+import keras
 import numpy as np
 
 from keras_vit.fileio import atomic_write, not_npz
+from keras_vit.layers.norms import norm_weights
 from keras_vit.patch_resize import resize_patch_embedding
 from keras_vit.structure import find_vit
 
@@ -22,6 +24,7 @@ _PREFIXES = {
     "dist": "dist",
     "registers": "registers",
     "posembed_input": "Transformer/posembed_input",
+    "embed_norm": "embed_norm",
     "pre_norm": "Transformer/pre_norm",
     "encoder_norm": "Transformer/encoder_norm",
     "map_head": "MAPHead_0",
@@ -38,8 +41,8 @@ PATCH_KEY = "embedding/kernel"
 def _layer_params(layer):
     if hasattr(layer, "official_weights"):
         return layer.official_weights()
-    if hasattr(layer, "gamma"):  # LayerNormalization
-        return {"scale": layer.gamma, "bias": layer.beta}
+    if isinstance(layer, (keras.layers.LayerNormalization, keras.layers.RMSNormalization)):
+        return norm_weights(layer)
     return {"kernel": layer.kernel, "bias": layer.bias}  # Dense
 
 

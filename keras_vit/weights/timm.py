@@ -20,8 +20,7 @@ UNSUPPORTED = (
      "is none of timm's architectures that keras_vit reads (keras_vit.weights.timm_eva.TIMM_EVA_LAYOUT): name the file "
      "after its timm architecture"),
     (r"(^|\.)rope\.|\.freqs", "a ViT with learned rotary frequencies (timm's `*_rope_mixed_*`)"),
-    (r"\.mlp\.(fc1_g|fc1_x|ffn_ln)\.", "a ViT whose MLP is gated unpacked (SwiGLU fc1_g / fc1_x of an unnamed Eva "
-     "file: name it after its timm architecture) or in the original EVA's layout (ffn_ln)"),
+    (r"\.mlp\.ffn_ln\.", "a ViT in the original EVA repository's layout (ffn_ln): use timm's file of it"),
     (r"^attn_pool\.(q_norm|k_norm|pos_embed)", "an attention-pooling head with q/k norms or position embeddings"),
     (r"^(visual|vision_model)\.", "a CLIP tower in OpenAI / open_clip layout (use timm's or Hugging Face's layout)"),
     (r"^patch_embed\.backbone\.", "a hybrid with timm's ResNetV2 stem (patch_embed.backbone), whose weight "
@@ -44,6 +43,11 @@ _SIGLIP_EXACT = (*(f"vit_{size}_siglip_{gap}{res}" for gap in ("", "gap_") for s
     *(f"vit_so400m_patch14_siglip_{res}" for res in (224, 378, 384)),
     *(f"vit_so400m_patch14_siglip_gap_{res}" for res in (224, 378, 384, 448, 896)))
 TIMM_SIGLIP_GELU = {**dict.fromkeys(_SIGLIP_EXACT, False), **dict.fromkeys(_SIGLIP_TANH, True)}
+# timm's AIMv2 image towers (vision_transformer.py: RMSNorm of epsilon 1e-5 for every norm, one on the patch
+# embeddings too, SwiGLU, no biases but the patch embedding's, heads of 128, CLIP's input statistics) -> their head
+# count, which neither the state dict nor TIMM_HEADS tells; tests/test_aimv2.py checks it against timm's definitions
+TIMM_AIMV2_HEADS = {f"aimv2_{size}_patch14_{res}": heads for size, heads in (
+    ("large", 8), ("huge", 12), ("1b", 16), ("3b", 24)) for res in (224, 336, 448)}
 # the head counts of those SigLIP architectures by width, one a width (giantopt's 1536 has 16 where DINOv2-giant's
 # 1536 has 24): what a state dict of SigLIP's layout takes in place of TIMM_HEADS
 TIMM_SIGLIP_HEADS = {768: 12, 1024: 16, 1152: 16, 1536: 16}
@@ -62,6 +66,7 @@ _MAP = "MAPHead_0/"
 # timm key (regex) -> official key (template) and how the array is transformed.
 _RULES = (
     *module_rules(r"patch_embed\.proj", "embedding", "conv"),
+    *module_rules(r"patch_embed\.norm", "embed_norm", "norm"),
     (r"cls_token", "cls", "same"),
     (r"dist_token", "dist", "same"),
     (r"reg_token", "registers", "same"),
@@ -151,6 +156,31 @@ def unsupported(keys):
         if hits:
             found.append(f"{what}: {', '.join(hits[:3])}" + (" ..." if len(hits) > 3 else ""))
     return found
+
+
+def complete(tensors):
+    """A timm state dict with SwiGLU's `fc1_g` and `fc1_x` as one `fc1` (the gate first, as the builder's "swiglu"
+    reads it), and zero biases for a kind of block projection (q/k/v, output, MLP) that has none in any block (AIMv2's,
+    DINOv3's): the builder's projections have one, and zero computes the same; one block's missing bias stays missing."""
+    out = {}
+    for key, value in tensors.items():
+        part = re.fullmatch(r"(blocks\.\d+\.mlp\.)fc1_g\.(weight|bias)", key)
+        if part:
+            out[f"{part.group(1)}fc1.{part.group(2)}"] = np.concatenate([value, tensors[f"{part.group(1)}fc1_x.{part.group(2)}"]])
+        elif not re.fullmatch(r"blocks\.\d+\.mlp\.fc1_x\.(weight|bias)", key):
+            out[key] = value
+    for name in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"):  # a kind of projection no block has a bias for
+        weights = [k for k in out if re.fullmatch(rf"blocks\.\d+\.{re.escape(name)}\.weight", k)]
+        if not any(k[:-len("weight")] + "bias" in out for k in weights):
+            out |= {k[:-len("weight")] + "bias": np.zeros(out[k].shape[0], out[k].dtype) for k in weights}
+    return out
+
+
+def readable(tensors, name=""):
+    """`tensors` in the key names the rules read: a timm state dict of the Eva layout whose `name` says its
+    architecture converted (`from_eva`), then `complete`d; any other state dict as it is."""
+    tensors = from_eva(tensors, TIMM_EVA_LAYOUT.get(named_architecture(name, TIMM_EVA_LAYOUT)))
+    return complete(tensors) if is_timm(tensors) else tensors
 
 
 def is_timm(tensors):
@@ -272,7 +302,13 @@ def architecture(tensors, name=""):
     tokens = int(tensors["pos_embed"].shape[1]) if "pos_embed" in tensors else None
     fc_norm = "fc_norm.weight" in tensors
     clip = "norm_pre.weight" in tensors  # timm's only pre-norm ViTs are its CLIP towers, LayerNorm eps 1e-5
-    eva = named_architecture(name, TIMM_EVA_LAYOUT)
+    eva, aimv2 = named_architecture(name, TIMM_EVA_LAYOUT), named_architecture(name, TIMM_AIMV2_HEADS)
+    rms = "blocks.0.norm1.weight" in tensors and "blocks.0.norm1.bias" not in tensors  # timm's RmsNorm has no bias
+    if rms and aimv2 is None:
+        raise ValueError("a ViT whose norms have no bias (timm's RmsNorm: AIMv2) whose head count and epsilon its state "
+                         "dict does not record: name the file after its timm architecture (one of "
+                         f"{', '.join(TIMM_AIMV2_HEADS)}, e.g. aimv2_large_patch14_224.apple_pt.safetensors) or pass that "
+                         "name to keras_vit.from_timm")
     if eva is None and is_eva(tensors):
         raise ValueError("a ViT of timm's Eva layout (eva.py: layer scale gamma_1, q/v biases apart) whose position "
                          "encoding its state dict does not record: name the file after its timm architecture (one of "
@@ -296,6 +332,7 @@ def architecture(tensors, name=""):
         prefix_position_embedding=True if tokens is None else covers_prefix(tokens, prefix, registers) or not prefix,
         layer_scale=1e-5 if "blocks.0.ls1.gamma" in tensors else None, pre_norm=clip, fc_norm=fc_norm, rope=None,
         mlp_norm="blocks.0.mlp.norm.weight" in tensors, attention_norm="blocks.0.attn.norm.weight" in tensors,
+        embed_norm="patch_embed.norm.weight" in tensors,
         # a class token beside an average of the patch tokens (timm's global_pool='avg' with fc_norm: EVA, MAE)
         pooling="avg" if fc_norm and has_cls else None,
         # GELU or QuickGELU a state dict does not say (None: the builder's GELU), its name may
@@ -305,6 +342,9 @@ def architecture(tensors, name=""):
         # DINOv2, [-1, 1] for the paper's and AugReg's ViTs (and SigLIP)
         input_mode="clip" if clip else "imagenet" if has_dist or "blocks.0.ls1.gamma" in tensors else "vit",
     )
+    if aimv2 is not None:  # what the name tells (TIMM_AIMV2_HEADS)
+        arch.update(timm_heads=TIMM_AIMV2_HEADS[aimv2], normalization="rms_norm", layer_norm_epsilon=1e-5,
+                    input_mode="clip")
     if eva is not None:  # what the name tells (TIMM_EVA_LAYOUT)
         layout = TIMM_EVA_LAYOUT[eva]
         arch.update(timm_heads=layout["heads"], rope=layout["rope"] and dict(layout["rope"]),

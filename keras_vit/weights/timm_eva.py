@@ -93,8 +93,7 @@ def _fused_qkv(tensors, block, heads, pairs):
 def from_eva(tensors, layout):
     """A timm state dict of the Eva layout (`is_eva`, its architecture's `layout` a TIMM_EVA_LAYOUT entry) in the
     key names of timm's `VisionTransformer`: `gamma_i` -> `lsi.gamma`; q, k and v (fused or apart, their biases
-    apart or none) as one `qkv` (`_fused_qkv`); SwiGLU's `fc1_g` and `fc1_x` as one `fc1` (the gate first, as the
-    builder's "swiglu" reads it). Any other state dict, or no layout, is returned as it is."""
+    apart or none) as one `qkv` (`_fused_qkv`). Any other state dict, or no layout, is returned as it is."""
     if layout is None or not is_eva(tensors):
         return tensors
     pairs = (layout["rope"] or {}).get("kind") == "eva"
@@ -111,9 +110,6 @@ def from_eva(tensors, layout):
             out[f"{block.group(1)}attn.qkv.weight"], out[f"{block.group(1)}attn.qkv.bias"] = qkv
         elif re.fullmatch(r"attn\.(qkv\.bias|[qkv]_bias|[qkv]_proj\.\w+)", rest):
             continue  # in the fused q/k/v above
-        elif rest.startswith("mlp.fc1_g."):
-            kind = rest.rsplit(".", 1)[1]
-            out[f"{block.group(1)}mlp.fc1.{kind}"] = np.concatenate([value, tensors[f"{block.group(1)}mlp.fc1_x.{kind}"]])
-        elif not rest.startswith("mlp.fc1_x."):
+        else:
             out[key] = value
     return out
