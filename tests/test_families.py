@@ -435,3 +435,56 @@ def test_a_size_that_does_not_tile_is_refused_naming_crop_to_patches():
         keras_vit.VisionTransformer(image_size=44, **arch)
     with pytest.raises(ValueError, match="input height 10 is less than one 14-pixel patch"):
         keras_vit.VisionTransformer(image_size=None, input_shape=(10, None, 3), crop_to_patches=True, **arch)
+
+
+@pytest.mark.backend_independent
+def test_what_every_timm_vit_state_dict_does_not_record_is_read_as_timm_defines_it():
+    """For every architecture of timm's ViT modules that the reader takes (built at depth 1 on the meta device, read
+    with its name): its blocks are pre-norm, and the LayerNorm epsilon and the head count it reads are the ones timm
+    builds, so that no architecture loads with other blocks, another epsilon or another head split, which no shape
+    would show."""
+    from keras_vit.weights.timm import architecture, readable, to_official, unsupported
+
+    checked = 0
+    for module_name in ("vision_transformer", "deit", "eva", "naflexvit", "vision_transformer_hybrid", "beit",
+                        "vision_transformer_relpos"):
+        for name in timm.list_models(module=module_name):
+            try:
+                with torch.device("meta"):
+                    module = timm.create_model(name, pretrained=False, depth=1)
+                tensors = {k: np.broadcast_to(np.float32(0), tuple(v.shape)) for k, v in module.state_dict().items()}
+                tensors = readable(tensors, name)
+                # refused by what its keys name, or by keys no rule maps (timm's relative-position blocks)
+                read = None if unsupported(tensors) or to_official(tensors, 1)[1] else architecture(tensors, name)
+            except (AssertionError, ValueError):  # timm's own, or refused by name
+                continue
+            if read is None:
+                continue
+            block = module.blocks[0]
+            assert type(block).__name__ in ("Block", "EvaBlock"), name  # pre-norm blocks, as the builder's
+            assert read["layer_norm_epsilon"] == pytest.approx(block.norm1.eps), name
+            assert read["timm_heads"] == block.attn.num_heads, name
+            checked += 1
+    assert checked > 150
+
+
+@pytest.mark.backend_independent
+def test_architectures_whose_state_dict_reads_as_another_vit_are_refused_or_read_by_name(tmp_path):
+    """timm's post-norm ViT stores the keys of a pre-norm one and Perception Encoder those of a CLIP tower: named,
+    each is refused in one line saying what it is, nothing built; unnamed, a file without q/k/v biases is refused
+    asking for the name. `vit_base_patch16_gap_224` has 16 heads at width 768, read off its name."""
+    module = TimmViT(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, qkv_bias=False, num_classes=3)
+    state = {k: v.contiguous() for k, v in module.state_dict().items()}
+    for name, match in (("vit_base_patch16_rpn_224.sw_in1k", r"post-norm blocks \(timm's ResPostBlock"),
+                        ("vit_pe_core_base_patch16_224.fb", "Perception Encoder"),
+                        ("model", "projections without bias whose name names no timm architecture")):
+        path = tmp_path / f"{name}.safetensors"
+        safetensors_torch.save_file(state, str(path))
+        with pytest.raises(ValueError, match=match):
+            keras_vit.from_timm(path)
+    from keras_vit.weights.timm import architecture
+
+    with torch.device("meta"):
+        gap = timm.create_model("vit_base_patch16_gap_224", pretrained=False, depth=1)
+    tensors = {k: np.broadcast_to(np.float32(0), tuple(v.shape)) for k, v in gap.state_dict().items()}
+    assert architecture(tensors, "vit_base_patch16_gap_224.sw_in1k.safetensors")["timm_heads"] == 16

@@ -16,6 +16,8 @@ from keras_vit.weights.timm_eva import TIMM_DINOV3_LAYOUT, TIMM_EVA_LAYOUT, from
 UNSUPPORTED = (
     (r"\.attn\.[qk]_norm\.", "a ViT with q/k normalisation (q_norm/k_norm)"),
     (r"relative_position_bias_table$", "a BEiT-style ViT (relative position bias)"),
+    (r"^blocks\.\d+\.(attns|ffns|in_proj|in_norm)\.", "a ViT of parallel blocks (timm's ParallelThingsBlock, "
+     "ParallelScalingBlock: `*_18x2_*`, `*_xp_*`)"),
     (r"\.attn\.[qv]_bias$|\.attn\.q_proj\.", "a ViT of timm's Eva layout (q/v biases apart, or q, k and v apart) whose name "
      "is none of timm's architectures that keras_vit reads (keras_vit.weights.timm_eva.TIMM_EVA_LAYOUT): name the file "
      "after its timm architecture"),
@@ -29,7 +31,10 @@ UNSUPPORTED = (
 )
 # Embedding widths of timm's ViTs -> their head counts (a state dict does not record them; the model
 # definitions in timm/models/vision_transformer.py and deit.py do)
-TIMM_HEADS = {192: 3, 384: 6, 512: 8, 640: 10, 768: 12, 1024: 16, 1152: 16, 1280: 16, 1408: 16, 1536: 24, 1664: 16}
+TIMM_HEADS = {64: 2, 192: 3, 256: 4, 320: 5, 384: 6, 512: 8, 640: 10, 768: 12, 832: 13, 896: 14, 1024: 16, 1152: 16,
+              1280: 16, 1408: 16, 1536: 24, 1664: 16}
+# timm's ViTs whose head count is not TIMM_HEADS' for their width (tests/test_families.py reads every architecture)
+TIMM_NAMED_HEADS = {"vit_base_patch16_gap_224": 16}
 # timm's SigLIP architectures (timm 1.0's model definitions, vision_transformer.py and naflexvit.py) -> whether
 # their MLP computes the tanh GELU (act_layer='gelu_tanh': SigLIP 2's towers, and the SigLIP 1 weights timm
 # loads into them) rather than the exact one, which a state dict does not record; tests/test_families.py
@@ -48,6 +53,21 @@ TIMM_SIGLIP_GELU = {**dict.fromkeys(_SIGLIP_EXACT, False), **dict.fromkeys(_SIGL
 # count, which neither the state dict nor TIMM_HEADS tells; tests/test_aimv2.py checks it against timm's definitions
 TIMM_AIMV2_HEADS = {f"aimv2_{size}_patch14_{res}": heads for size, heads in (
     ("large", 8), ("huge", 12), ("1b", 16), ("3b", 24)) for res in (224, 336, 448)}
+# timm's ViTs of the classic layout whose LayerNorm epsilon is 1e-5 though they have no norm before the blocks (the
+# CLIP towers, which have one, are read by it): BEiT 3, remapped by timm with norms in the attention and the MLP
+TIMM_EPSILON_1E5 = ("beit3_base_patch16_224", "beit3_large_patch16_224", "beit3_giant_patch14_224",
+                    "beit3_giant_patch14_336")
+# timm's ViTs of post-norm blocks (ResPostBlock: x + norm(branch(x))) that store the keys of its pre-norm ones: refused
+# by name, as keras-vit's blocks are pre-norm
+TIMM_POST_NORM = ("vit_base_patch16_rpn_224",)
+# timm architectures refused by name, whose state dicts would read as another ViT -> what they are
+TIMM_REFUSED = {
+    **{f"vit_pe_{kind}": "Perception Encoder (rotary embedding beside the position embeddings, an attention-pool head "
+       "of its own head count, no final norm in its lang and spatial towers): not yet read"
+       for kind in ("core", "lang", "spatial")},
+    **dict.fromkeys(TIMM_POST_NORM, "a ViT of post-norm blocks (timm's ResPostBlock: x + norm(branch(x))); keras_vit's "
+                    "blocks are pre-norm (x + branch(norm(x))), as the paper's"),
+}
 # the head counts of those SigLIP architectures by width, one a width (giantopt's 1536 has 16 where DINOv2-giant's
 # 1536 has 24): what a state dict of SigLIP's layout takes in place of TIMM_HEADS
 TIMM_SIGLIP_HEADS = {768: 12, 1024: 16, 1152: 16, 1536: 16}
@@ -178,9 +198,28 @@ def complete(tensors):
 
 def readable(tensors, name=""):
     """`tensors` in the key names the rules read: a timm state dict of the Eva layout whose `name` says its
-    architecture converted (`from_eva`), then `complete`d; any other state dict as it is."""
+    architecture converted (`from_eva`), then `complete`d; any other state dict as it is.
+
+    Raises:
+        ValueError: an architecture refused by name (TIMM_REFUSED), or a file without some projection's biases
+            whose name names no timm ViT: post-norm blocks store the keys of pre-norm ones, so only the name tells."""
+    refused = next((what for part in _name_parts(name) for arch, what in TIMM_REFUSED.items()
+                    if re.search(rf"(?<![a-z0-9]){arch}", part)), None)
+    if refused:
+        raise ValueError(f"{name}: {refused}")
     tensors = from_eva(tensors, TIMM_EVA_LAYOUT.get(named_architecture(name, TIMM_EVA_LAYOUT)))
-    return complete(tensors) if is_timm(tensors) else tensors
+    if not is_timm(tensors):
+        return tensors
+    biasless = any(k.endswith(".weight") and k[:-len("weight")] + "bias" not in tensors
+                   for k in tensors if re.fullmatch(r"blocks\.0\.(attn\.(qkv|proj)|mlp\.fc[12](_g)?)\.weight", k))
+    if biasless and not is_eva(tensors) and not any(re.search(r"(?<![a-z0-9])(naflex)?(vit|aimv2)_[a-z0-9_]*patch\d+", part)
+                            for part in _name_parts(name)):
+        raise ValueError("a timm ViT with projections without bias whose name names no timm architecture: timm's pre-norm "
+                         "blocks (e.g. vit_betwixt_patch16_gap_256, aimv2_*) and its post-norm ones "
+                         f"({', '.join(TIMM_POST_NORM)}) store the same keys; name the file after its timm architecture "
+                         "(e.g. vit_betwixt_patch16_gap_256.sw_in12k.safetensors) or pass that name to "
+                         "keras_vit.from_timm")
+    return complete(tensors)
 
 
 def is_timm(tensors):
@@ -319,14 +358,16 @@ def architecture(tensors, name=""):
     siglip = not (prefix or fc_norm or registers or clip or swiglu or "blocks.0.ls1.gamma" in tensors)
     arch = dict(
         patch_size=int(kernel.shape[-1]), hidden_size=int(kernel.shape[0]), num_layers=depth,
-        timm_heads=(TIMM_SIGLIP_HEADS if siglip else TIMM_HEADS).get(int(kernel.shape[0])),
+        timm_heads=TIMM_NAMED_HEADS.get(named_architecture(name, TIMM_NAMED_HEADS)) or (
+            TIMM_SIGLIP_HEADS if siglip and not _names_other_vit(name) else TIMM_HEADS).get(int(kernel.shape[0])),
         mlp_dim=None if fc2 is None else int(fc2.shape[1]), resnet=None,
         classifier="map" if "attn_pool.latent" in tensors else "token" if has_cls else "gap",
         classes=None if head is None else int(head.shape[0]),
         tokens=tokens, pre_logits=False, approximate_gelu=named.get("approximate_gelu", False),
         gelu_assumed=siglip and not (named.keys() & {"approximate_gelu", "mlp_activation"}
                                      or _names_other_vit(name)),
-        image_size=_named_image_size(name, int(kernel.shape[-1]), tokens), layer_norm_epsilon=1e-5 if clip else 1e-6,
+        image_size=_named_image_size(name, int(kernel.shape[-1]), tokens),
+        layer_norm_epsilon=1e-5 if clip or named_architecture(name, dict.fromkeys(TIMM_EPSILON_1E5)) else 1e-6,
         distillation_token=has_dist, num_register_tokens=registers,
         # without a class token there is nothing to skip: True, as the builder takes it then
         prefix_position_embedding=True if tokens is None else covers_prefix(tokens, prefix, registers) or not prefix,
