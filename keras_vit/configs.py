@@ -117,7 +117,8 @@ def pair(value, what):
 # says which published model a set of them is.
 FAMILY_DEFAULTS = dict(distillation_token=False, num_register_tokens=0, prefix_position_embedding=True,
                        layer_scale=None, pre_norm=False, fc_norm=False, mlp_activation="gelu", rope=None,
-                       mlp_norm=False, attention_norm=False, normalization="layer_norm", embed_norm=False)
+                       mlp_norm=False, attention_norm=False, normalization="layer_norm", embed_norm=False,
+                       relative_position_bias=False)
 
 
 def family_options(config):
@@ -140,6 +141,7 @@ def family_name(config):
         (f"{(opts['rope'] or {}).get('kind')} rotary position embedding", opts["rope"] is not None),
         ("a norm in the MLP", opts["mlp_norm"]), ("a norm in the attention", opts["attention_norm"]),
         ("RMSNorm", opts["normalization"] == "rms_norm"), ("a norm on the patch embeddings", opts["embed_norm"]),
+        ("relative position bias", opts["relative_position_bias"]),
     ) if on]
     if not traits:
         return "a ViT of the paper's layout"
@@ -147,7 +149,7 @@ def family_name(config):
         ("SigLIP-style", config.get("classifier") == "map"), ("CLIP-style", opts["pre_norm"]),
         ("DINOv3-style", (opts["rope"] or {}).get("kind") == "dinov3"),
         ("EVA-style", (opts["rope"] or {}).get("kind") == "eva" or opts["mlp_norm"]),
-        ("AIMv2-style", opts["normalization"] == "rms_norm"),
+        ("AIMv2-style", opts["normalization"] == "rms_norm"), ("BEiT-style", opts["relative_position_bias"]),
         ("DeiT", opts["distillation_token"]), ("DINOv2-style", opts["num_register_tokens"]),
         ("DeiT III-style", opts["layer_scale"] is not None and not opts["prefix_position_embedding"]),
         ("DINOv2-style", opts["layer_scale"] is not None)) if on), "")

@@ -121,6 +121,7 @@ def build_vit(
     attention_norm=False,
     normalization="layer_norm",
     embed_norm=False,
+    relative_position_bias=False,
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -235,6 +236,8 @@ def build_vit(
         normalization: "layer_norm" (the paper's) or "rms_norm" (AIMv2's RMSNorm: no centring, no bias) for
             every norm of the model (`keras_vit.layers.norms`), of epsilon `layer_norm_epsilon`.
         embed_norm: a norm `embed_norm` on the patch embeddings, before the position embeddings (AIMv2).
+        relative_position_bias: BEiT's 2-D relative position bias in every block's attention, its own table a block
+            (`keras_vit.layers.relative_position_bias`), laid out for the model's grid and a class token.
     """
     # every argument but the input and the name: the config's fields (tests/test_vit_config.py)
     config = ViTConfig(**{k: v for k, v in locals().items() if k not in ("input_tensor", "name")})
@@ -341,6 +344,7 @@ def _encoder(config, x, posembed, grid, images=None):
                   mlp_activation=config.mlp_activation, layer_scale=config.layer_scale,
                   drop_path_rate=drop_path_rates[i], rope=rope, mlp_norm=config.mlp_norm,
                   attention_norm=config.attention_norm, normalization=config.normalization,
+                  relative_bias_grid=grid if config.relative_position_bias else None,
                   name=f"encoderblock_{i}")(x, **on_images)
     if not config.fc_norm:
         x = _norm(config, "encoder_norm")(x)

@@ -85,6 +85,7 @@ class ViTParts:
             rope=getattr(block, "rope_options", None), mlp_norm=getattr(block, "mlp_norm", False),
             attention_norm=getattr(block, "attention_norm", False),
             normalization=getattr(block, "normalization", "layer_norm"), embed_norm="embed_norm" in names,
+            relative_position_bias=getattr(block, "relative_bias_grid", None) is not None,
             # None: a feature-map model (pooling=None) has no pooling to tell
             classifier="map" if "map_head" in names else None if not names & {"pool", "pool_average"}
             else "token" if self.cls is not None else "gap")

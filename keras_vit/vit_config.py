@@ -82,6 +82,7 @@ class ViTConfig:
     attention_norm: bool = False
     normalization: str = "layer_norm"
     embed_norm: bool = False
+    relative_position_bias: bool = False
 
     def __post_init__(self):
         # In this order, the builder's: of several bad options, the same one is named.
@@ -97,6 +98,7 @@ class ViTConfig:
         check_interpolation(self.position_interpolation, "position_interpolation")
         _check_token_layout(self)
         _check_rope(self)
+        _check_relative_bias(self)
 
     @property
     def cls_tokens(self):
@@ -224,6 +226,19 @@ def _check_token_layout(c):
     if c.distillation_token and (c.representation_size is not None or c.fc_norm):
         raise ValueError("distillation_token=True takes no representation_size (pre-logits) and no fc_norm "
                          "(DeiT has neither)")
+
+
+def _check_relative_bias(c):
+    """BEiT's relative position bias: a class token and the patches, nothing else, on one grid."""
+    if not c.relative_position_bias:
+        return
+    if c.classifier != "token" or c.num_register_tokens or c.distillation_token or c.naflex:
+        raise ValueError("relative_position_bias=True is BEiT's: laid out for a class token and the patch grid; got "
+                         f"classifier={c.classifier!r}, num_register_tokens={c.num_register_tokens}, "
+                         f"distillation_token={c.distillation_token}, naflex={c.naflex}")
+    if c.position_embedding == "relative":
+        raise ValueError("relative_position_bias=True (BEiT's 2-D bias) and position_embedding='relative' (the "
+                         "paper's 1-D relative attention) are two encodings of the same thing; choose one")
 
 
 def _check_rope(c):

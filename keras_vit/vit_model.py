@@ -96,6 +96,8 @@ def one_grid_only(model, parts):
         return "its position embeddings are added before every block (position_placement)"
     if any(isinstance(b, L.RelativeTransformerBlock) for b in parts.blocks):
         return "its blocks carry relative position attention (Table 8's relative variant)"
+    if any(getattr(b, "relative_bias_grid", None) is not None for b in parts.blocks):
+        return "its blocks carry BEiT's relative position bias, a table laid out for one grid"
     return None
 
 

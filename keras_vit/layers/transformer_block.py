@@ -9,6 +9,7 @@ from keras_vit.layers.mlp import activate, check_mlp_activation, hidden_width
 from keras_vit.layers.norms import check_normalization, direct, make_norm, norm_weights, normalize
 from keras_vit.layers.position_embedding import runtime_grid
 from keras_vit.layers.quantized import with_sublayer_policies
+from keras_vit.layers.relative_position_bias import RelativeBiasAttention
 from keras_vit.layers.rotary import check_rope, check_rope_head_dim, rope_tables
 from keras_vit.runtime import per_platform
 
@@ -152,6 +153,8 @@ class TransformerBlock(keras.layers.Layer):
             projection (EVA-02 CLIP; timm's `scale_attn_inner`; see `MultiHeadDotProductAttention`).
         normalization: "layer_norm" (the default) or "rms_norm" (AIMv2's RMSNorm, no bias) for every norm of
             the block (`keras_vit.layers.norms`), of epsilon `layer_norm_epsilon`.
+        relative_bias_grid: None (the default), or the (h, w) patch grid of BEiT's relative position bias in the
+            attention (`keras_vit.layers.relative_position_bias`; a class token first, then the grid).
     Call args:
         x: tokens (B, T, D).
         return_attention: also return the softmax attention weights (B, heads, T, T).
@@ -162,8 +165,9 @@ class TransformerBlock(keras.layers.Layer):
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, remat=False,
                  approximate_gelu=True, layer_norm_epsilon=LAYER_NORM_EPSILON, attention_implementation="auto",
                  mlp_activation="gelu", layer_scale=None, drop_path_rate=0.0, rope=None, mlp_norm=False,
-                 attention_norm=False, normalization="layer_norm", **kwargs):
+                 attention_norm=False, normalization="layer_norm", relative_bias_grid=None, **kwargs):
         super().__init__(**kwargs)
+        self.relative_bias_grid = None if relative_bias_grid is None else tuple(int(v) for v in relative_bias_grid)
         self.normalization = check_normalization(normalization)
         self.mlp_norm, self.attention_norm = bool(mlp_norm), bool(attention_norm)
         self.rope = _check_block_rope(rope)
@@ -225,11 +229,13 @@ class TransformerBlock(keras.layers.Layer):
 
     def make_attention(self, input_shape):
         """The block's self-attention layer (a hook for subclasses)."""
-        return MultiHeadDotProductAttention(
-            self.num_heads, self.attention_dropout_rate, attention_implementation=self.attention_implementation,
-            inner_norm=self.attention_norm, layer_norm_epsilon=self.layer_norm_epsilon, normalization=self.normalization,
-            name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy
-        )
+        args = dict(attention_implementation=self.attention_implementation, inner_norm=self.attention_norm,
+                    layer_norm_epsilon=self.layer_norm_epsilon, normalization=self.normalization,
+                    name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy)
+        if self.relative_bias_grid is not None:
+            return RelativeBiasAttention(self.num_heads, self.relative_bias_grid, dropout_rate=self.attention_dropout_rate,
+                                         **args)
+        return MultiHeadDotProductAttention(self.num_heads, self.attention_dropout_rate, **args)
 
     def call(self, x, training=None, return_attention=False, valid=None, images=None):
         x = _cotangent_barrier(x)
@@ -344,6 +350,7 @@ class TransformerBlock(keras.layers.Layer):
             "mlp_norm": self.mlp_norm,
             "attention_norm": self.attention_norm,
             "normalization": self.normalization,
+            "relative_bias_grid": self.relative_bias_grid,
         }
 
 

@@ -183,6 +183,22 @@ def family_mismatch(model, arch, path):
                       "with weights=..., read them from the file); the model's weights were left unchanged")
 
 
+def _check_relative_tables(model, arrays, path):
+    """Raises, naming both grids' table sizes, where BEiT's relative position tables of the file are laid out for
+    another grid than the model's (timm resizes them by a geometric interpolation keras-vit does not have yet)."""
+    key = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/relative_position_bias_table"
+    block = find_vit(model).blocks[0]
+    grid = getattr(block, "relative_bias_grid", None)
+    if key not in arrays or grid is None:
+        return
+    rows = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3
+    if arrays[key].shape[0] != rows:
+        raise ValueError(f"{path}: its relative position tables (BEiT's) hold {arrays[key].shape[0]} offsets, laid out "
+                         f"for its own grid; model {model.name!r} has a {grid[0]}x{grid[1]} grid, {rows} offsets. Build "
+                         "at the file's image size (leave out image_size); resizing the tables to another grid is not "
+                         "yet; the model's weights were left unchanged")
+
+
 def load_foreign(model, path):
     """Loads a timm file, a Hugging Face folder or a keras-hub preset (a path or its `ForeignFile`) into
     `model`: all or nothing, like `load_npz`."""
@@ -201,6 +217,7 @@ def load_foreign(model, path):
         kernel = arrays.get(f"{layer}/kernel")
         if kernel is not None and f"{layer}/bias" not in arrays:
             arrays[f"{layer}/bias"] = np.zeros(kernel.shape[-1], kernel.dtype)
+    _check_relative_tables(model, arrays, path)
     if unmapped:
         raise ValueError(f"{path}: {len(unmapped)} {source} keys that the ViT has no place for: "
                          + ", ".join(unmapped[:8]) + (" ..." if len(unmapped) > 8 else "")

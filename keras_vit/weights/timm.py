@@ -15,7 +15,8 @@ from keras_vit.weights.timm_eva import TIMM_DINOV3_LAYOUT, TIMM_EVA_LAYOUT, from
 # Keys of architectures the builder does not make -> what they are.
 UNSUPPORTED = (
     (r"\.attn\.[qk]_norm\.", "a ViT with q/k normalisation (q_norm/k_norm)"),
-    (r"relative_position_bias_table$", "a BEiT-style ViT (relative position bias)"),
+    (r"\.rel_pos\.|^rel_pos_bias\.", "a ViT with timm's relative position MLP or a relative position bias shared by "
+     "its blocks (vit_relpos_*, vit_srelpos_*, BEiT's use_shared_rel_pos_bias)"),
     (r"^blocks\.\d+\.(attns|ffns|in_proj|in_norm)\.", "a ViT of parallel blocks (timm's ParallelThingsBlock, "
      "ParallelScalingBlock: `*_18x2_*`, `*_xp_*`)"),
     (r"\.attn\.[qv]_bias$|\.attn\.q_proj\.", "a ViT of timm's Eva layout (q/v biases apart, or q, k and v apart) whose name "
@@ -97,6 +98,7 @@ _RULES = (
     (_BLOCK + r"attn\.qkv\.bias", _ATTN + "{{}}/bias", "qkv_bias"),
     *module_rules(_BLOCK + r"attn\.proj", _ATTN + "out", "out_kernel"),
     *module_rules(_BLOCK + r"attn\.norm", _ATTN + "inner_norm", "norm"),
+    (_BLOCK + r"attn\.relative_position_bias_table", _ATTN + "relative_position_bias_table", "same"),
     (_BLOCK + r"ls1\.gamma", _T + "LayerScale_0/scale", "same"),
     *module_rules(_BLOCK + "norm2", _T + "LayerNorm_2", "norm"),
     *module_rules(_BLOCK + r"mlp\.fc1", _T + "MlpBlock_3/Dense_0", "linear"),
@@ -374,6 +376,7 @@ def architecture(tensors, name=""):
         layer_scale=1e-5 if "blocks.0.ls1.gamma" in tensors else None, pre_norm=clip, fc_norm=fc_norm, rope=None,
         mlp_norm="blocks.0.mlp.norm.weight" in tensors, attention_norm="blocks.0.attn.norm.weight" in tensors,
         embed_norm="patch_embed.norm.weight" in tensors,
+        relative_position_bias="blocks.0.attn.relative_position_bias_table" in tensors,
         # a class token beside an average of the patch tokens (timm's global_pool='avg' with fc_norm: EVA, MAE)
         pooling="avg" if fc_norm and has_cls else None,
         # GELU or QuickGELU a state dict does not say (None: the builder's GELU), its name may

@@ -1,5 +1,5 @@
-"""timm's `Eva` state dicts (eva.py: EVA-01, EVA-02, DINOv3, LingBot-Vision and timm's own rotary ViTs) in the
-key names of its `VisionTransformer`, which `keras_vit.weights.timm` reads, and what each architecture's name
+"""timm's `Eva` state dicts (eva.py: EVA-01, EVA-02, DINOv3, LingBot-Vision and timm's own rotary ViTs; and
+beit.py's BEiT, of the same key layout) in the key names of its `VisionTransformer`, which `keras_vit.weights.timm` reads, and what each architecture's name
 tells that its state dict does not: the head count, the rotary embedding and the pretrained size."""
 
 import re
@@ -51,6 +51,11 @@ TIMM_EVA_LAYOUT = {
     "vit_base_patch16_rope_reg1_gap_256": _layout(12, 256, EVA02_ROPE),
     **{f"vit_{width}_patch16_rope{ape}_224": _layout(heads, 224, AXIAL_ROPE)
        for width, heads in (("small", 6), ("base", 12), ("large", 16)) for ape in ("", "_ape")},
+    # beit.py's BEiT and BEiT v2 (the same key layout: layer scale as gamma, q/v biases apart; a relative position
+    # bias in every block, which the state dict records)
+    **{f"beit_{width}_patch16_{size}": _layout(heads, size) for width, heads, sizes in (
+        ("base", 12, (224, 384)), ("large", 16, (224, 384, 512))) for size in sizes},
+    "beitv2_base_patch16_224": _layout(12, 224), "beitv2_large_patch16_224": _layout(16, 224),
 }
 
 

@@ -1,0 +1,77 @@
+"""BEiT and BEiT v2 (a 2-D relative position bias in every block, layer scale, q/v biases, a class token beside the
+patch average): timm's `beit*` files read by `from_timm`, equal to timm's own random-weight models at two sizes (each
+file at its own: the tables are laid out for one grid), reloaded in safe mode; the table of what their names tell
+checked against timm's definitions; and what is refused, in one line."""
+
+import os
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors.torch")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from timm_files import close, images, nchw, redraw, timm_file, to_numpy  # noqa: E402
+from timm_peer import import_timm  # noqa: E402
+
+timm = import_timm()
+ARCH = "beitv2_base_patch16_224"
+
+
+def _timm(size, seed=0):
+    return redraw(timm.create_model(ARCH, pretrained=False, depth=2, img_size=size, num_classes=5), seed)
+
+
+@pytest.mark.parametrize("size", [(64, 64), (48, 80)])
+def test_timm_beit_files_equal_timm(size, tmp_path):
+    """The logits of a file made at `size` (square, and not: the bias index's rows and columns), built at it."""
+    ref = _timm(size)
+    x = images(*size)
+    with torch.no_grad():
+        expected = ref(nchw(x)).numpy()
+    model = keras_vit.from_timm(timm_file(ref, tmp_path, ARCH), image_size=size, classifier_activation=None)
+    close(to_numpy(model(x)), expected, f"{size}")
+
+
+@pytest.mark.backend_independent
+def test_a_beit_model_reloads_and_what_it_refuses(tmp_path):
+    """A BEiT model reloads from `.keras` in safe mode with the same outputs; built at another grid than its file's,
+    or made to take any size, it is refused in one line naming the grids (its weights kept)."""
+    ref = _timm((48, 80))
+    path = timm_file(ref, tmp_path, ARCH)
+    model = keras_vit.from_timm(path, image_size=(48, 80), classifier_activation=None)
+    x = images(48, 80)
+    model.save(tmp_path / "m.keras")
+    close(to_numpy(keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)(x)), to_numpy(model(x)), "reloaded")
+    with pytest.raises(ValueError, match=r"relative position tables \(BEiT's\) hold 48 offsets.* 4x4 grid, 52 "
+                                         r"offsets. Build at the file's image size"):
+        keras_vit.from_timm(path, image_size=(64, 64))
+    with pytest.raises(ValueError, match="BEiT's relative position bias, a table laid out for one grid"):
+        keras_vit.any_size(model)
+    with pytest.raises(ValueError, match="relative_position_bias=True is BEiT's: laid out for a class token"):
+        keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1,
+                                    classifier="gap", relative_position_bias=True)
+
+
+@pytest.mark.backend_independent
+def test_every_timm_beit_architecture_is_read_as_timm_defines_it():
+    """For every architecture of timm's beit.py, made at depth 1 on the meta device and read with its name: the head
+    count, the relative position bias, layer scale, the average beside the class token and the pretrained size."""
+    from keras_vit.weights import timm as timm_keys
+
+    archs = timm.list_models(module="beit")
+    assert {a for a in archs} == {a for a in timm_keys.TIMM_EVA_LAYOUT if a.startswith("beit")}
+    for arch in archs:
+        with torch.device("meta"):
+            ref = timm.create_model(arch, pretrained=False, depth=1)
+        tensors = {k: np.broadcast_to(np.float32(0), tuple(v.shape)) for k, v in ref.state_dict().items()}
+        read = timm_keys.architecture(timm_keys.readable(tensors, arch), arch)
+        assert (read["timm_heads"], read["relative_position_bias"], read["layer_scale"] is not None) == (
+            ref.blocks[0].attn.num_heads, True, True), arch
+        assert (read["pooling"], read["fc_norm"], read["position_embedding"]) == ("avg", True, "none"), arch
+        assert read["image_size"] == tuple(timm.models.get_pretrained_cfg(arch).input_size[1:]), arch
