@@ -122,6 +122,11 @@ def build_vit(
     normalization="layer_norm",
     embed_norm=False,
     relative_position_bias=False,
+    class_token=None,
+    map_num_heads=None,
+    map_mlp_dim=None,
+    map_include_prefix=False,
+    encoder_norm=True,
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -238,6 +243,13 @@ def build_vit(
         embed_norm: a norm `embed_norm` on the patch embeddings, before the position embeddings (AIMv2).
         relative_position_bias: BEiT's 2-D relative position bias in every block's attention, its own table a block
             (`keras_vit.layers.relative_position_bias`), laid out for the model's grid and a class token.
+        class_token: None (a class token exactly with classifier="token"), or True: a class token beside the "map"
+            or "gap" classifier, with its position embedding, pooled by neither (Perception Encoder's).
+        map_num_heads, map_mlp_dim: the attention-pool head's own head count and MLP width (None: the encoder's;
+            Perception Encoder's has 8 heads, and its gigantic tower an MLP of 4 D beside the encoder's 5.83 D).
+        map_include_prefix: the attention-pool head attends over the prefix tokens too (Perception Encoder's;
+            timm's `pool_include_prefix`), not the patch tokens only.
+        encoder_norm: False drops the final norm (Perception Encoder's language and spatial towers have none).
     """
     # every argument but the input and the name: the config's fields (tests/test_vit_config.py)
     config = ViTConfig(**{k: v for k, v in locals().items() if k not in ("input_tensor", "name")})
@@ -308,7 +320,7 @@ def _embed(config, images, grid, runtime):
     add_positions = (lambda x: posembed(x, images)) if runtime else posembed
     if not config.prefix_position_embedding:  # to the patch tokens only, before the class token comes
         x = add_positions(x)
-    if config.classifier == "token":
+    if config.has_class_token:
         x = L.ClassToken(name="cls")(x)
     if config.distillation_token:
         x = L.PrefixTokens(1, index=1, name="dist")(x)
@@ -346,7 +358,7 @@ def _encoder(config, x, posembed, grid, images=None):
                   attention_norm=config.attention_norm, normalization=config.normalization,
                   relative_bias_grid=grid if config.relative_position_bias else None,
                   name=f"encoderblock_{i}")(x, **on_images)
-    if not config.fc_norm:
+    if not config.fc_norm and config.encoder_norm:
         x = _norm(config, "encoder_norm")(x)
     return x
 
@@ -363,7 +375,8 @@ def _pool(config, x, images, grid, runtime):
         tokens = [L.SequencePooling("token", token_index=i, name=n)(x) for i, n in ((0, "pool"), (1, "pool_dist"))]
         return tokens if config.include_top else keras.layers.Average(name="pool_average")(tokens)
     if config.pooling == "representation" and config.classifier == "map":
-        x = L.MAPHead(config.num_heads, config.mlp_dim, num_prefix_tokens=prefix,
+        x = L.MAPHead(config.map_num_heads or config.num_heads, config.map_mlp_dim or config.mlp_dim,
+                      num_prefix_tokens=0 if config.map_include_prefix else prefix,
                       layer_norm_epsilon=config.layer_norm_epsilon, approximate_gelu=config.approximate_gelu,
                       mlp_activation=config.mlp_activation, normalization=config.normalization, name="map_head")(x)
     elif config.pooling == "representation":

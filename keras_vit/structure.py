@@ -76,12 +76,15 @@ class ViTParts:
         and its `classifier`."""
         block = self.blocks[0]
         names = {layer.name for layer in _direct_sublayers(self.container)}
+        # a feature-map model without the final norm may have moved it after pooling (fc_norm) or have none: None
+        pooled, final = bool(names & {"pool", "pool_average", "map_head"}), "encoder_norm" in names
         return dict(
             distillation_token=self.dist is not None,
             num_register_tokens=0 if self.registers is None else int(self.registers.num_tokens),
             prefix_position_embedding=int(self.posembed.num_prefix_tokens) > 0 or self.cls is None,
             layer_scale=getattr(block, "layer_scale", None), pre_norm=self.pre_norm is not None,
-            fc_norm="encoder_norm" not in names, mlp_activation=getattr(block, "mlp_activation", "gelu"),
+            fc_norm="fc_norm" in names if pooled or final else None,
+            encoder_norm=final if pooled or final else None, mlp_activation=getattr(block, "mlp_activation", "gelu"),
             rope=getattr(block, "rope_options", None), mlp_norm=getattr(block, "mlp_norm", False),
             attention_norm=getattr(block, "attention_norm", False),
             normalization=getattr(block, "normalization", "layer_norm"), embed_norm="embed_norm" in names,

@@ -83,6 +83,11 @@ class ViTConfig:
     normalization: str = "layer_norm"
     embed_norm: bool = False
     relative_position_bias: bool = False
+    class_token: bool | None = None
+    map_num_heads: int | None = None
+    map_mlp_dim: int | None = None
+    map_include_prefix: bool = False
+    encoder_norm: bool = True
 
     def __post_init__(self):
         # In this order, the builder's: of several bad options, the same one is named.
@@ -99,11 +104,18 @@ class ViTConfig:
         _check_token_layout(self)
         _check_rope(self)
         _check_relative_bias(self)
+        _check_class_token_and_map(self)
 
     @property
     def cls_tokens(self):
         """The class and distillation tokens: what the position embeddings cover beside the patches."""
-        return int(self.classifier == "token") + int(bool(self.distillation_token))
+        return int(self.has_class_token) + int(bool(self.distillation_token))
+
+    @property
+    def has_class_token(self):
+        """Whether the model has a class token: the "token" classifier's, or one `class_token=True` puts beside
+        another (Perception Encoder's, pooled by attention or average)."""
+        return self.classifier == "token" if self.class_token is None else bool(self.class_token)
 
     @property
     def num_prefix_tokens(self):
@@ -198,7 +210,7 @@ def _check_pooling(c):
     if c.include_top and c.pooling not in ("representation", "avg"):
         raise ValueError(f"pooling={c.pooling!r} is for include_top=False (the head reads the representation, or "
                          "with 'avg' the mean of the patch tokens)")
-    if c.pooling == "token" and c.classifier != "token":
+    if c.pooling == "token" and not c.has_class_token:
         raise ValueError(f'pooling="token" needs a class token; this model has classifier={c.classifier!r} (use "avg")')
     if c.pooling != "representation" and c.representation_size is not None:
         raise ValueError(f"representation_size (pre-logits) goes with pooling='representation', got pooling={c.pooling!r}")
@@ -226,6 +238,25 @@ def _check_token_layout(c):
     if c.distillation_token and (c.representation_size is not None or c.fc_norm):
         raise ValueError("distillation_token=True takes no representation_size (pre-logits) and no fc_norm "
                          "(DeiT has neither)")
+
+
+def _check_class_token_and_map(c):
+    """A class token beside another classifier, and the attention-pool head's own options."""
+    if c.class_token is not None and not isinstance(c.class_token, bool):
+        raise ValueError(f"class_token must be None (as the classifier says), True or False, got {c.class_token!r}")
+    if c.class_token is False and c.classifier == "token":
+        raise ValueError("class_token=False: classifier='token' reads the class token; use classifier='gap' or 'map'")
+    heads = c.map_num_heads
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1
+                              or c.hidden_size % heads):
+        raise ValueError(f"map_num_heads must be None (the encoder's) or a positive int dividing hidden_size "
+                         f"{c.hidden_size}, got {heads!r}")
+    mlp = c.map_mlp_dim
+    if mlp is not None and (isinstance(mlp, bool) or not isinstance(mlp, int) or mlp < 1):
+        raise ValueError(f"map_mlp_dim must be None (the encoder's mlp_dim) or a positive int, got {mlp!r}")
+    if (heads is not None or mlp is not None or c.map_include_prefix) and c.classifier != "map":
+        raise ValueError(f"map_num_heads, map_mlp_dim and map_include_prefix are the attention-pool head's "
+                         f"(classifier='map'), got classifier={c.classifier!r}")
 
 
 def _check_relative_bias(c):

@@ -1,4 +1,4 @@
-"""EVA-01, EVA-02 and timm's own rotary ViTs (timm's eva.py: q/v biases apart, SwiGLU with a norm inside, a norm
+"""EVA-01, EVA-02, Perception Encoder and timm's own rotary ViTs (timm's eva.py: q/v biases apart, SwiGLU with a norm inside, a norm
 inside the attention, EVA-02's rotary embedding on a rescaled grid index, a class token beside an average of the
 patch tokens): timm files read by `from_timm`, equal to timm's own random-weight models at two image sizes, at any
 size, reloaded in safe mode; the table of what their names tell, checked against timm's definitions; and what is
@@ -36,6 +36,10 @@ def _timm(arch, size, seed=0):
     pytest.param("eva02_base_patch16_clip_224", marks=ONCE),  # q, k, v apart, norms in the MLP and the attention
     pytest.param("vit_base_patch16_rope_ape_224", marks=ONCE),  # columns first, temperature 100, a key bias
     pytest.param("vit_medium_patch16_rope_reg1_gap_256", marks=ONCE),  # a register and no class token, rotary only
+    # Perception Encoder: a class token beside an 8-head attention pool over every token, norm before the blocks,
+    # rotary from index 1; its spatial tower without a final norm, the patch tokens averaged beside the class token
+    pytest.param("vit_pe_core_tiny_patch16_384", marks=ONCE),
+    pytest.param("vit_pe_spatial_tiny_patch16_512", marks=ONCE),
 ])
 def test_timm_eva_files_equal_timm_at_two_sizes(arch, tmp_path):
     """The logits at the size timm's model is made at and another, its position embeddings resized by timm's own
@@ -73,12 +77,11 @@ def test_an_eva02_model_of_any_size_reloads(tmp_path):
 
 def _readable(ref):
     """Whether timm's Eva model `ref` is of what keras-vit builds: pre-norm blocks, EVA-02's rotary embedding or
-    none, no norm before the blocks and no attention-pool head."""
+    none."""
     from timm.models.eva import EvaBlock
 
     rope = getattr(ref, "rope", None)
-    return (isinstance(ref.blocks[0], EvaBlock) and (rope is None or type(rope).__name__ == "RotaryEmbeddingCat")
-            and isinstance(ref.norm_pre, torch.nn.Identity) and ref.attn_pool is None)
+    return isinstance(ref.blocks[0], EvaBlock) and (rope is None or type(rope).__name__ == "RotaryEmbeddingCat")
 
 
 @pytest.mark.backend_independent
@@ -111,7 +114,14 @@ def test_every_timm_eva_architecture_keras_vit_builds_is_read_as_timm_defines_it
             attn.num_heads, expected_rope, ref.blocks[0].norm1.eps), arch
         assert (read["mlp_norm"], read["attention_norm"]) == (
             not isinstance(ref.blocks[0].mlp.norm, torch.nn.Identity), not isinstance(attn.norm, torch.nn.Identity))
-        assert read["pooling"] == ("avg" if ref.global_pool == "avg" and ref.cls_token is not None else None), arch
+        assert read["pooling"] == ("avg" if ref.global_pool == "avg" and ref.cls_token is not None else None) or (
+            read["pooling"] == "avg" and ref.global_pool == "avg"), arch
+        pool = ref.attn_pool
+        assert (read.get("map_num_heads"), bool(read.get("map_include_prefix"))) == (
+            (pool.num_heads, True) if pool is not None else (None, False)), arch  # timm's Eva pools every token
+        assert read.get("encoder_norm", True) == (not isinstance(ref.norm, torch.nn.Identity)
+                                                  or not isinstance(ref.fc_norm, torch.nn.Identity)), arch
+        assert read["pre_norm"] == (not isinstance(ref.norm_pre, torch.nn.Identity)), arch
         assert read["image_size"] == tuple(timm.models.get_pretrained_cfg(arch).input_size[1:]), arch
     others = set(timm_keys.TIMM_DINOV3_LAYOUT) | set(timm.list_models(module="beit"))  # tested on their own
     assert found == set(timm_keys.TIMM_EVA_LAYOUT) - others

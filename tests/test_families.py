@@ -470,13 +470,11 @@ def test_what_every_timm_vit_state_dict_does_not_record_is_read_as_timm_defines_
 
 @pytest.mark.backend_independent
 def test_architectures_whose_state_dict_reads_as_another_vit_are_refused_or_read_by_name(tmp_path):
-    """timm's post-norm ViT stores the keys of a pre-norm one and Perception Encoder those of a CLIP tower: named,
-    each is refused in one line saying what it is, nothing built; unnamed, a file without q/k/v biases is refused
-    asking for the name. `vit_base_patch16_gap_224` has 16 heads at width 768, read off its name."""
+    """timm's post-norm ViT stores the keys of a pre-norm one: named, it is refused in one line saying what it is,
+    nothing built; unnamed, a file without q/k/v biases is refused asking for the name. `vit_base_patch16_gap_224` has 16 heads at width 768, read off its name."""
     module = TimmViT(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, qkv_bias=False, num_classes=3)
     state = {k: v.contiguous() for k, v in module.state_dict().items()}
     for name, match in (("vit_base_patch16_rpn_224.sw_in1k", r"post-norm blocks \(timm's ResPostBlock"),
-                        ("vit_pe_core_base_patch16_224.fb", "Perception Encoder"),
                         ("model", "projections without bias whose name names no timm architecture")):
         path = tmp_path / f"{name}.safetensors"
         safetensors_torch.save_file(state, str(path))

@@ -80,7 +80,7 @@ def _refuse(path, tensors):
 # and the stochastic depth its config records (Hugging Face's DINOv2; a timm state dict records none)
 FILE_OPTIONS = ("approximate_gelu", "layer_norm_epsilon", "position_interpolation", *FAMILY_DEFAULTS,
                 "position_embedding", "position_aspect_preserving",  # these two: timm's NaFlex models
-                "drop_path_rate")
+                "drop_path_rate", "class_token", "map_num_heads", "map_mlp_dim", "map_include_prefix")
 
 
 def file_options(arch):
@@ -183,6 +183,27 @@ def family_mismatch(model, arch, path):
                       "with weights=..., read them from the file); the model's weights were left unchanged")
 
 
+def _map_head_split(model, arrays):
+    """`arrays` with the attention-pool head's projections split into that head's own head count, where it has its
+    own (`map_num_heads`: the readers split every attention by the encoder's)."""
+    names = {layer.name for layer in model.layers}
+    if "map_head" not in names:
+        return arrays
+    heads = model.get_layer("map_head").num_heads
+    prefix = "MAPHead_0/MultiHeadDotProductAttention_0/"
+    out = dict(arrays)
+    for key, value in arrays.items():
+        if not key.startswith(prefix) or value.ndim < 2:
+            continue
+        if key.endswith("out/kernel"):  # (heads, head_dim, D)
+            out[key] = value.reshape(heads, -1, value.shape[-1])
+        elif key.endswith("kernel"):  # (D, heads, head_dim)
+            out[key] = value.reshape(value.shape[0], heads, -1)
+        else:  # bias (heads, head_dim)
+            out[key] = value.reshape(heads, -1)
+    return out
+
+
 def _check_relative_tables(model, arrays, path):
     """Raises, naming both grids' table sizes, where BEiT's relative position tables of the file are laid out for
     another grid than the model's (timm resizes them by a geometric interpolation keras-vit does not have yet)."""
@@ -218,6 +239,7 @@ def load_foreign(model, path):
         if kernel is not None and f"{layer}/bias" not in arrays:
             arrays[f"{layer}/bias"] = np.zeros(kernel.shape[-1], kernel.dtype)
     _check_relative_tables(model, arrays, path)
+    arrays = _map_head_split(model, arrays)
     if unmapped:
         raise ValueError(f"{path}: {len(unmapped)} {source} keys that the ViT has no place for: "
                          + ", ".join(unmapped[:8]) + (" ..." if len(unmapped) > 8 else "")

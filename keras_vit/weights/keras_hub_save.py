@@ -50,7 +50,9 @@ def _pairs(num_layers, class_token):
 def _refusal(model, parts):
     """Why the ViT in `model` is no ViTBackbone (None when it is one)."""
     family = parts.family()
-    differ = [f"{k}={family[k]!r}" for k, v in FAMILY_DEFAULTS.items() if family[k] != v]
+    differ = [f"{k}={family[k]!r}" for k, v in FAMILY_DEFAULTS.items() if family[k] not in (None, v)]  # None: untold
+    if family["encoder_norm"] is None:  # a feature-map model without the final norm keras-hub's encoder ends in
+        differ.append("no encoder_norm (fc_norm, or none)")
     block = parts.blocks[0]
     if parts.resnet is not None:
         differ.append("a ResNet stem")

@@ -63,9 +63,6 @@ TIMM_EPSILON_1E5 = ("beit3_base_patch16_224", "beit3_large_patch16_224", "beit3_
 TIMM_POST_NORM = ("vit_base_patch16_rpn_224",)
 # timm architectures refused by name, whose state dicts would read as another ViT -> what they are
 TIMM_REFUSED = {
-    **{f"vit_pe_{kind}": "Perception Encoder (rotary embedding beside the position embeddings, an attention-pool head "
-       "of its own head count, no final norm in its lang and spatial towers): not yet read"
-       for kind in ("core", "lang", "spatial")},
     **dict.fromkeys(TIMM_POST_NORM, "a ViT of post-norm blocks (timm's ResPostBlock: x + norm(branch(x))); keras_vit's "
                     "blocks are pre-norm (x + branch(norm(x))), as the paper's"),
 }
@@ -377,6 +374,9 @@ def architecture(tensors, name=""):
         mlp_norm="blocks.0.mlp.norm.weight" in tensors, attention_norm="blocks.0.attn.norm.weight" in tensors,
         embed_norm="patch_embed.norm.weight" in tensors,
         relative_position_bias="blocks.0.attn.relative_position_bias_table" in tensors,
+        # a class token beside attention pooling (Perception Encoder's), and the pool's MLP where not the encoder's
+        class_token=True if has_cls and "attn_pool.latent" in tensors else None,
+        map_mlp_dim=_map_mlp_dim(tensors, fc2),
         # a class token beside an average of the patch tokens (timm's global_pool='avg' with fc_norm: EVA, MAE)
         pooling="avg" if fc_norm and has_cls else None,
         # GELU or QuickGELU a state dict does not say (None: the builder's GELU), its name may
@@ -396,6 +396,12 @@ def architecture(tensors, name=""):
         if tokens is None:  # rotary only (DINOv3, timm's rope ViTs without `_ape`)
             arch["position_embedding"] = "none"
     return arch
+
+
+def _map_mlp_dim(tensors, fc2):
+    """The attention-pool head's MLP width where it is not the encoder's, else None."""
+    pool = tensors.get("attn_pool.mlp.fc1.weight")
+    return int(pool.shape[0]) if pool is not None and fc2 is not None and pool.shape[0] != fc2.shape[1] else None
 
 
 def _naflex_architecture(tensors, name):

@@ -30,6 +30,13 @@ def _layout(heads, size, rope=None, **options):
     return {"heads": heads, "size": size, "rope": rope, "options": options}
 
 
+def _pe(heads, size, reference, offset, **options):
+    """A Perception Encoder tower's layout: its rotary rule, LayerNorm epsilon 1e-5, [-1, 1] inputs."""
+    rope = {"kind": "eva", "temperature": 10000.0, "reference_grid": (reference, reference), "offset": offset,
+            "axes": "xy"}
+    return _layout(heads, size, rope, layer_norm_epsilon=1e-5, input_mode="vit", **options)
+
+
 # Every timm architecture of the Eva layout keras-vit reads -> its head count, the size of its pretrained configs,
 # its rotary embedding (None: none) and the builder options its state dict does not record. The state dict records
 # the rest (q/v biases, SwiGLU, the norms in the MLP and the attention, fc_norm, registers, layer scale).
@@ -51,6 +58,19 @@ TIMM_EVA_LAYOUT = {
     "vit_base_patch16_rope_reg1_gap_256": _layout(12, 256, EVA02_ROPE),
     **{f"vit_{width}_patch16_rope{ape}_224": _layout(heads, 224, AXIAL_ROPE)
        for width, heads in (("small", 6), ("base", 12), ("large", 16)) for ape in ("", "_ape")},
+    # Perception Encoder: core (an attention-pool head of 8 heads over every token), lang and spatial (the patch
+    # tokens averaged, no final norm); rotary on a grid index from 1 (0 for gigantic), columns first
+    **{f"vit_pe_core_{arch}": _pe(heads, size, ref, offset, map_num_heads=8, map_include_prefix=True)
+       for arch, heads, size, ref, offset in (
+           ("tiny_patch16_384", 3, 384, 24, 1.0), ("small_patch16_384", 6, 384, 24, 1.0),
+           ("base_patch16_224", 12, 224, 14, 1.0), ("large_patch14_336", 16, 336, 24, 1.0),
+           ("gigantic_patch14_448", 16, 448, 32, 0.0))},
+    **{f"vit_pe_{arch}": _pe(heads, size, 32, offset, pooling="avg", encoder_norm=False)
+       for arch, heads, size, offset in (
+           ("lang_large_patch14_448", 16, 448, 1.0), ("lang_gigantic_patch14_448", 16, 448, 0.0),
+           ("spatial_tiny_patch16_512", 3, 512, 1.0), ("spatial_small_patch16_512", 6, 512, 1.0),
+           ("spatial_base_patch16_512", 12, 512, 1.0), ("spatial_large_patch14_448", 16, 448, 1.0),
+           ("spatial_gigantic_patch14_448", 16, 448, 0.0))},
     # beit.py's BEiT and BEiT v2 (the same key layout: layer scale as gamma, q/v biases apart; a relative position
     # bias in every block, which the state dict records)
     **{f"beit_{width}_patch16_{size}": _layout(heads, size) for width, heads, sizes in (
@@ -96,10 +116,10 @@ def _fused_qkv(tensors, block, heads, pairs):
 
 
 def from_eva(tensors, layout):
-    """A timm state dict of the Eva layout (`is_eva`, its architecture's `layout` a TIMM_EVA_LAYOUT entry) in the
+    """A timm state dict of an architecture of TIMM_EVA_LAYOUT (its entry `layout`; the Eva layout, `is_eva`) in the
     key names of timm's `VisionTransformer`: `gamma_i` -> `lsi.gamma`; q, k and v (fused or apart, their biases
     apart or none) as one `qkv` (`_fused_qkv`). Any other state dict, or no layout, is returned as it is."""
-    if layout is None or not is_eva(tensors):
+    if layout is None or "patch_embed.proj.weight" not in tensors:  # a named architecture: its pairs laid out too
         return tensors
     pairs = (layout["rope"] or {}).get("kind") == "eva"
     out = {}
