@@ -40,6 +40,7 @@ def _timm(arch, size, seed=0):
     # rotary from index 1; its spatial tower without a final norm, the patch tokens averaged beside the class token
     pytest.param("vit_pe_core_tiny_patch16_384", marks=ONCE),
     pytest.param("vit_pe_spatial_tiny_patch16_512", marks=ONCE),
+    "vit_small_patch16_rope_mixed_224",  # RoPE-Mixed: each block's learned frequencies, a table a head
 ])
 def test_timm_eva_files_equal_timm_at_two_sizes(arch, tmp_path):
     """The logits at the size timm's model is made at and another, its position embeddings resized by timm's own
@@ -81,7 +82,8 @@ def _readable(ref):
     from timm.models.eva import EvaBlock
 
     rope = getattr(ref, "rope", None)
-    return isinstance(ref.blocks[0], EvaBlock) and (rope is None or type(rope).__name__ == "RotaryEmbeddingCat")
+    return isinstance(ref.blocks[0], EvaBlock) and (
+        rope is None or type(rope).__name__ in ("RotaryEmbeddingCat", "RotaryEmbeddingMixed"))
 
 
 @pytest.mark.backend_independent
@@ -106,10 +108,12 @@ def test_every_timm_eva_architecture_keras_vit_builds_is_read_as_timm_defines_it
         tensors = {k: np.broadcast_to(np.float32(0), tuple(v.shape)) for k, v in ref.state_dict().items()}
         read = timm_keys.architecture(timm_keys.readable(tensors, arch), arch)
         attn, rope = ref.blocks[0].attn, ref.rope
+        mixed = type(rope).__name__ == "RotaryEmbeddingMixed"
         expected_rope = None if rope is None else {
+            "kind": "mixed", "temperature": float(rope.temperature), "axes": rope.grid_indexing} if mixed else {
             "kind": "eva", "temperature": float(rope.temperature), "offset": float(rope.grid_offset),
             "axes": rope.grid_indexing, "reference_grid": rope.ref_feat_shape and tuple(rope.ref_feat_shape)}
-        assert rope is None or (rope.in_pixels, rope.rotate_half, rope.grid_type) == (False, False, "index"), arch
+        assert rope is None or mixed or (rope.in_pixels, rope.rotate_half, rope.grid_type) == (False, False, "index")
         assert (read["timm_heads"], read["rope"], read["layer_norm_epsilon"]) == (
             attn.num_heads, expected_rope, ref.blocks[0].norm1.eps), arch
         assert (read["mlp_norm"], read["attention_norm"]) == (
@@ -152,3 +156,24 @@ def test_what_eva_files_and_options_refuse(tmp_path):
         with pytest.raises(ValueError, match=message):
             keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2,
                                         num_layers=1, rope=rope)
+
+
+def test_rope_mixed_frequencies_train_the_same_with_remat():
+    """RoPE-Mixed's frequencies are weights: two SGD steps move them, and with remat (the recomputed blocks take
+    the tables made from them) to the same values."""
+    x, y = images(32, 32), np.array([0, 2])
+    after = []
+    for remat in (False, True):
+        keras.utils.set_random_seed(1)
+        model = keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2,
+                                            num_layers=2, classes=3, position_embedding="none", remat=remat,
+                                            rope={"kind": "mixed"}, classifier_activation=None)
+        freqs = model.get_layer("encoderblock_1").rope_freqs
+        before = keras.ops.convert_to_numpy(freqs).copy()
+        model.compile(optimizer=keras.optimizers.SGD(0.5),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=1, epochs=1, shuffle=False, verbose=0)
+        moved = keras.ops.convert_to_numpy(freqs)
+        assert np.abs(moved - before).max() > 1e-6, f"remat={remat}: the frequencies should train"
+        after.append(moved)
+    np.testing.assert_allclose(after[0], after[1], atol=1e-6, rtol=1e-5)

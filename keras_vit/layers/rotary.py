@@ -21,10 +21,12 @@ import math
 
 from keras import ops
 
-ROPE_KINDS = ("dinov3", "eva")
-# each kind's keys and their defaults (the sources' own)
+ROPE_KINDS = ("dinov3", "eva", "mixed")
+# each kind's keys and their defaults (the sources' own); "mixed": RoPE-Mixed's temperature sets the learned
+# frequencies' first values only
 ROPE_DEFAULTS = {"dinov3": {"temperature": 100.0},
-                 "eva": {"temperature": 10000.0, "reference_grid": None, "offset": 0.0, "axes": "ij"}}
+                 "eva": {"temperature": 10000.0, "reference_grid": None, "offset": 0.0, "axes": "ij"},
+                 "mixed": {"temperature": 10.0, "axes": "xy"}}
 
 
 def _number(value, what, positive=True):
@@ -49,6 +51,8 @@ def check_rope(rope, what="rope"):
         raise ValueError(f"{what}: the {kind!r} rotary embedding takes the keys {('kind', *keys)}, got {rope!r}")
     out = {"kind": kind, **keys, **{k: v for k, v in rope.items() if k != "kind"}}
     out["temperature"] = _number(out["temperature"], f"{what}: temperature")
+    if kind in ("eva", "mixed") and out["axes"] not in ("ij", "xy"):
+        raise ValueError(f"{what}: axes must be 'ij' (rows first) or 'xy' (columns first), got {out['axes']!r}")
     if kind == "eva":
         out["offset"] = _number(out["offset"], f"{what}: offset", positive=False)
         if out["axes"] not in ("ij", "xy"):
@@ -102,12 +106,44 @@ def rope_tables(grid_h, grid_w, head_dim, rope):
     return ops.concatenate([sin, sin], axis=-1), ops.concatenate([cos, cos], axis=-1)
 
 
+def mixed_rope_tables(grid_h, grid_w, freqs, axes="xy"):
+    """(sin, cos), each (grid_h * grid_w, heads, head_dim) float32, of RoPE-Mixed (Heo et al. 2024; timm's
+    `RotaryEmbeddingMixed`): each head's angles are x fx + y fy of the patch's column x and row y (grid indices) and
+    its learned frequencies `freqs` (2, heads, head_dim / 2), the x ones first; laid out twice along the head as the
+    other kinds' ("rotate half")."""
+    rows = ops.cast(ops.arange(grid_h), "float32")
+    cols = ops.cast(ops.arange(grid_w), "float32")
+    shape = (ops.shape(rows)[0], ops.shape(cols)[0])
+    y = ops.reshape(ops.broadcast_to(rows[:, None], shape), (-1,))
+    x = ops.reshape(ops.broadcast_to(cols[None, :], shape), (-1,))
+    if axes == "ij":  # the first frequencies read the rows
+        x, y = y, x
+    freqs = ops.cast(freqs, "float32")
+    angles = x[:, None, None] * freqs[0][None] + y[:, None, None] * freqs[1][None]  # (N, heads, head_dim / 2)
+    sin, cos = ops.sin(angles), ops.cos(angles)
+    return ops.concatenate([sin, sin], axis=-1), ops.concatenate([cos, cos], axis=-1)
+
+
+def mixed_rope_frequencies(heads, head_dim, temperature, angles):
+    """RoPE-Mixed's first frequencies (2, heads, head_dim / 2): band k < head_dim / 4 of magnitude
+    temperature^(-4k / head_dim), turned by each head's angle `angles` (heads,) and by a further right angle for
+    the second half, as its paper's initialisation."""
+    bands = 1.0 / ops.power(float(temperature), ops.cast(ops.arange(0, head_dim, 4), "float32") / head_dim)
+    turn = ops.reshape(ops.cast(angles, "float32"), (heads, 1))
+    fx = ops.concatenate([bands * ops.cos(turn), bands * ops.cos(turn + math.pi / 2)], axis=-1)
+    fy = ops.concatenate([bands * ops.sin(turn), bands * ops.sin(turn + math.pi / 2)], axis=-1)
+    return ops.stack([fx, fy])
+
+
 def rotate_patches(x, sin, cos, num_prefix_tokens):
     """`x` (B, T, heads, head_dim) with its tokens after the first `num_prefix_tokens` rotated by the
-    tables `sin` and `cos` (T - prefix, head_dim), computed in float32 and cast back to x's dtype."""
+    tables `sin` and `cos` (T - prefix, head_dim), or per head (T - prefix, heads, head_dim), computed in float32
+    and cast back to x's dtype."""
     prefix, patches = x[:, :num_prefix_tokens], x[:, num_prefix_tokens:]
     half = patches.shape[-1] // 2
     p = ops.cast(patches, "float32")
     rotated = ops.concatenate([-p[..., half:], p[..., :half]], axis=-1)
-    p = p * cos[None, :, None, :] + rotated * sin[None, :, None, :]
+    if len(cos.shape) == 2:  # one table for every head
+        sin, cos = sin[:, None, :], cos[:, None, :]
+    p = p * cos[None] + rotated * sin[None]
     return ops.concatenate([prefix, ops.cast(p, x.dtype)], axis=1)

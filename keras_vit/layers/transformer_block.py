@@ -1,5 +1,7 @@
 """The Transformer encoder block of ViT (paper Eq. 2-3): pre-LN attention and MLP with residuals."""
 
+import math
+
 import keras
 from keras import ops
 
@@ -10,7 +12,8 @@ from keras_vit.layers.norms import check_normalization, direct, make_norm, norm_
 from keras_vit.layers.position_embedding import runtime_grid
 from keras_vit.layers.quantized import with_sublayer_policies
 from keras_vit.layers.relative_position_bias import RelativeBiasAttention
-from keras_vit.layers.rotary import check_rope, check_rope_head_dim, rope_tables
+from keras_vit.layers.rotary import (check_rope, check_rope_head_dim, mixed_rope_frequencies, mixed_rope_tables,
+                                     rope_tables)
 from keras_vit.runtime import per_platform
 
 LAYER_NORM_EPSILON = 1e-6
@@ -219,7 +222,13 @@ class TransformerBlock(keras.layers.Layer):
                     input_shape[1] != self.rope["num_prefix_tokens"] + grid[0] * grid[1]:
                 raise ValueError(f"{self.name}: its rotary tables are laid out for {self.rope['num_prefix_tokens']} "
                                  f"prefix tokens and a {grid[0]}x{grid[1]} grid, got {input_shape[1]} tokens")
-            if grid is not None:  # made once: a fixed grid's tables are constants
+            if self.rope["kind"] == "mixed":  # learned: the block's own frequencies, its tables made per call
+                self.rope_freqs = self.add_weight(name="rope_freqs", shape=(2, self.num_heads, dim // self.num_heads // 2),
+                                                  initializer="zeros")
+                self.rope_freqs.assign(mixed_rope_frequencies(
+                    self.num_heads, dim // self.num_heads, self.rope["temperature"],
+                    keras.random.uniform((self.num_heads,), maxval=2 * math.pi)))
+            elif grid is not None:  # made once: a fixed grid's tables are constants
                 self.tables = rope_tables(*grid, dim // self.num_heads, self.rope)
         self.scales = ()
         if self.layer_scale is not None:
@@ -247,6 +256,9 @@ class TransformerBlock(keras.layers.Layer):
             forward = lambda x, keep: self._forward(  # noqa: E731
                 x, training, keep=keep[0], paths=keep[1], valid=keep[2], tables=keep[3])
             if keras.backend.backend() != "jax":
+                if self.rope is not None and self.rope["kind"] == "mixed":  # tables of weights: made in the
+                    # recomputed part, where TensorFlow's recompute_grad sees the weights they are read from
+                    return keras.remat(lambda x: forward(x, (*keep[:3], self._tables(images))))(x)
                 return keras.remat(lambda x: forward(x, keep))(x)
             # chosen for the platform the step is lowered for: `jax.checkpoint` on a GPU or TPU
             return per_platform(x, keep, cpu=lambda x, keep: _jax_cpu_remat(forward, self.variables, x, keep),
@@ -262,10 +274,15 @@ class TransformerBlock(keras.layers.Layer):
         """The rotary (sin, cos) tables of this call: the fixed grid's, or those of the grid of `images`."""
         if self.rope is None or self.tables is not None:
             return self.tables
-        if images is None:
-            raise ValueError(f"{self.name}: a rotary block that reads its grid off the images (rope stride "
-                             f"{self.rope['stride']}) needs them: call it with images=")
-        return rope_tables(*runtime_grid(images, self.rope["stride"]), self.attention.head_dim, self.rope)
+        grid = self.rope["grid_size"]
+        if grid is None:
+            if images is None:
+                raise ValueError(f"{self.name}: a rotary block that reads its grid off the images (rope stride "
+                                 f"{self.rope['stride']}) needs them: call it with images=")
+            grid = runtime_grid(images, self.rope["stride"])
+        if self.rope["kind"] == "mixed":  # from the block's learned frequencies
+            return mixed_rope_tables(*grid, self.rope_freqs, self.rope["axes"])
+        return rope_tables(*grid, self.attention.head_dim, self.rope)
 
     def _keep_masks(self, x):
         """Dropout keep-masks for the three dropouts of a training step (none without dropout)."""
@@ -330,6 +347,8 @@ class TransformerBlock(keras.layers.Layer):
         if self.norm_mlp is not None:
             params |= {f"MlpBlock_3/norm/{k}": v for k, v in norm_weights(self.norm_mlp).items()}
         params |= {f"LayerScale_{i}/scale": scale for i, scale in enumerate(self.scales)}
+        if self.rope is not None and self.rope["kind"] == "mixed":
+            params["rope_freqs"] = self.rope_freqs
         return params
 
     def get_config(self):

@@ -97,6 +97,7 @@ _RULES = (
     *module_rules(_BLOCK + r"attn\.norm", _ATTN + "inner_norm", "norm"),
     (_BLOCK + r"attn\.relative_position_bias_table", _ATTN + "relative_position_bias_table", "same"),
     (_BLOCK + r"ls1\.gamma", _T + "LayerScale_0/scale", "same"),
+    (_BLOCK + r"rope_freqs", _T + "rope_freqs", "same"),
     *module_rules(_BLOCK + "norm2", _T + "LayerNorm_2", "norm"),
     *module_rules(_BLOCK + r"mlp\.fc1", _T + "MlpBlock_3/Dense_0", "linear"),
     *module_rules(_BLOCK + r"mlp\.norm", _T + "MlpBlock_3/norm", "norm"),

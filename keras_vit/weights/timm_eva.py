@@ -12,6 +12,8 @@ DINOV3_ROPE = {"kind": "dinov3", "temperature": 100.0}
 EVA02_ROPE = {"kind": "eva", "temperature": 10000.0, "reference_grid": (16, 16), "offset": 0.0, "axes": "ij"}
 # timm's `vit_{small,base,large}_patch16_rope[_ape]_224` (Heo et al. 2024's axial RoPE): columns first, no rescale
 AXIAL_ROPE = {"kind": "eva", "temperature": 100.0, "reference_grid": None, "offset": 0.0, "axes": "xy"}
+# their `vit_*_patch16_rope_mixed[_ape]_224`: RoPE-Mixed's learned frequencies, a (2, heads, head_dim / 2) set a block
+MIXED_ROPE = {"kind": "mixed", "temperature": 10.0, "axes": "xy"}
 
 # timm's ViTs of DINOv3's layout (rope_type='dinov3': DINOv3's `vit_*_dinov3*`, their `_qkvb` twins the same with
 # q/v biases, and LingBot-Vision's `vit_*_lingbot`) -> (head count, the size of timm's pretrained configs). Each has
@@ -57,6 +59,8 @@ TIMM_EVA_LAYOUT = {
     "vit_betwixt_patch16_rope_reg4_gap_256": _layout(10, 256, EVA02_ROPE),
     "vit_base_patch16_rope_reg1_gap_256": _layout(12, 256, EVA02_ROPE),
     **{f"vit_{width}_patch16_rope{ape}_224": _layout(heads, 224, AXIAL_ROPE)
+       for width, heads in (("small", 6), ("base", 12), ("large", 16)) for ape in ("", "_ape")},
+    **{f"vit_{width}_patch16_rope_mixed{ape}_224": _layout(heads, 224, MIXED_ROPE)
        for width, heads in (("small", 6), ("base", 12), ("large", 16)) for ape in ("", "_ape")},
     # Perception Encoder: core (an attention-pool head of 8 heads over every token), lang and spatial (the patch
     # tokens averaged, no final norm); rotary on a grid index from 1 (0 for gigantic), columns first
@@ -121,9 +125,12 @@ def from_eva(tensors, layout):
     apart or none) as one `qkv` (`_fused_qkv`). Any other state dict, or no layout, is returned as it is."""
     if layout is None or "patch_embed.proj.weight" not in tensors:  # a named architecture: its pairs laid out too
         return tensors
-    pairs = (layout["rope"] or {}).get("kind") == "eva"
+    pairs = (layout["rope"] or {}).get("kind") in ("eva", "mixed")
     out = {}
     for key, value in tensors.items():
+        if key == "rope.freqs":  # RoPE-Mixed's (2, depth, heads, head_dim / 2): each block's own
+            out |= {f"blocks.{i}.rope_freqs": value[:, i] for i in range(value.shape[1])}
+            continue
         block = re.match(r"(blocks\.\d+\.)(.*)$", key)
         rest = block and block.group(2)
         if block is None:
