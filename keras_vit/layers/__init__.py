@@ -17,6 +17,7 @@ from keras_vit.layers.prefix_tokens import PrefixTokens
 from keras_vit.layers.position_embedding import AddPositionEmbs, resize_position_embeddings
 from keras_vit.layers.position_embedding_2d import AddPositionEmbs2D
 from keras_vit.layers.relative_attention import RelativeMultiHeadDotProductAttention, RelativeTransformerBlock
+from keras_vit.layers.relative_position_bias import RelativeBiasAttention, relative_position_index
 from keras_vit.layers.resize_images import ResizeImages
 from keras_vit.layers.resnet import BottleneckUnit, ResNetStem, StdConv2D, standardize_kernel
 from keras_vit.layers.rotary import rope_tables, rotate_patches
@@ -39,6 +40,7 @@ __all__ = [
     "NoPositionEmbs",
     "PatchEncoder",
     "PrefixTokens",
+    "RelativeBiasAttention",
     "RelativeMultiHeadDotProductAttention",
     "RelativeTransformerBlock",
     "ResNetStem",
@@ -53,6 +55,7 @@ __all__ = [
     "drop_path_keep",
     "drop_path_rates",
     "make_norm",
+    "relative_position_index",
     "resize_position_embeddings",
     "rope_tables",
     "rotate_patches",

@@ -22,8 +22,9 @@ class MAPHead(keras.layers.Layer):
     Args:
         num_heads: attention heads.
         mlp_dim: hidden width of the MLP.
-        num_prefix_tokens: leading tokens the probe does not attend to (timm pools patch tokens only).
-        layer_norm_epsilon, approximate_gelu, mlp_activation: as the encoder blocks'.
+        num_prefix_tokens: leading tokens the probe does not attend to (timm's VisionTransformer pools patch
+            tokens only; its Eva, Perception Encoder's, every token: 0).
+        layer_norm_epsilon, approximate_gelu, mlp_activation, normalization: as the encoder blocks'.
     Call args:
         tokens: (B, T, D).
         valid: None, or (B, T) bool: the tokens the probe attends to (a NaFlex batch's padding is False).

@@ -14,7 +14,8 @@ def check_normalization(value):
 
 
 def make_norm(kind, epsilon, name, dtype=None):
-    """A `kind` normalisation over the last axis (a Keras layer named `name`)."""
+    """A `kind` normalisation ("layer_norm" or "rms_norm") over the last axis of epsilon `epsilon`: a Keras layer
+    named `name` of the dtype policy `dtype` (None: the global one)."""
     if kind == "rms_norm":
         return keras.layers.RMSNormalization(epsilon=epsilon, name=name, dtype=dtype)
     return keras.layers.LayerNormalization(epsilon=epsilon, name=name, dtype=dtype)
