@@ -9,7 +9,7 @@ from keras_vit.configs import pair, resnet_stride
 from keras_vit.preprocessing import input_scaling
 from keras_vit.vit_config import (  # noqa: F401 (the option names, importable from here as before)
     CLASSIFIERS, HEADS, INPUT_DTYPES, POOLINGS, POSITION_EMBEDDINGS, POSITION_PLACEMENTS, ViTConfig)
-from keras_vit.vit_model import ANY_SIZE_EXPECTED, ViTModel, one_grid_only
+from keras_vit.vit_model import ViTModel, any_size  # noqa: F401 (any_size importable from here as before)
 
 CROP_HINT = ("or build with crop_to_patches=True to cut floor(size / patch) patches and leave the rest unread, as "
              "a patch convolution without padding does (timm's, Hugging Face's)")
@@ -407,60 +407,3 @@ def _top(config, x):
     if config.classifier_activation is not None:
         x = keras.layers.Activation(config.classifier_activation, name="predictions", dtype="float32")(x)
     return x
-
-
-def any_size(model):
-    """A copy of `model`, a keras-vit model built for one image size, that takes images of any height and
-    width divisible by its token size (patch size times a hybrid's ResNet stride; any size of at least one
-    patch, cut to whole patches, for a model built with `crop_to_patches=True`): the same layers
-    and weights, the position embeddings kept on their grid and resized at each call by the model's
-    rule, as if built with `input_shape=(None, None, 3)`; class names kept. A model that takes any
-    size already is returned as it is.
-
-    Raises:
-        ValueError: a model whose position embeddings cannot be resized at call time (Table 8's
-            2-D and relative variants, none, or added before every block), or no keras-vit model.
-    """
-    from keras_vit.structure import find_vit
-
-    if not isinstance(model.input_shape, tuple) or len(model.inputs) != 1:
-        raise ValueError(f"any_size: model {model.name!r} takes {len(model.inputs)} inputs, not images: a NaFlex "
-                         "model takes any size already")
-    if None in tuple(model.input_shape[1:3]):
-        return model
-    parts = find_vit(model)
-    why = one_grid_only(model, parts)
-    if why:
-        raise ValueError(f"any_size: model {model.name!r} cannot take any image size: {why}; expected a model of "
-                         f"the builder with {ANY_SIZE_EXPECTED}")
-    stride = parts.stride
-    inputs = keras.Input((None, None, model.input_shape[-1]), dtype=model.inputs[0].dtype, name=model.inputs[0].name)
-
-    def clone(layer):
-        config = layer.get_config()
-        if layer.name == "posembed_input":
-            config["stride"] = stride
-        elif layer.name == "feature_map":
-            config.update(grid_size=None, stride=stride)
-        elif config.get("rope"):  # a rotary block: its tables from the grid of each call's images
-            config["rope"] = {**config["rope"], "grid_size": None, "stride": stride}
-        return layer.__class__.from_config(config)
-
-    cropped = []  # with crop_to_patches, the images the layers after it see
-
-    def call(layer, *args, **kwargs):  # the layers that read the grid off the images get them
-        if layer.name in ("posembed_input", "feature_map"):
-            return layer(*args, cropped[0] if cropped else inputs, **kwargs)
-        if getattr(layer, "rope", None):
-            return layer(*args, images=cropped[0] if cropped else inputs, **kwargs)
-        out = layer(*args, **kwargs)
-        if layer.name == "crop_to_patches":
-            cropped.append(out)
-        return out
-
-    copy = keras.models.clone_model(model, input_tensors=inputs, clone_function=clone, call_function=call)
-    for layer in copy.layers:
-        layer.set_weights(model.get_layer(layer.name).get_weights())
-    if getattr(model, "class_names", None) is not None:
-        copy.class_names = model.class_names
-    return copy
