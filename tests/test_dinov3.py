@@ -148,7 +148,7 @@ def test_what_rotary_position_embedding_refuses(tmp_path):
     """An unknown kind, heads it cannot rotate, a NaFlex model, a timm Eva-layout file whose name does not say
     its architecture, a DINOv3 file into a model without rotary embedding (its weights kept), a keras-hub
     ViTBackbone preset of a rotary model: each one line naming what was expected; nothing built or written."""
-    with pytest.raises(ValueError, match=r"rope: unknown kind 'xpos'; expected one of \('dinov3', 'eva'\)"):
+    with pytest.raises(ValueError, match=r"rope: unknown kind 'xpos'; expected one of \('dinov3', 'eva', 'mixed'\)"):
         _rotary_vit(rope={"kind": "xpos"})
     with pytest.raises(ValueError, match="rope must be None or a dict with the keys"):
         _rotary_vit(rope="dinov3")

@@ -212,7 +212,7 @@ def readable(tensors, name=""):
         return tensors
     biasless = any(k.endswith(".weight") and k[:-len("weight")] + "bias" not in tensors
                    for k in tensors if re.fullmatch(r"blocks\.0\.(attn\.(qkv|proj)|mlp\.fc[12](_g)?)\.weight", k))
-    if biasless and not is_eva(tensors) and not any(re.search(r"(?<![a-z0-9])(naflex)?(vit|aimv2)_[a-z0-9_]*patch\d+", part)
+    if biasless and not is_eva(tensors) and not unsupported(tensors) and not any(re.search(r"(?<![a-z0-9])(naflex)?(vit|aimv2)_[a-z0-9_]*patch\d+", part)
                             for part in _name_parts(name)):
         raise ValueError("a timm ViT with projections without bias whose name names no timm architecture: timm's pre-norm "
                          "blocks (e.g. vit_betwixt_patch16_gap_256, aimv2_*) and its post-norm ones "
