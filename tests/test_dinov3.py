@@ -180,7 +180,9 @@ def test_what_rotary_position_embedding_refuses(tmp_path):
     from keras_vit.weights.keras_hub_save import save_keras_hub_preset
 
     with pytest.raises(ValueError, match=r"is no keras-hub ViTBackbone: .*rope=\{'kind': 'dinov3'"):
-        save_keras_hub_preset(_rotary_vit(include_top=False, approximate_gelu=False), tmp_path / "preset")
+        # DINOv3's rotary embedding without its layer scale: neither a ViTBackbone nor a DINOV3Backbone
+        save_keras_hub_preset(_rotary_vit(include_top=False, approximate_gelu=False, layer_scale=None),
+                              tmp_path / "preset")
     assert not (tmp_path / "preset").exists()
 
 

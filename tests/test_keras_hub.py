@@ -71,6 +71,13 @@ CASES = {
     # the plain MLP, position embeddings kept at 48 px and interpolated by keras-hub to the 32 px image
     "dinov2_resized": (lambda: keras_hub.models.DINOV2Backbone(
         image_shape=(32, 32, 3), position_embedding_shape=(48, 48, 3), intermediate_dim=64, **TINY), (32, 32)),
+    # DINOv3: rotary position embedding on a non-square grid, 4 registers, layer scale, no key bias (a zero one)
+    "dinov3": (lambda: keras_hub.models.DINOV3Backbone(
+        image_shape=(32, 48, 3), intermediate_dim=64, use_key_bias=False, **TINY), (32, 48)),
+    # the gated SiLU MLP (the builder's SwiGLU), no mask token, 2 registers, another rope_theta
+    "dinov3_gated": (lambda: keras_hub.models.DINOV3Backbone(
+        image_shape=(32, 32, 3), intermediate_dim=48, use_gated_mlp=True, hidden_activation="silu",
+        use_mask_token=False, num_register_tokens=2, rope_theta=50.0, **TINY), (32, 32)),
 }
 
 
@@ -217,6 +224,25 @@ def test_a_keras_vit_model_saved_as_a_preset_is_the_same_vit_backbone_in_keras_h
     np.testing.assert_allclose(_np(from_keras_hub(folder, pooling=None)(x)), _np(ours(x)), atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("case", ["dinov3", "dinov3_gated"])
+def test_dinov3_backbone_outputs_equal_keras_hub_and_write_back_the_same(presets, case, tmp_path):
+    """The class token (keras-vit's default output) and the patch tokens (pooling=None) of keras-hub's
+    [class, registers, patches]; the feature-map model written back as a preset is a DINOV3Backbone whose
+    keras-hub model gives the same sequence."""
+    from keras_vit.weights.keras_hub_save import save_keras_hub_preset
+
+    folder, x, sequence = presets[case]
+    prefix, (h, w) = 1 + (4 if case == "dinov3" else 2), x.shape[1:3]
+    model = from_keras_hub(folder, pooling=None)
+    assert model.get_layer("encoderblock_0").rope_options["kind"] == "dinov3"
+    np.testing.assert_allclose(_np(model(x)), sequence[:, prefix:].reshape(2, h // 8, w // 8, 32), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(_np(from_keras_hub(folder)(x)), sequence[:, 0], atol=ATOL, rtol=0)
+    save_keras_hub_preset(model, tmp_path / "back")
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["class_name"] == "DINOV3Backbone"
+    again = keras_hub.models.DINOV3Backbone.from_preset(str(tmp_path / "back"))
+    np.testing.assert_allclose(_np(again(x)), sequence, atol=ATOL, rtol=0)
+
+
 @pytest.mark.backend_independent
 def test_a_model_keras_hub_cannot_compute_is_not_written(tmp_path):
     from keras_vit.weights.keras_hub_save import save_keras_hub_preset
@@ -245,12 +271,12 @@ def _edit_json(path, **changes):
 
 
 @pytest.mark.backend_independent
-@pytest.mark.parametrize("kind", ["DINOV3Backbone", "SigLIPBackbone", "SomeNewBackbone"])
+@pytest.mark.parametrize("kind", ["DeiTBackbone", "SigLIPBackbone", "SomeNewBackbone"])
 def test_another_architecture_is_refused_by_name(presets, tmp_path, kind):
     folder = _copy(presets, "backbone", tmp_path)
     _edit_json(folder / "config.json", class_name=kind, registered_name=f"keras_hub>{kind}")
     with pytest.raises(ValueError, match=rf"{kind}.*keras_vit reads ViTBackbone, CLIPVisionEncoder, "
-                                         r"SigLIPVisionEncoder, DINOV2Backbone, ViTImageClassifier"):
+                                         r"SigLIPVisionEncoder, DINOV2Backbone, DINOV3Backbone, ViTImageClassifier"):
         from_keras_hub(folder)
 
 

@@ -20,6 +20,8 @@ config.json `class_name` -> what keras-vit builds of it:
     DINOV2Backbone       layer scale on both branches, register tokens (no position embedding), the SwiGLU
                          MLP with use_swiglu_ffn; built at its image_shape with the position embeddings the
                          model adds there (`interpolated_position_embeddings`)
+    DINOV3Backbone       DINOv3's rotary position embedding (rope_theta), layer scale, registers, the key
+                         projection's missing bias as zero, the gated SiLU MLP (use_gated_mlp) as SwiGLU
 """
 
 import json
@@ -29,6 +31,8 @@ import re
 import numpy as np
 
 from keras_vit.weights.heads import BACKBONE, CLASSIFIER
+from keras_vit.weights.keras_hub_keys import COMPILED, POSEMB, by_head, rename_embedding  # noqa: F401 (POSEMB: the
+# writer's)
 
 MODEL_WEIGHTS, TASK_WEIGHTS = "model.weights.h5", "task.weights.h5"
 SHARDED = "model.weights.json"
@@ -39,12 +43,14 @@ BACKBONES = {
     "CLIPVisionEncoder": ("a CLIP vision tower", "clip"),
     "SigLIPVisionEncoder": ("a SigLIP vision tower", "vit"),
     "DINOV2Backbone": ("a DINOv2 ViT", "imagenet"),
+    "DINOV3Backbone": ("a DINOv3 ViT", "imagenet"),
 }
 # what a backbone's config.json must hold (the rest has keras-hub's defaults)
 REQUIRED = {"ViTBackbone": ("image_shape", "patch_size", "num_layers", "num_heads", "hidden_dim", "mlp_dim"),
             "CLIPVisionEncoder": ("patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim"),
             "SigLIPVisionEncoder": ("patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim"),
-            "DINOV2Backbone": ("patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim")}
+            "DINOV2Backbone": ("patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim"),
+            "DINOV3Backbone": ("patch_size", "hidden_dim", "num_layers", "num_heads", "intermediate_dim")}
 # SigLIPVisionEncoder's intermediate_activation -> approximate_gelu
 SIGLIP_GELUS = {"gelu_approximate": True, "gelu": False}
 # task.json class_name -> its backbone's class
@@ -55,7 +61,6 @@ OTHERS = {
     "CLIPTextEncoder": "a CLIP text tower",
     "SigLIPBackbone": "a whole SigLIP model (image and text towers); save its vision_encoder as a preset",
     "SigLIP2Backbone": "a whole SigLIP 2 model",
-    "DINOV3Backbone": "a DINOv3 ViT (rotary position embeddings)",
     "DeiTBackbone": "a DeiT ViT (not read yet)",
 }
 
@@ -150,101 +155,6 @@ def read_preset(folder):
     return backbone, task, tensors
 
 
-# ---------------------------------------------------------------------------------------------------
-# key map: "model/<h5 path>" (regex) -> official key template ({0}: the block index) and transform
-
-def _layer(src, dst, kind):
-    """The rules of one Keras layer's `vars/0`, `vars/1`: a LayerNorm's scale and bias (kind "norm"),
-    else a kernel (Dense, Conv2D, an attention projection) and its bias."""
-    first = "scale" if kind == "norm" else "kernel"
-    return (src + "/vars/0", f"{dst}/{first}", "same"), (src + "/vars/1", f"{dst}/bias", "same")
-
-
-_B = "Transformer/encoderblock_{0}/"
-_A = _B + "MultiHeadDotProductAttention_1/"
-
-
-def _attention_rules(src, dst):
-    """The rules of a Keras MultiHeadAttention (already in the official per-head layout) at `src`."""
-    return [rule for name, official in (("query", "query"), ("key", "key"), ("value", "value"), ("output", "out"))
-            for rule in _layer(f"{src}/{name}_dense", dst + official, "dense")]
-
-
-def _block_rules(block, norm1, attention, norm2, dense1, dense2):
-    """The rules of one encoder block whose h5 group is `block` (its index the regex group 1)."""
-    rules = [*_layer(f"{block}/{norm1}", _B + "LayerNorm_0", "norm"), *_layer(f"{block}/{norm2}", _B + "LayerNorm_2",
-                                                                               "norm")]
-    rules += _attention_rules(f"{block}/{attention}", _A)
-    return rules + [*_layer(f"{block}/{dense1}", _B + "MlpBlock_3/Dense_0", "dense"),
-                    *_layer(f"{block}/{dense2}", _B + "MlpBlock_3/Dense_1", "dense")]
-
-
-def _index(name):
-    """Keras' unique name of the i-th layer of one class in a list: `name` for 0, `name_i` after."""
-    return rf"{name}(?:_(\d+))?"
-
-
-POSEMB = "Transformer/posembed_input/pos_embedding"
-_VIT_EMBED = "model/layers/vi_t_patching_and_embedding"
-_CLIP_EMBED = "model/layers/clip_vision_embedding"
-_SIGLIP_EMBED = "model/layers/sig_lip_vision_embedding"
-_DINO_EMBED = "model/layers/dinov2_embedding"
-_SIGLIP_MAP = "model/layers/sig_lip_multi_head_attention_pooling"
-RULES = {
-    "ViTBackbone": (
-        (_VIT_EMBED + "/vars/0", "cls", "same"),
-        *_layer(_VIT_EMBED + "/patch_embedding", "embedding", "dense"),
-        (_VIT_EMBED + "/position_embedding/vars/0", POSEMB, "table"),
-        *_block_rules("model/layers/vi_t_encoder/encoder_layers/" + _index("vi_t_encoder_block"),
-                      "layer_norm_1", "mha", "layer_norm_2", "mlp/dense_1", "mlp/dense_2"),
-        *_layer("model/layers/vi_t_encoder/layer_norm", "Transformer/encoder_norm", "norm"),
-    ),
-    # the functional model's layers, by class: the pre-norm is the first LayerNormalization, the final the second
-    "CLIPVisionEncoder": (
-        (_CLIP_EMBED + "/vars/0", "cls", "token"),
-        # position_ids, an int variable: the rows of the table that the model adds (0, 1, 2, ... in the released
-        # presets; a freshly built CLIPVisionEncoder holds zeros): the official embedding is the table gathered
-        (_CLIP_EMBED + "/vars/1", "position_ids", "ids"),
-        *_layer(_CLIP_EMBED + "/patch_embedding", "embedding", "dense"),
-        (_CLIP_EMBED + "/position_embedding/vars/0", POSEMB, "table"),
-        *_layer("model/layers/layer_normalization", "Transformer/pre_norm", "norm"),
-        *_block_rules("model/layers/" + _index("clip_encoder_layer"), "layer_norm_1", "attention", "layer_norm_2",
-                      "dense_1", "dense_2"),
-        *_layer("model/layers/layer_normalization_1", "Transformer/encoder_norm", "norm"),
-    ),
-    "SigLIPVisionEncoder": (
-        (_SIGLIP_EMBED + "/vars/0", "position_ids", "ids"),
-        *_layer(_SIGLIP_EMBED + "/patch_embedding", "embedding", "dense"),
-        (_SIGLIP_EMBED + "/position_embedding/vars/0", POSEMB, "table"),
-        *_block_rules("model/layers/" + _index("sig_lip_encoder_layer"), "layer_norm1", "self_attn", "layer_norm2",
-                      "mlp/fc1", "mlp/fc2"),
-        *_layer("model/layers/layer_normalization", "Transformer/encoder_norm", "norm"),
-        (_SIGLIP_MAP + "/vars/0", "MAPHead_0/probe", "same"),
-        *_attention_rules(_SIGLIP_MAP + "/attention", "MAPHead_0/MultiHeadDotProductAttention_0/"),
-        *_layer(_SIGLIP_MAP + "/layer_norm", "MAPHead_0/LayerNorm_0", "norm"),
-        *_layer(_SIGLIP_MAP + "/mlp/fc1", "MAPHead_0/MlpBlock_0/Dense_0", "dense"),
-        *_layer(_SIGLIP_MAP + "/mlp/fc2", "MAPHead_0/MlpBlock_0/Dense_1", "dense"),
-    ),
-    # the embedding's variables by name (`_name_dinov2_embedding`)
-    "DINOV2Backbone": (
-        (_DINO_EMBED + "/cls_token", "cls", "same"),
-        (_DINO_EMBED + "/register_tokens", "registers", "same"),
-        (_DINO_EMBED + "/interpolated_position_embeddings", POSEMB, "same"),
-        (_DINO_EMBED + "/(?:mask_token|position_embeddings)", None, "ignore"),  # masked-image modelling; the table
-        # at position_embedding_shape, from which keras-hub interpolates the one above
-        *_layer(_DINO_EMBED + "/patch_embeddings/projection", "embedding", "dense"),
-        *_block_rules("model/layers/dinov2_encoder/layers/" + _index("dinov2_layer"), "norm1", "attention/attention",
-                      "norm2", "mlp/(?:fc1|weights_in)", "mlp/(?:fc2|weights_out)"),
-        (r"model/layers/dinov2_encoder/layers/" + _index("dinov2_layer") + "/layer_scale1/vars/0",
-         _B + "LayerScale_0/scale", "same"),
-        (r"model/layers/dinov2_encoder/layers/" + _index("dinov2_layer") + "/layer_scale2/vars/0",
-         _B + "LayerScale_1/scale", "same"),
-        *_layer("model/layers/layer_normalization", "Transformer/encoder_norm", "norm"),
-    ),
-}
-_COMPILED = {kind: tuple((re.compile(p + "$"), t, h) for p, t, h in rules) for kind, rules in RULES.items()}
-
-
 def _task_denses(tensors):
     """The task's Dense layers in the order Keras named them (`dense`, `dense_1`, ...): [(name, kernel, bias)]."""
     found = {}
@@ -313,6 +223,17 @@ def _family_arguments(kind, cfg):
                              "1e-6 and keras-vit's LayerNorms share one epsilon; keras_vit reads 1e-6")
         return dict(mlp_dim=int(cfg["intermediate_dim"]), approximate_gelu=SIGLIP_GELUS[act],
                     layer_norm_epsilon=epsilon, pre_norm=False, mlp_activation="gelu", classifier="map")
+    if kind == "DINOV3Backbone":
+        gated, act = bool(cfg.get("use_gated_mlp", False)), cfg.get("hidden_activation", "gelu")
+        if act != ("silu" if gated else "gelu"):
+            raise ValueError(f"a DINOV3Backbone of hidden_activation {act!r}{' (gated)' if gated else ''}; keras_vit "
+                             "builds 'gelu' and, with use_gated_mlp, 'silu' (SwiGLU)")
+        return dict(mlp_dim=int(cfg["intermediate_dim"]), approximate_gelu=False, pre_norm=False,
+                    layer_norm_epsilon=float(cfg.get("layer_norm_eps", 1e-5)), mlp_activation="swiglu" if gated else "gelu",
+                    layer_scale=float(cfg.get("layer_scale_init_value", 1.0)),
+                    num_register_tokens=int(cfg.get("num_register_tokens", 4)),
+                    drop_path_rate=float(cfg.get("drop_path_rate", 0.0)), position_embedding="none",
+                    rope={"kind": "dinov3", "temperature": float(cfg.get("rope_theta", 100.0))})
     if kind == "DINOV2Backbone":
         swiglu = bool(cfg.get("use_swiglu_ffn", False))
         width = int(cfg["intermediate_dim"])
@@ -372,34 +293,18 @@ def _gather(table, ids):
     return table[:, ids]
 
 
-def _name_dinov2_embedding(tensors, cfg):
-    """DINOv2's embedding variables, saved by index (`vars/0`, ...), under their names: which exist depends on
-    use_mask_token and num_register_tokens (trainable ones first, then the position_embeddings table)."""
-    names = ["cls_token", *["mask_token"] * bool(cfg.get("use_mask_token", True)),
-             *["register_tokens"] * bool(cfg.get("num_register_tokens", 0)), "interpolated_position_embeddings",
-             "position_embeddings"]
-    held = {k for k in tensors if re.fullmatch(_DINO_EMBED + r"/vars/\d+", k)}
-    if held != {f"{_DINO_EMBED}/vars/{i}" for i in range(len(names))}:
-        raise ValueError(f"{MODEL_WEIGHTS}: the DINOV2Backbone's embedding holds {len(held)} variables, its config "
-                         f"({', '.join(names)}) {len(names)}")
-    renamed = {k: v for k, v in tensors.items() if k not in held}
-    renamed |= {f"{_DINO_EMBED}/{name}": tensors[f"{_DINO_EMBED}/vars/{i}"] for i, name in enumerate(names)}
-    return renamed
-
-
 def to_official(backbone):
     """The mapping function of a preset whose config.json is `backbone`: (tensors, num_heads) -> (official
     arrays, unmapped keys)."""
     kind = backbone["class_name"]
 
     def mapping(tensors, num_heads):
-        arrays, unmapped, ids = {}, [], None
-        if kind == "DINOV2Backbone":
-            tensors = _name_dinov2_embedding(tensors, backbone["config"])
+        arrays, unmapped, ids, gates = {}, [], None, {}
+        tensors = rename_embedding(kind, tensors, backbone["config"])
         for key, value in tensors.items():
             if key.startswith("task/"):
                 continue
-            for pattern, template, how in _COMPILED[kind]:
+            for pattern, template, how in COMPILED[kind]:
                 match = pattern.match(key)
                 if match:
                     if how == "ids":
@@ -408,11 +313,16 @@ def to_official(backbone):
                         break
                     block = str(int(match.group(1) or 0)) if pattern.groups else ""
                     official = template.format(block)
+                    if how == "gate":  # packed before the up projection below (the builder's SwiGLU)
+                        gates[official] = value
+                        break
                     arrays[official] = value[None] if how == "table" else value.reshape(1, 1, -1) \
-                        if how == "token" else value
+                        if how == "token" else by_head(official, value, num_heads) if how == "heads" else value
                     break
             else:
                 unmapped.append(key)
+        for official, gate in gates.items():
+            arrays[official] = np.concatenate([gate, arrays[official]], axis=-1)
         if ids is not None and POSEMB in arrays:
             arrays[POSEMB] = _gather(arrays[POSEMB], ids)
         denses = _task_denses(tensors)
