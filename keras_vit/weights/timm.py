@@ -184,11 +184,12 @@ def complete(tensors):
     DINOv3's): the builder's projections have one, and zero computes the same; one block's missing bias stays missing."""
     out = {}
     for key, value in tensors.items():
-        part = re.fullmatch(r"(blocks\.\d+\.mlp\.)fc1_g\.(weight|bias)", key)
-        if part:
-            out[f"{part.group(1)}fc1.{part.group(2)}"] = np.concatenate([value, tensors[f"{part.group(1)}fc1_x.{part.group(2)}"]])
-        elif not re.fullmatch(r"blocks\.\d+\.mlp\.fc1_x\.(weight|bias)", key):
+        gate = re.fullmatch(r"(blocks\.\d+\.mlp\.)fc1_([gx])\.(weight|bias)", key)
+        partner = gate and f"{gate.group(1)}fc1_{'x' if gate.group(2) == 'g' else 'g'}.{gate.group(3)}"
+        if gate is None or partner not in tensors:  # a half without its partner: left to be named as unmapped
             out[key] = value
+        elif gate.group(2) == "g":
+            out[f"{gate.group(1)}fc1.{gate.group(3)}"] = np.concatenate([value, tensors[partner]])
     for name in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"):  # a kind of projection no block has a bias for
         weights = [k for k in out if re.fullmatch(rf"blocks\.\d+\.{re.escape(name)}\.weight", k)]
         if not any(k[:-len("weight")] + "bias" in out for k in weights):
