@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors.torch")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from timm_files import close, images, nchw, redraw, timm_file, to_numpy  # noqa: E402
+from timm_files import close, equal_to_timm_at, redraw, timm_file, to_numpy  # noqa: E402
 from timm_peer import import_timm  # noqa: E402
 
 timm = import_timm()
@@ -32,14 +32,7 @@ def test_timm_aimv2_files_equal_timm_at_two_sizes(tmp_path):
     """The logits at the size timm's model is made at and another (position embeddings resized by timm's rule),
     the head count (8 at width 1024), RMSNorm and its epsilon read off the name."""
     ref = _timm()
-    path = timm_file(ref, tmp_path, ARCH)
-    for h, w in SIZES:
-        ref.set_input_size(img_size=(h, w))
-        x = images(h, w)
-        with torch.no_grad():
-            expected = ref(nchw(x)).numpy()
-        model = keras_vit.from_timm(path, image_size=(h, w), classifier_activation=None)
-        close(to_numpy(model(x)), expected, f"{h}x{w}")
+    equal_to_timm_at(ref, SIZES, ARCH, path=timm_file(ref, tmp_path, ARCH))
 
 
 @pytest.mark.backend_independent
@@ -50,12 +43,7 @@ def test_an_aimv2_model_of_any_size_reloads_and_an_unnamed_file_is_refused(tmp_p
     model = keras_vit.any_size(keras_vit.from_timm(timm_file(ref, tmp_path, ARCH), image_size=SIZES[0],
                                                    classifier_activation=None))
     assert model.get_layer("embed_norm").__class__ is keras.layers.RMSNormalization
-    for h, w in SIZES:
-        ref.set_input_size(img_size=(h, w))
-        x = images(h, w, seed=h)
-        with torch.no_grad():
-            expected = ref(nchw(x)).numpy()
-        close(to_numpy(model(x)), expected, f"{h}x{w}")
+    x, expected = equal_to_timm_at(ref, SIZES, "any size", model=model)
     model.save(tmp_path / "m.keras")
     close(to_numpy(keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)(x)), expected, "reloaded")
     with pytest.raises(ValueError, match=r"projections without bias whose name names no timm architecture.* name the "

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors.torch")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from timm_files import close, images, nchw, redraw, timm_file, to_numpy  # noqa: E402
+from timm_files import close, equal_to_timm_at, images, redraw, timm_file, to_numpy  # noqa: E402
 from timm_peer import import_timm  # noqa: E402
 
 timm = import_timm()
@@ -48,14 +48,7 @@ def test_timm_eva_files_equal_timm_at_two_sizes(arch, tmp_path):
     name."""
     patch = int(arch.split("patch")[1].split("_")[0])
     ref = _timm(arch, SIZES[patch][0])
-    path = timm_file(ref, tmp_path, arch)
-    for h, w in SIZES[patch]:
-        ref.set_input_size(img_size=(h, w))
-        x = images(h, w)
-        with torch.no_grad():
-            expected = ref(nchw(x)).numpy()
-        model = keras_vit.from_timm(path, image_size=(h, w), classifier_activation=None)
-        close(to_numpy(model(x)), expected, f"{arch} at {h}x{w}")
+    equal_to_timm_at(ref, SIZES[patch], arch, path=timm_file(ref, tmp_path, arch))
 
 
 def test_an_eva02_model_of_any_size_reloads(tmp_path):
@@ -65,12 +58,7 @@ def test_an_eva02_model_of_any_size_reloads(tmp_path):
     ref = _timm(arch, SIZES[14][0])
     model = keras_vit.any_size(keras_vit.from_timm(timm_file(ref, tmp_path, arch), image_size=SIZES[14][0],
                                                    classifier_activation=None))
-    for h, w in SIZES[14]:
-        ref.set_input_size(img_size=(h, w))
-        x = images(h, w, seed=h)
-        with torch.no_grad():
-            expected = ref(nchw(x)).numpy()
-        close(to_numpy(model(x)), expected, f"{h}x{w}")
+    x, expected = equal_to_timm_at(ref, SIZES[14], "any size", model=model)
     model.save(tmp_path / "m.keras")
     again = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
     close(to_numpy(again(x)), expected, "reloaded")

@@ -43,3 +43,19 @@ def close(got, expected, what):
     scale = float(np.abs(expected).max())
     assert scale > 0.5, what  # a real signal
     np.testing.assert_allclose(got, expected, atol=1e-5 * scale, rtol=0, err_msg=what)
+
+
+def equal_to_timm_at(ref, sizes, what, path=None, model=None):
+    """For each (h, w) of `sizes`: timm's `ref` made to take that size (`set_input_size`: its position embeddings
+    resized and its rotary grid rescaled by timm's rules), and keras-vit's `model` (or the model `from_timm` builds
+    of `path` at that size) on the same images, equal; returns the last (images, timm's logits)."""
+    import keras_vit
+
+    for h, w in sizes:
+        ref.set_input_size(img_size=(h, w))
+        x = images(h, w, seed=h)
+        with torch.no_grad():
+            expected = ref(nchw(x)).numpy()
+        ours = model if model is not None else keras_vit.from_timm(path, image_size=(h, w), classifier_activation=None)
+        close(to_numpy(ours(x)), expected, f"{what} at {h}x{w}")
+    return x, expected
