@@ -186,10 +186,10 @@ def family_mismatch(model, arch, path):
 def _map_head_split(model, arrays):
     """`arrays` with the attention-pool head's projections split into that head's own head count, where it has its
     own (`map_num_heads`: the readers split every attention by the encoder's)."""
-    names = {layer.name for layer in model.layers}
-    if "map_head" not in names:
+    container = find_vit(model).container  # the ViT itself, where another model holds it
+    if "map_head" not in {layer.name for layer in container.layers}:
         return arrays
-    heads = model.get_layer("map_head").num_heads
+    heads = container.get_layer("map_head").num_heads
     prefix = "MAPHead_0/MultiHeadDotProductAttention_0/"
     out = dict(arrays)
     for key, value in arrays.items():
