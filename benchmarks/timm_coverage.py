@@ -81,7 +81,8 @@ def check(name, folder, depth=2):
     path = os.path.join(folder, f"{name}.safetensors")
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
     try:
-        naflex = {"naflex": False} if name.startswith("naflexvit") else {}  # timm's takes images: so does this one
+        # timm's NaFlex models take images: so does this one, at the size compared
+        naflex = {"naflex": False, "image_size": tuple(size)} if name.startswith("naflexvit") else {}
         ours = keras_vit.from_timm(path, num_heads=_heads(model), classifier_activation=None, **_pooling(model),
                                    **naflex)
         got = keras.ops.convert_to_numpy(ours(x))

@@ -486,3 +486,17 @@ def test_architectures_whose_state_dict_reads_as_another_vit_are_refused_or_read
         gap = timm.create_model("vit_base_patch16_gap_224", pretrained=False, depth=1)
     tensors = {k: np.broadcast_to(np.float32(0), tuple(v.shape)) for k, v in gap.state_dict().items()}
     assert architecture(tensors, "vit_base_patch16_gap_224.sw_in1k.safetensors")["timm_heads"] == 16
+
+
+@pytest.mark.backend_independent
+def test_a_timm_vit_without_a_final_norm_loads_as_one(tmp_path):
+    """timm's RADIO ViTs (`final_norm=False`) have no norm before or after pooling; the file records it by the
+    keys it lacks, and the model is built without one (`encoder_norm=False`), equal to timm's at two sizes."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from timm_files import equal_to_timm_at, redraw, timm_file
+
+    arch = "vit_base_patch16_radio_v3"
+    ref = redraw(timm.create_model(arch, pretrained=False, depth=2, img_size=64))
+    path = timm_file(ref, tmp_path, arch)
+    assert "encoder_norm" not in {layer.name for layer in keras_vit.from_timm(path, image_size=64).layers}
+    equal_to_timm_at(ref, ((64, 64), (48, 96)), arch, path=path)  # 3 x 6: no count a class token could explain

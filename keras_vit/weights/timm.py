@@ -15,7 +15,7 @@ from keras_vit.weights.timm_eva import TIMM_DINOV3_LAYOUT, TIMM_EVA_LAYOUT, from
 # Keys of architectures the builder does not make -> what they are.
 UNSUPPORTED = (
     (r"\.attn\.[qk]_norm\.", "a ViT with q/k normalisation (q_norm/k_norm)"),
-    (r"\.rel_pos\.|^rel_pos_bias\.", "a ViT with timm's relative position MLP or a relative position bias shared by "
+    (r"\.rel_pos\.|^rel_pos_bias\.|^shared_rel_pos\.", "a ViT with timm's relative position MLP or a relative position bias shared by "
      "its blocks (vit_relpos_*, vit_srelpos_*, BEiT's use_shared_rel_pos_bias)"),
     (r"^blocks\.\d+\.(attns|ffns|in_proj|in_norm)\.", "a ViT of parallel blocks (timm's ParallelThingsBlock, "
      "ParallelScalingBlock: `*_18x2_*`, `*_xp_*`)"),
@@ -375,6 +375,8 @@ def architecture(tensors, name=""):
         layer_scale=1e-5 if "blocks.0.ls1.gamma" in tensors else None, pre_norm=clip, fc_norm=fc_norm, rope=None,
         mlp_norm="blocks.0.mlp.norm.weight" in tensors, attention_norm="blocks.0.attn.norm.weight" in tensors,
         embed_norm="patch_embed.norm.weight" in tensors,
+        # no final norm where the file has none before or after pooling (RADIO's final_norm=False)
+        encoder_norm=None if "norm.weight" in tensors or fc_norm else False,
         relative_position_bias="blocks.0.attn.relative_position_bias_table" in tensors,
         # a class token beside attention pooling (Perception Encoder's), and the pool's MLP where not the encoder's
         class_token=True if has_cls and "attn_pool.latent" in tensors else None,
