@@ -127,6 +127,7 @@ def build_vit(
     map_mlp_dim=None,
     map_include_prefix=False,
     encoder_norm=True,
+    register_position_embedding=False,
 ):
     """Builds a Vision Transformer as a functional `keras.Model` with freshly initialised weights
     (`keras_vit.VisionTransformer` is this plus `weights=`).
@@ -250,6 +251,8 @@ def build_vit(
         map_include_prefix: the attention-pool head attends over the prefix tokens too (Perception Encoder's;
             timm's `pool_include_prefix`), not the patch tokens only.
         encoder_norm: False drops the final norm (Perception Encoder's language and spatial towers have none).
+        register_position_embedding: the register tokens get learned position embeddings too, laid out after the
+            class token's (timm's `vit_so150m*`, no_embed_class=False with registers).
     """
     # every argument but the input and the name: the config's fields (tests/test_vit_config.py)
     config = ViTConfig(**{k: v for k, v in locals().items() if k not in ("input_tensor", "name")})
@@ -324,10 +327,14 @@ def _embed(config, images, grid, runtime):
         x = L.ClassToken(name="cls")(x)
     if config.distillation_token:
         x = L.PrefixTokens(1, index=1, name="dist")(x)
+    registers = config.num_register_tokens and L.PrefixTokens(config.num_register_tokens, index=config.cls_tokens,
+                                                              name="registers")
+    if registers and config.register_position_embedding:  # before the position embeddings, which cover them
+        x = registers(x)
     if config.prefix_position_embedding:
         x = add_positions(x)
-    if config.num_register_tokens:  # after the position embeddings: registers get none
-        x = L.PrefixTokens(config.num_register_tokens, index=config.cls_tokens, name="registers")(x)
+    if registers and not config.register_position_embedding:  # after the position embeddings: registers get none
+        x = registers(x)
     x = keras.layers.Dropout(config.dropout_rate, name="dropout")(x)
     if config.pre_norm:
         x = _norm(config, "pre_norm")(x)

@@ -160,8 +160,10 @@ def _parts_of(container, path):
     blocks = [by_name[f"encoderblock_{i}"] for i in indices]
     cls = by_name.get("cls")
     dist = by_name.get("dist")
-    if int(posembed.num_prefix_tokens) != int(cls is not None) + int(dist is not None) and (
-            cls is None or int(posembed.num_prefix_tokens) != 0):
+    registers = by_name.get("registers")
+    prefix = int(cls is not None) + int(dist is not None)
+    covered = (prefix, 0, prefix + (0 if registers is None else int(registers.num_tokens)))  # registers covered too
+    if int(posembed.num_prefix_tokens) not in covered[:2 if cls is not None else 1] + covered[2:]:
         raise ValueError(
             f"{path}: posembed_input expects {posembed.num_prefix_tokens} prefix token(s) "
             f"but the model has {'a' if cls is not None else 'no'} 'cls' and {'a' if dist is not None else 'no'} "

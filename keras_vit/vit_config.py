@@ -88,6 +88,7 @@ class ViTConfig:
     map_mlp_dim: int | None = None
     map_include_prefix: bool = False
     encoder_norm: bool = True
+    register_position_embedding: bool = False
 
     def __post_init__(self):
         # In this order, the builder's: of several bad options, the same one is named.
@@ -125,7 +126,9 @@ class ViTConfig:
     @property
     def position_prefix_tokens(self):
         """The prefix tokens that get a position embedding (none when added to the patches only)."""
-        return self.cls_tokens if self.prefix_position_embedding else 0
+        if not self.prefix_position_embedding:
+            return 0
+        return self.cls_tokens + (self.num_register_tokens if self.register_position_embedding else 0)
 
     @property
     def stride(self):
@@ -229,6 +232,10 @@ def _check_token_layout(c):
     if not c.prefix_position_embedding and c.position_embedding not in ("learned_1d", "learned_2d", "factorized"):
         raise ValueError(f"prefix_position_embedding=False is about learned position embeddings, got "
                          f"position_embedding={c.position_embedding!r}")
+    if c.register_position_embedding and not (n and c.prefix_position_embedding and c.position_placement == "once"
+                                              and c.position_embedding in ("learned_1d", "learned_2d")):
+        raise ValueError("register_position_embedding=True gives the register tokens learned position embeddings: it "
+                         f"takes num_register_tokens > 0 and prefix_position_embedding=True, got {', '.join(layout)}")
     if c.position_embedding == "factorized" and c.position_prefix_tokens:
         raise ValueError("position_embedding='factorized' adds to the patch tokens only: with a class or distillation "
                          "token it takes prefix_position_embedding=False (as timm's NaFlex models)")

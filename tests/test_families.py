@@ -500,3 +500,20 @@ def test_a_timm_vit_without_a_final_norm_loads_as_one(tmp_path):
     path = timm_file(ref, tmp_path, arch)
     assert "encoder_norm" not in {layer.name for layer in keras_vit.from_timm(path, image_size=64).layers}
     equal_to_timm_at(ref, ((64, 64), (48, 96)), arch, path=path)  # 3 x 6: no count a class token could explain
+
+
+@pytest.mark.backend_independent
+def test_position_embeddings_that_cover_the_registers_load(tmp_path):
+    """timm's `vit_so150m*` give their register tokens position embeddings too (no_embed_class=False with
+    reg_tokens): read off the count (`register_position_embedding=True`), equal to timm's at two sizes, the
+    registers' entries kept as they are when the grid's are resized."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from timm_files import equal_to_timm_at, redraw, timm_file
+
+    arch = "vit_so150m_patch16_reg4_gap_256"
+    ref = redraw(timm.create_model(arch, pretrained=False, depth=2, img_size=64, num_classes=5))
+    path = timm_file(ref, tmp_path, arch)
+    equal_to_timm_at(ref, ((64, 64), (48, 96)), arch, path=path)
+    with pytest.raises(ValueError, match="register_position_embedding=True gives the register tokens learned position"):
+        keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1,
+                                    register_position_embedding=True)

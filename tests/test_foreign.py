@@ -201,7 +201,7 @@ def _unchanged(model, before):
 @pytest.mark.parametrize("kind, match", [
     ("deit", r"holds a DeiT ViT \(distillation token\); model 'vit' is a ViT of the paper's layout: "
              r"distillation_token=True in the file, False in the model"),
-    ("registers", "position embeddings cover the 4 register tokens too"),
+    ("registers", r"4 register tokens\); model 'vit' is a ViT of the paper's layout: num_register_tokens=4 in the file"),
     ("clip", r"CLIP-style ViT \(pre-norm\).*pre_norm=True in the file, False in the model"),
     ("layer_scale", "layer_scale=1e-05 in the file, None in the model"),
     ("beit", r"BEiT-style ViT \(relative position bias\)"),

@@ -80,7 +80,8 @@ def _refuse(path, tensors):
 # and the stochastic depth its config records (Hugging Face's DINOv2; a timm state dict records none)
 FILE_OPTIONS = ("approximate_gelu", "layer_norm_epsilon", "position_interpolation", *FAMILY_DEFAULTS,
                 "position_embedding", "position_aspect_preserving",  # these two: timm's NaFlex models
-                "drop_path_rate", "class_token", "map_num_heads", "map_mlp_dim", "map_include_prefix")
+                "drop_path_rate", "class_token", "map_num_heads", "map_mlp_dim", "map_include_prefix",
+                "register_position_embedding")
 
 
 def file_options(arch):
@@ -94,7 +95,8 @@ def file_image_size(arch, stride):
         return arch["image_size"]
     if not arch.get("tokens"):
         return None
-    covered = int(arch["classifier"] == "token") + int(arch.get("distillation_token", False))
+    covered = int(arch["classifier"] == "token") + int(arch.get("distillation_token", False)) + (
+        arch.get("num_register_tokens", 0) if arch.get("register_position_embedding") else 0)
     grid = arch["tokens"] - (covered if arch.get("prefix_position_embedding", True) else 0)
     side = math.isqrt(grid)
     return side * stride if side * side == grid else None
@@ -137,6 +139,8 @@ def settle_layout(arch, grid):
     = 25 = 5x5). Where the file's own size is known (its config's, or its architecture's name's), its own grid
     reads the count, not the `grid` it is resized to (a 4x4 table of patches only is no 3x5 grid and a class
     token)."""
+    if arch.get("register_position_embedding"):  # the count read with the registers: one reading only
+        return arch
     own = arch.get("image_size")
     if own and arch.get("resnet") is None and arch.get("patch_size"):
         grid = tuple(side // arch["patch_size"] for side in pair(own, "image_size"))

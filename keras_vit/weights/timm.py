@@ -32,7 +32,7 @@ UNSUPPORTED = (
 )
 # Embedding widths of timm's ViTs -> their head counts (a state dict does not record them; the model
 # definitions in timm/models/vision_transformer.py and deit.py do)
-TIMM_HEADS = {64: 2, 192: 3, 256: 4, 320: 5, 384: 6, 512: 8, 640: 10, 768: 12, 832: 13, 896: 14, 1024: 16, 1152: 16,
+TIMM_HEADS = {64: 2, 96: 3, 192: 3, 256: 4, 320: 5, 384: 6, 512: 8, 640: 10, 768: 12, 832: 13, 896: 14, 1024: 16, 1152: 16,
               1280: 16, 1408: 16, 1536: 24, 1664: 16}
 # timm's ViTs whose head count is not TIMM_HEADS' for their width (tests/test_families.py reads every architecture)
 TIMM_NAMED_HEADS = {"vit_base_patch16_gap_224": 16}
@@ -251,6 +251,13 @@ def to_official(tensors, num_heads):
     return arrays, unmapped
 
 
+def _covers_registers(tokens, prefix, registers):
+    """Whether `tokens` position embeddings cover the register tokens too (timm's no_embed_class=False with
+    reg_tokens: its `vit_so150m*` models): a square grid with the prefix and the registers, and no other reading."""
+    return bool(registers) and _square(tokens - prefix - registers) and not _square(tokens - prefix) \
+        and not _square(tokens)
+
+
 def _square(n):
     return n > 0 and math.isqrt(n) ** 2 == n
 
@@ -371,7 +378,9 @@ def architecture(tensors, name=""):
         layer_norm_epsilon=1e-5 if clip or named_architecture(name, dict.fromkeys(TIMM_EPSILON_1E5)) else 1e-6,
         distillation_token=has_dist, num_register_tokens=registers,
         # without a class token there is nothing to skip: True, as the builder takes it then
-        prefix_position_embedding=True if tokens is None else covers_prefix(tokens, prefix, registers) or not prefix,
+        prefix_position_embedding=True if tokens is None or _covers_registers(tokens, prefix, registers)
+        else covers_prefix(tokens, prefix, registers) or not prefix,
+        register_position_embedding=bool(tokens) and _covers_registers(tokens, prefix, registers),
         layer_scale=1e-5 if "blocks.0.ls1.gamma" in tensors else None, pre_norm=clip, fc_norm=fc_norm, rope=None,
         mlp_norm="blocks.0.mlp.norm.weight" in tensors, attention_norm="blocks.0.attn.norm.weight" in tensors,
         embed_norm="patch_embed.norm.weight" in tensors,
