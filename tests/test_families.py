@@ -464,6 +464,8 @@ def test_what_every_timm_vit_state_dict_does_not_record_is_read_as_timm_defines_
             assert type(block).__name__ in ("Block", "EvaBlock"), name  # pre-norm blocks, as the builder's
             assert read["layer_norm_epsilon"] == pytest.approx(block.norm1.eps), name
             assert read["timm_heads"] == block.attn.num_heads, name
+            if getattr(module, "attn_pool", None) is not None and module_name != "eva":  # eva's pools every token
+                assert bool(read.get("map_include_prefix")) == module.pool_include_prefix, name
             checked += 1
     assert checked > 150
 

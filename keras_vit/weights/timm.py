@@ -58,6 +58,9 @@ TIMM_AIMV2_HEADS = {f"aimv2_{size}_patch14_{res}": heads for size, heads in (
 # CLIP towers, which have one, are read by it): BEiT 3, remapped by timm with norms in the attention and the MLP
 TIMM_EPSILON_1E5 = ("beit3_base_patch16_224", "beit3_large_patch16_224", "beit3_giant_patch14_224",
                     "beit3_giant_patch14_336")
+# timm's ViTs whose attention pool reads the prefix tokens too (pool_include_prefix=True), which a state dict does not
+# record; tests/test_families.py checks every architecture's against timm's
+TIMM_POOL_INCLUDE_PREFIX = ("test_vit3",)
 # timm's ViTs of post-norm blocks (ResPostBlock: x + norm(branch(x))) that store the keys of its pre-norm ones: refused
 # by name, as keras-vit's blocks are pre-norm
 TIMM_POST_NORM = ("vit_base_patch16_rpn_224",)
@@ -389,6 +392,7 @@ def architecture(tensors, name=""):
         relative_position_bias="blocks.0.attn.relative_position_bias_table" in tensors,
         # a class token beside attention pooling (Perception Encoder's), and the pool's MLP where not the encoder's
         class_token=True if has_cls and "attn_pool.latent" in tensors else None,
+        map_include_prefix=bool(named_architecture(name, dict.fromkeys(TIMM_POOL_INCLUDE_PREFIX))) or None,
         map_mlp_dim=_map_mlp_dim(tensors, fc2),
         # a class token beside an average of the patch tokens (timm's global_pool='avg' with fc_norm: EVA, MAE)
         pooling="avg" if fc_norm and has_cls else None,
