@@ -64,8 +64,10 @@ TIMM_POOL_INCLUDE_PREFIX = ("test_vit3",)
 # timm's ViTs of post-norm blocks (ResPostBlock: x + norm(branch(x))) that store the keys of its pre-norm ones: refused
 # by name, as keras-vit's blocks are pre-norm
 TIMM_POST_NORM = ("vit_base_patch16_rpn_224",)
-# timm architectures refused by name, whose state dicts would read as another ViT -> what they are
+# timm architectures refused by name (a regex of the name), whose state dicts would read as another ViT -> what they are
 TIMM_REFUSED = {
+    r"naflexvit_[a-z0-9_]*radio_v\d": "a RADIO NaFlex tower, whose position embeddings are resized with their corners "
+    "aligned (pos_embed_align_corners), a rule keras_vit's NaFlex models do not have yet; timm's vit_*_radio_* load",
     **dict.fromkeys(TIMM_POST_NORM, "a ViT of post-norm blocks (timm's ResPostBlock: x + norm(branch(x))); keras_vit's "
                     "blocks are pre-norm (x + branch(norm(x))), as the paper's"),
 }
