@@ -111,8 +111,8 @@ def test_every_timm_eva_architecture_keras_vit_builds_is_read_as_timm_defines_it
         pool = ref.attn_pool
         assert (read.get("map_num_heads"), bool(read.get("map_include_prefix"))) == (
             (pool.num_heads, True) if pool is not None else (None, False)), arch  # timm's Eva pools every token
-        assert read.get("encoder_norm", True) == (not isinstance(ref.norm, torch.nn.Identity)
-                                                  or not isinstance(ref.fc_norm, torch.nn.Identity)), arch
+        assert (read.get("encoder_norm") is not False) == (not isinstance(ref.norm, torch.nn.Identity)  # None: as
+                                                           or not isinstance(ref.fc_norm, torch.nn.Identity)), arch  # is
         assert read["pre_norm"] == (not isinstance(ref.norm_pre, torch.nn.Identity)), arch
         assert read["image_size"] == tuple(timm.models.get_pretrained_cfg(arch).input_size[1:]), arch
     others = set(timm_keys.TIMM_DINOV3_LAYOUT) | set(timm.list_models(module="beit"))  # tested on their own
