@@ -53,6 +53,9 @@ def runs(start, tmp_path_factory):
     killed = Lines()
     code = two_processes([FAULTS, *_flags(photos, root / "two", start)], killed, KILL_PROCESS="0")
     assert code != 0, killed.text()[-6000:]
+    # died of its kill, not before it: a run that fails at its start leaves nothing to resume (one round of 20
+    # under load did, its lines unseen), and these lines say why
+    assert "[0] killing process 0" in killed.text(), killed.text()[-6000:]
     killed.left = sorted(path.relative_to(root / "two").as_posix() for path in (root / "two").rglob("*"))
     held_up = {"STOP_PROCESS": "1", "STOP_S": "15"} if backend() == "tensorflow" else {}
 
