@@ -162,8 +162,9 @@ def _parts_of(container, path):
     dist = by_name.get("dist")
     registers = by_name.get("registers")
     prefix = int(cls is not None) + int(dist is not None)
-    covered = (prefix, 0, prefix + (0 if registers is None else int(registers.num_tokens)))  # registers covered too
-    if int(posembed.num_prefix_tokens) not in covered[:2 if cls is not None else 1] + covered[2:]:
+    # the prefix tokens, or none beside a class token, or the prefix and the registers (timm's vit_so150m*)
+    covered = {prefix, prefix + (0 if registers is None else int(registers.num_tokens))} | ({0} if cls is not None else set())
+    if int(posembed.num_prefix_tokens) not in covered:
         raise ValueError(
             f"{path}: posembed_input expects {posembed.num_prefix_tokens} prefix token(s) "
             f"but the model has {'a' if cls is not None else 'no'} 'cls' and {'a' if dist is not None else 'no'} "

@@ -367,6 +367,7 @@ def architecture(tensors, name=""):
                          f"{', '.join(TIMM_EVA_LAYOUT)}, e.g. vit_small_patch16_dinov3.lvd1689m.safetensors) or "
                          "pass that name to keras_vit.from_timm")
     prefix = int(has_cls) + int(has_dist)
+    with_registers = bool(tokens) and _covers_registers(tokens, prefix, registers)  # vit_so150m*
     named = name_options(name)
     siglip = not (prefix or fc_norm or registers or clip or swiglu or "blocks.0.ls1.gamma" in tensors)
     arch = dict(
@@ -383,9 +384,9 @@ def architecture(tensors, name=""):
         layer_norm_epsilon=1e-5 if clip or named_architecture(name, dict.fromkeys(TIMM_EPSILON_1E5)) else 1e-6,
         distillation_token=has_dist, num_register_tokens=registers,
         # without a class token there is nothing to skip: True, as the builder takes it then
-        prefix_position_embedding=True if tokens is None or _covers_registers(tokens, prefix, registers)
+        prefix_position_embedding=True if tokens is None or with_registers
         else covers_prefix(tokens, prefix, registers) or not prefix,
-        register_position_embedding=bool(tokens) and _covers_registers(tokens, prefix, registers),
+        register_position_embedding=with_registers,
         layer_scale=1e-5 if "blocks.0.ls1.gamma" in tensors else None, pre_norm=clip, fc_norm=fc_norm, rope=None,
         mlp_norm="blocks.0.mlp.norm.weight" in tensors, attention_norm="blocks.0.attn.norm.weight" in tensors,
         embed_norm="patch_embed.norm.weight" in tensors,
