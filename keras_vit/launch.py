@@ -3,7 +3,7 @@
     python -m keras_vit.launch -n 2 --cpu-devices 2 -- examples/finetune_cifar10.py --distribute data ...
 
 Each process gets the variables a cluster would give it: KERAS_DISTRIBUTION_JOB_ADDRESSES (the
-coordinator, 127.0.0.1 and a free port), KERAS_DISTRIBUTION_NUM_PROCESSES and
+coordinator, 127.0.0.1 and a free port: `launchers.free_ports`), KERAS_DISTRIBUTION_NUM_PROCESSES and
 KERAS_DISTRIBUTION_PROCESS_ID, which `keras_vit.distribute.initialize_multihost()` reads (JAX), and
 TF_CONFIG naming N workers on loopback ports, which `keras_vit.distribute.tf_strategy()` turns into a
 `MultiWorkerMirroredStrategy` (TensorFlow). `--cpu-devices K` gives each process K virtual CPU devices
@@ -23,29 +23,16 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
+from keras_vit.distribute.launchers import free_ports
+
 __all__ = ["launch"]
 
 GRACE_S = 10
-
-
-def free_ports(count):
-    """`count` distinct TCP ports on 127.0.0.1 that were free a moment ago."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def process_env(index, count, ports, cpu_devices=None, base=None):

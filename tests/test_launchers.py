@@ -77,6 +77,31 @@ def test_each_launchers_environment_says_how_many_processes_and_which_this_is(mo
         "n3:61441"
 
 
+@pytest.mark.backend_independent
+def test_free_ports_are_drawn_where_the_kernel_gives_out_none_and_a_taken_one_is_passed_over(monkeypatch):
+    """`free_ports` (`python -m keras_vit.launch`'s, MPI's coordinator's): distinct ports below the kernel's
+    ephemeral range, where no outgoing connection or bind to port 0 can take one before the processes listen
+    (a TensorFlow worker whose port was taken ends "Could not start gRPC server"); one a server already listens
+    at, on any interface, is passed over; a range that leaves no room below it is drawn from itself."""
+    low, high = map(int, pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = launchers.free_ports(50)
+    assert len(set(ports)) == 50 and all(launchers.PORTS_FROM <= port < min(low, 32768) for port in ports), ports
+    with socket.socket() as given:  # the kernel's choice lies in its range
+        given.bind(("", 0))
+        assert low <= given.getsockname()[1] <= high
+    with socket.socket() as taken:
+        taken.bind(("", ports[0]))
+        taken.listen()
+        offered = [ports[0], ports[1]]
+        monkeypatch.setattr(launchers.random.SystemRandom, "sample", lambda self, pool, k: offered)
+        assert launchers.free_ports(1) == [ports[1]]
+        with pytest.raises(OSError, match=r"expected 2 free TCP ports in 20000-\d+, found 1"):
+            launchers.free_ports(2)
+    monkeypatch.undo()
+    monkeypatch.setattr(launchers, "_ephemeral_from", lambda: 20500)
+    assert all(20500 <= port <= 65535 for port in launchers.free_ports(20))
+
+
 @pytest.mark.skipif(backend() == "torch", reason="several processes: jax and tensorflow")
 def test_a_coordinator_that_cannot_be_reached_is_refused_at_the_limit(tmp_path, monkeypatch, capsys):
     """Process 1 of `srun -n 2` whose process 0 never started: `keras-vit finetune` waits up to

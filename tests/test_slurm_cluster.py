@@ -16,7 +16,7 @@ import pytest
 from conftest import backend, photo_folder
 from test_finetune_multiprocess import lane_env_of, same_model
 
-from keras_vit.launch import free_ports
+from keras_vit.distribute.launchers import free_ports
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "sinfo")
 pytestmark = [

@@ -20,12 +20,13 @@ A launcher that says one process (``mpiexec -n 1``, a one-task step) is no launc
 import collections
 import glob
 import os
+import random
 import re
 import socket
 import time
 
-__all__ = ["JOIN_TIMEOUT_S", "Launch", "coordinator", "detect", "first_slurm_host", "joined_count", "mpi_coordinator",
-           "slurm_port", "tpu_address", "wait_for_coordinator"]
+__all__ = ["JOIN_TIMEOUT_S", "Launch", "coordinator", "detect", "first_slurm_host", "free_ports", "joined_count",
+           "mpi_coordinator", "slurm_port", "tpu_address", "wait_for_coordinator"]
 
 Launch = collections.namedtuple("Launch", ["launcher", "count", "index"])
 Launch.__doc__ = """`launcher` one of the names above; `count` the number of processes (None: known once joined, a
@@ -37,6 +38,9 @@ SAID = {"keras": "KERAS_DISTRIBUTION_NUM_PROCESSES", "tf_config": "TF_CONFIG", "
 SLURM_STEP = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
 # process 0 not reachable within this many seconds: the join is refused (JAX's own limit for its processes)
 JOIN_TIMEOUT_S = 300
+# the ports `free_ports` draws from: above the well-known and registered services' usual ones, below the
+# kernel's ephemeral range (Linux's default starts at 32768, the IANA range that macOS and Windows use at 49152)
+PORTS_FROM, EPHEMERAL_FROM = 20000, 32768
 
 
 def detect(environ=None, backend=None):
@@ -121,6 +125,47 @@ def coordinator(launch, environ=None):
     return None
 
 
+def _ephemeral_from():
+    """The first port of the kernel's ephemeral range (Linux's ip_local_port_range), else EPHEMERAL_FROM."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return min(int(f.read().split()[0]), EPHEMERAL_FROM)
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_FROM
+
+
+def _bindable(port):
+    """Whether a TCP server could listen at `port` on every interface now (as TensorFlow's and JAX's do)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_ports(count):
+    """`count` distinct TCP ports that a server could listen at on every interface of this host, drawn at random
+    from below the kernel's ephemeral range (between PORTS_FROM and its start, where the range leaves a
+    thousand ports there; else from the range itself).
+
+    The processes that listen at them start later, and a port the kernel gave out in between (to any program's
+    outgoing connection, or a `bind` to port 0) would be taken: the kernel gives out only ports of its
+    ephemeral range, so those drawn below it stay free unless a program asks for one by number.
+    """
+    end = _ephemeral_from()
+    pool = range(PORTS_FROM, end) if end - PORTS_FROM >= 1000 else range(end, 65536)
+    ports = []
+    for port in random.SystemRandom().sample(pool, len(pool)):
+        if len(ports) == count:
+            break
+        if _bindable(port):
+            ports.append(port)
+    if len(ports) < count:
+        raise OSError(f"free_ports: expected {count} free TCP ports in {pool.start}-{pool.stop - 1}, found {len(ports)}")
+    return ports
+
+
 def mpi_coordinator(launch):
     """'host:port' of process 0 of an MPI launch, sent by process 0 to every process over MPI (mpi4py): its
     host name and a port free on it (JAX_COORDINATOR_PORT if set)."""
@@ -133,11 +178,7 @@ def mpi_coordinator(launch):
             "JOB_ADDRESSES / _NUM_PROCESSES / _PROCESS_ID set for each process") from None
     address = None
     if MPI.COMM_WORLD.Get_rank() == 0:
-        port = os.environ.get("JAX_COORDINATOR_PORT")
-        if not port:
-            with socket.socket() as s:
-                s.bind(("", 0))
-                port = s.getsockname()[1]
+        port = os.environ.get("JAX_COORDINATOR_PORT") or free_ports(1)[0]
         address = f"{socket.gethostname()}:{port}"
     return MPI.COMM_WORLD.bcast(address, root=0)
 
