@@ -75,3 +75,39 @@ def test_every_timm_beit_architecture_is_read_as_timm_defines_it():
             ref.blocks[0].attn.num_heads, True, True), arch
         assert (read["pooling"], read["fc_norm"], read["position_embedding"]) == ("avg", True, "none"), arch
         assert read["image_size"] == tuple(timm.models.get_pretrained_cfg(arch).input_size[1:]), arch
+
+
+# transformers' BEiT and data2vec models: (class, config options); BEiT in transformers 5's names, data2vec in 4's
+HF_CASES = {
+    "beit_relative_mean": ("BeitModel", dict(use_relative_position_bias=True)),
+    "beit_shared_class_token": ("BeitModel", dict(use_shared_relative_position_bias=True, use_mean_pooling=False)),
+    "beit_classifier_absolute": ("BeitForImageClassification",
+                                 dict(use_absolute_position_embeddings=True, use_mean_pooling=False, num_labels=3)),
+    "data2vec_classifier": ("Data2VecVisionForImageClassification", dict(use_relative_position_bias=True, num_labels=3)),
+}
+
+
+@pytest.mark.parametrize("case", list(HF_CASES))
+def test_transformers_beit_and_data2vec_folders_equal_transformers(case, tmp_path):
+    """A folder saved by transformers' `save_pretrained`, read by `from_huggingface` with no argument: the classifier's
+    logits, else the model's pooler output (the patch tokens' mean through the pooler's layernorm, or the class token
+    after the final norm); each block's own relative position bias, one shared by the blocks (copied into each),
+    an absolute table. Built at another size, it is refused by its tables, nothing loaded."""
+    import transformers
+
+    name, options = HF_CASES[case]
+    config = getattr(transformers, "Data2VecVisionConfig" if name.startswith("Data2Vec") else "BeitConfig")(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32, patch_size=8,
+        **options)
+    torch.manual_seed(0)
+    ref = redraw(getattr(transformers, name)(config))
+    ref.save_pretrained(tmp_path / "hf")
+    x = images(32, 32)
+    with torch.no_grad():
+        out = ref(pixel_values=nchw(x))
+    expected = out.logits if name.endswith("Classification") else out.pooler_output
+    model = keras_vit.from_huggingface(tmp_path / "hf", classifier_activation=None)
+    close(to_numpy(model(x)), expected.numpy(), case)
+    if case == "beit_relative_mean":
+        with pytest.raises(ValueError, match=r"relative position tables \(BEiT's\) hold 52 offsets"):
+            keras_vit.from_huggingface(tmp_path / "hf", image_size=(48, 48))

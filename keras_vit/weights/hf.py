@@ -23,6 +23,11 @@ config.json `model_type` -> what the folder holds and how the builder makes it:
     dinov3_vit             DINOv3ViTModel / DINOv3ViTBackbone: DINOv3's rotary position embedding (rope_theta)
                            and no other, registers, layer scale; q/k/v, output and MLP biases each where
                            the config has them (zero elsewhere), a gated SiLU MLP as the builder's SwiGLU
+    beit                   BeitModel / BeitForImageClassification: a relative position bias in every block
+                           (one shared by the blocks is copied into each, as BEiT's fine-tuning does), layer
+                           scale, q and v biases (no k bias); the patch tokens averaged and normed (the
+                           pooler's layernorm, as fc_norm) or, without use_mean_pooling, the class token
+    data2vec-vision        Data2VecVisionModel / ...ForImageClassification: BEiT's layout and rules
 
 The folders are read as transformers' save_pretrained writes them (`encoder.layer.0.attention.
 attention.query`, `mlp.weights_in`, ...); the renamed modules of transformers 5 (`q_proj`,
@@ -67,6 +72,9 @@ _DINOV2 = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, ml
 _DINOV3 = dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536, hidden_act="gelu",
                layer_norm_eps=1e-5, rope_theta=100.0, image_size=224, patch_size=16, num_channels=3,
                layerscale_value=1.0, use_gated_mlp=False, num_register_tokens=0, drop_path_rate=0.0)
+_BEIT = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
+             layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3, use_mean_pooling=True,
+             layer_scale_init_value=0.1, drop_path_rate=0.1)
 _TOWER = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, image_size=224,
               num_channels=3)
 # torch's F.interpolate as each model's interpolate_pos_encoding calls it (transformers 5): bicubic with
@@ -91,6 +99,8 @@ FAMILIES = {
                                     "layer_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh",
                                     "vision_use_head": True, "num_patches": 256}, "bilinear_antialias"),
     "dinov3_vit": Family("a DINOv3 ViT", _DINOV3, "bicubic", input_mode="imagenet"),  # no table to resize
+    "beit": Family("a BEiT (relative position bias)", _BEIT, "bicubic"),
+    "data2vec-vision": Family("a data2vec ViT (BEiT's layout)", _BEIT, "bicubic"),
     "clip": Family("a CLIP model", {}, "bicubic", vision_type="clip_vision_model"),
     "siglip": Family("a SigLIP model", {}, "bicubic", vision_type="siglip_vision_model"),
     "siglip2": Family("a SigLIP 2 model", {}, "bilinear_antialias", vision_type="siglip2_vision_model"),
@@ -101,8 +111,7 @@ OTHERS = {
     "siglip_text_model": "a SigLIP text tower (no vision tower)",
     "siglip2_text_model": "a SigLIP 2 text tower (no vision tower)",
     "vit_mae": "a ViT-MAE (masked autoencoder with a decoder)",
-    "vit_msn": "a ViT-MSN", "beit": "a BEiT (relative position bias)",
-    "data2vec-vision": "a data2vec ViT (relative position bias)",
+    "vit_msn": "a ViT-MSN",
     "vit_hybrid": "a hybrid ViT with a BiT backbone", "ijepa": "an I-JEPA ViT (no class token, no final pooling)",
 }
 
@@ -204,6 +213,23 @@ def _siglip2(cfg, local, name):
                 naflex=True)
 
 
+def _beit(cfg, local, name, head):
+    """The builder arguments of a BEiT or data2vec ViT beyond the ViT's: its position encodings as the file has
+    them (the relative tables, a block's own or shared; an absolute table), layer scale where the blocks have it,
+    and what it pools: with use_mean_pooling the patch tokens' mean, normed by the pooler's layernorm (fc_norm)
+    where the folder has a pooler, with no final norm on the tokens; else the class token after the final norm."""
+    relative = any(k.endswith("relative_position_bias_table") for k in local)
+    mean = bool(cfg["use_mean_pooling"])
+    if mean and head is not None and "pooler.layernorm.weight" not in local:
+        raise ValueError(f"{name}: a classifier over the mean of the patch tokens without the pooler's layernorm")
+    return dict(relative_position_bias=relative, drop_path_rate=float(cfg["drop_path_rate"]),
+                layer_scale=float(cfg["layer_scale_init_value"]) if "layers.0.lambda_1" in local or
+                "encoder.layer.0.lambda_1" in local else None,
+                position_embedding="learned_1d" if "embeddings.position_embeddings" in local else "none",
+                classes=None if head is None else int(head.shape[0]),
+                **(dict(pooling="avg", fc_norm="pooler.layernorm.weight" in local, encoder_norm=False) if mean else {}))
+
+
 def _swiglu_width(hidden_size, mlp_ratio):
     """DINOv2's SwiGLU width: two thirds of the MLP's, rounded up to a multiple of 8."""
     return (int(int(hidden_size * mlp_ratio) * 2 / 3) + 7) // 8 * 8
@@ -269,6 +295,8 @@ def architecture(config, tensors):
         arch.update(layer_scale=float(cfg["layerscale_value"]), drop_path_rate=_drop_path_rate(cfg, name),
                     num_register_tokens=int(cfg["num_register_tokens"] if registers is None else registers.shape[1]),
                     rope={"kind": "dinov3", "temperature": float(cfg["rope_theta"])}, position_embedding="none")
+    elif kind in ("beit", "data2vec-vision"):
+        arch.update(_beit(cfg, local, name, head))
     elif kind == "clip_vision_model":
         if head is not None:
             raise ValueError(f"{name}: CLIPForImageClassification's head reads the mean of the patch tokens "

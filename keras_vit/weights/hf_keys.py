@@ -16,13 +16,15 @@ logger = logging.getLogger("keras_vit")
 # key map: HF key (after the model prefix, see vision_tensors) -> official key template and transform
 
 # the model prefix of a head-bearing class (ViTForImageClassification: "vit.", CLIPModel: "vision_model.")
-_PREFIX = re.compile(r"^(?:vit|deit|dinov2|dinov2_with_registers|vision_model)\.")
+_PREFIX = re.compile(r"^(?:vit|deit|dinov2|dinov2_with_registers|vision_model|beit|data2vec_vision)\.")
 VISION_MODEL = re.compile(r"^vision_model\.")
 # the other tower of a CLIP / SigLIP model and its contrastive scalars
 _TEXT = re.compile(r"^(?:text_model\.|text_projection\.|logit_scale$|logit_bias$)")
 # in the files but no parameter of the ViT: DINOv2/DeiT/ViT's masked-image-modelling token, the
 # position_ids buffer that older transformers saved
-_IGNORED = re.compile(r"^embeddings\.(?:mask_token|position_ids)$")
+_IGNORED = re.compile(r"^embeddings\.(?:mask_token|position_ids)$|relative_position_index$")
+# BEiT's relative position bias shared by every block (transformers 4's name, then 5's): copied into each
+_SHARED_BIAS = re.compile(r"^(?:encoder\.relative_position_bias|shared_position_bias)\.relative_position_bias_table$")
 
 # ViT/DINOv2: encoder.layer.i; CLIP/SigLIP: encoder.layers.i; transformers 5: layers.i; DINOv3: layer.i (model.layer.i)
 _L = r"(?:encoder\.layers?|layers?|model\.layer)\.(\d+)\."
@@ -49,7 +51,12 @@ _RULES = (
     (_L + r"(?:attention\.attention\.|attention\.|self_attn\.)(query|key|value|q|k|v)(?:_proj)?\.bias",
      _A + "{1}/bias", "heads_bias"),
     *module_rules(_L + r"(?:attention\.output\.dense|attention\.o_proj|self_attn\.out_proj)", _A + "out", "out_kernel"),
+    # BEiT: a block's own relative position bias (under its attention in transformers 4, beside it in 5)
+    (_L + r"(?:attention\.attention\.)?relative_position_bias\.relative_position_bias_table",
+     _A + "relative_position_bias_table", "same"),
     (_L + r"layer_scale1\.lambda1", _B + "LayerScale_0/scale", "same"),  # DINOv2: attention branch
+    (_L + r"lambda_1", _B + "LayerScale_0/scale", "same"),  # BEiT's
+    (_L + r"lambda_2", _B + "LayerScale_1/scale", "same"),
     (_L + r"layer_scale2\.lambda1", _B + "LayerScale_1/scale", "same"),  # MLP branch
     *module_rules(_L + "(?:layernorm_after|norm2|layer_norm2)", _B + "LayerNorm_2", "norm"),
     # the MLP; DINOv2's SwiGLU packs [gate; value] in weights_in, as the builder's Dense_0 (silu on the first half)
@@ -61,6 +68,7 @@ _RULES = (
     # after the encoder
     *module_rules("(?:layernorm|post_layernorm|norm)", "Transformer/encoder_norm", "norm"),
     *module_rules(r"pooler\.dense", "pre_logits", "linear"),  # ViTModel's pooler: Dense + tanh on [class]
+    *module_rules(r"pooler\.layernorm", "fc_norm", "norm"),  # BEiT's pooler: a LayerNorm on the patch tokens' mean
     *module_rules("(?:classifier|cls_classifier)", "head", "linear"),
     *module_rules("distillation_classifier", "head_dist", "linear"),
     (r"visual_projection\.weight", "head/kernel", "linear"),  # CLIP's projection (no bias: foreign.py's zero one)
@@ -115,9 +123,12 @@ def to_official(tensors, num_heads):
                     "distillation token; the builder has no such head: build with distillation_token=True, "
                     "include_top=False, pooling='token' for the class token it reads (its classifier goes to "
                     "'head', unused there)")
-    arrays, unmapped, halves = {}, [], {}
+    arrays, unmapped, halves, shared = {}, [], {}, None
     for key, value in local.items():
-        if _IGNORED.match(key) or key in drop:
+        if _IGNORED.search(key) or key in drop:
+            continue
+        if _SHARED_BIAS.match(key):
+            shared = value
             continue
         for pattern, template, how in _COMPILED:
             match = pattern.match(key)
@@ -150,6 +161,11 @@ def to_official(tensors, num_heads):
             continue
         packed = np.concatenate([parts["gate"][1], parts["up"][1]], axis=0)
         arrays[official] = packed.T if official.endswith("kernel") else packed
+    if shared is not None:
+        blocks = {m.group(1) for k in arrays for m in [re.match(r"Transformer/encoderblock_(\d+)/", k)] if m}
+        arrays |= {_A.format(b) + "relative_position_bias_table": shared for b in blocks}
+        logger.info("keras_vit: the relative position bias that the blocks share is copied into each of the %d "
+                    "blocks (as BEiT's fine-tuning starts from it)", len(blocks))
     _zero_biases(arrays)
     return arrays, unmapped
 
