@@ -247,7 +247,8 @@ def build_vit(
         class_token: None (a class token exactly with classifier="token"), or True: a class token beside the "map"
             or "gap" classifier, with its position embedding, pooled by neither (Perception Encoder's).
         map_num_heads, map_mlp_dim: the attention-pool head's own head count and MLP width (None: the encoder's;
-            Perception Encoder's has 8 heads, and its gigantic tower an MLP of 4 D beside the encoder's 5.83 D).
+            Perception Encoder's has 8 heads, and its gigantic tower an MLP of 4 D beside the encoder's 5.83 D;
+            map_mlp_dim=0: no norm and no MLP after the attention, AIMv2's head).
         map_include_prefix: the attention-pool head attends over the prefix tokens too (Perception Encoder's;
             timm's `pool_include_prefix`), not the patch tokens only.
         encoder_norm: False drops the final norm (Perception Encoder's language and spatial towers have none).
@@ -382,7 +383,8 @@ def _pool(config, x, images, grid, runtime):
         tokens = [L.SequencePooling("token", token_index=i, name=n)(x) for i, n in ((0, "pool"), (1, "pool_dist"))]
         return tokens if config.include_top else keras.layers.Average(name="pool_average")(tokens)
     if config.pooling == "representation" and config.classifier == "map":
-        x = L.MAPHead(config.map_num_heads or config.num_heads, config.map_mlp_dim or config.mlp_dim,
+        mlp_dim = config.mlp_dim if config.map_mlp_dim is None else config.map_mlp_dim
+        x = L.MAPHead(config.map_num_heads or config.num_heads, mlp_dim,
                       num_prefix_tokens=0 if config.map_include_prefix else prefix,
                       layer_norm_epsilon=config.layer_norm_epsilon, approximate_gelu=config.approximate_gelu,
                       mlp_activation=config.mlp_activation, normalization=config.normalization, name="map_head")(x)

@@ -259,8 +259,8 @@ def _check_class_token_and_map(c):
         raise ValueError(f"map_num_heads must be None (the encoder's) or a positive int dividing hidden_size "
                          f"{c.hidden_size}, got {heads!r}")
     mlp = c.map_mlp_dim
-    if mlp is not None and (isinstance(mlp, bool) or not isinstance(mlp, int) or mlp < 1):
-        raise ValueError(f"map_mlp_dim must be None (the encoder's mlp_dim) or a positive int, got {mlp!r}")
+    if mlp is not None and (isinstance(mlp, bool) or not isinstance(mlp, int) or mlp < 0):
+        raise ValueError(f"map_mlp_dim must be None (the encoder's mlp_dim), a positive int or 0 (no MLP), got {mlp!r}")
     if (heads is not None or mlp is not None or c.map_include_prefix) and c.classifier != "map":
         raise ValueError(f"map_num_heads, map_mlp_dim and map_include_prefix are the attention-pool head's "
                          f"(classifier='map'), got classifier={c.classifier!r}")

@@ -73,3 +73,50 @@ def test_every_timm_aimv2_architecture_is_read_as_timm_defines_it():
         assert read["mlp_activation"] == "swiglu" and read["mlp_dim"] == ref.blocks[0].mlp.fc2.in_features, arch
         assert tuple(NORMALIZATIONS[read["input_mode"]][0]) == pytest.approx(cfg.mean), arch
         assert read["classifier"] == "gap" and not read["fc_norm"], arch
+
+
+@pytest.mark.parametrize("kind", ["tower_with_head", "tower", "two_towers"])
+def test_transformers_aimv2_folders_equal_transformers(kind, tmp_path):
+    """An Aimv2VisionModel saved by `save_pretrained`, read by `from_huggingface` with no argument: with its
+    attention-pooling head (its class token the query as it is, no MLP after) the pooler output, without it the
+    tokens' mean; the tokens themselves as a grid (`pooling=None`). A whole Aimv2Model: its image embedding (the
+    pooled tower through the visual projection). RMSNorm's epsilon, the gated SiLU MLP and the missing biases come
+    from the config."""
+    import transformers
+
+    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, image_size=32,
+                  patch_size=8, use_head=kind != "tower", rms_norm_eps=1e-4)
+    torch.manual_seed(0)
+    if kind == "two_towers":
+        config = transformers.Aimv2Config(vision_config=vision, projection_dim=24, text_config=dict(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=48, vocab_size=50,
+            eos_token_id=49))
+        ref = transformers.Aimv2Model(config).eval()
+        with torch.no_grad():  # every parameter moved off its initial value (the logit scale is a 0-d tensor)
+            for p in ref.parameters():
+                p.add_(0.3 * torch.randn(p.shape))
+    else:
+        ref = redraw(transformers.Aimv2VisionModel(transformers.Aimv2VisionConfig(**vision)))
+    ref.save_pretrained(tmp_path / "hf")
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    pixels = torch.from_numpy(x).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        if kind == "two_towers":
+            features = ref.get_image_features(pixel_values=pixels)
+            expected = getattr(features, "pooler_output", features).numpy()
+        else:
+            out = ref(pixel_values=pixels)
+            expected = (out.pooler_output if kind == "tower_with_head" else out.last_hidden_state.mean(1)).numpy()
+    model = keras_vit.from_huggingface(tmp_path / "hf")
+    close(to_numpy(model(x)), expected, kind)
+    if kind == "tower_with_head":  # the head without an MLP (map_mlp_dim=0) reloads in safe mode; a native tower
+        model.save(tmp_path / "m.keras")
+        close(to_numpy(keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)(x)), expected, "reloaded")
+        config = (tmp_path / "hf" / "config.json").read_text()
+        (tmp_path / "hf" / "config.json").write_text(config.replace('"is_native": false', '"is_native": true'))
+        with pytest.raises(ValueError, match="an AIMv2 'native' tower .* which keras-vit does not build yet"):
+            keras_vit.from_huggingface(tmp_path / "hf")
+        (tmp_path / "hf" / "config.json").write_text(config)
+    if kind != "two_towers":
+        grid = to_numpy(keras_vit.from_huggingface(tmp_path / "hf", pooling=None)(x))
+        close(grid.reshape(2, 16, 32), out.last_hidden_state.numpy(), f"{kind}: the tokens")

@@ -296,6 +296,7 @@ def test_convert_cli_writes_a_family_model_that_reloads(tmp_path):
     (dict(position_interpolation="cubic"), "position_interpolation"),
     (dict(layer_scale="small"), "layer_scale must be None or a float"),
     (dict(classifier="map", mlp_activation="swiglu"), "MAPHead's MLP is a plain two-layer MLP"),
+    (dict(classifier="map", map_mlp_dim=-1), r"map_mlp_dim must be None .*, a positive int or 0 \(no MLP\), got -1"),
     (dict(classifier="map", include_top=False, pooling="token"), "needs a class token; this model has classifier='map'"),
     (dict(crop_to_patches=True, resnet={"num_layers": (1,), "width_factor": 1}), "a hybrid's ResNet stem pads"),
     (dict(crop_to_patches="yes"), "crop_to_patches must be True or False, got 'yes'"),

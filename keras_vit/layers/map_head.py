@@ -1,5 +1,5 @@
 """Multihead attention pooling (MAP, Lee et al. 2019), SigLIP's head: a learned probe attends over
-the tokens, then a residual MLP; its output is the pooled representation."""
+the tokens, then a residual MLP (none in AIMv2's head); its output is the pooled representation."""
 
 import math
 
@@ -21,7 +21,7 @@ class MAPHead(keras.layers.Layer):
 
     Args:
         num_heads: attention heads.
-        mlp_dim: hidden width of the MLP.
+        mlp_dim: hidden width of the MLP; 0: no norm and no MLP after the attention (AIMv2's head).
         num_prefix_tokens: leading tokens the probe does not attend to (timm's VisionTransformer pools patch
             tokens only; its Eva, Perception Encoder's, every token: 0).
         layer_norm_epsilon, approximate_gelu, mlp_activation, normalization: as the encoder blocks'.
@@ -39,7 +39,9 @@ class MAPHead(keras.layers.Layer):
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.approximate_gelu = bool(approximate_gelu)
         self.mlp_activation = check_mlp_activation(mlp_activation)
-        if self.mlp_activation == "swiglu":
+        if self.mlp_dim < 0:
+            raise ValueError(f"MAPHead's mlp_dim must be positive, or 0 for no MLP, got {mlp_dim!r}")
+        if self.mlp_activation == "swiglu" and self.mlp_dim:
             raise ValueError("MAPHead's MLP is a plain two-layer MLP; mlp_activation='swiglu' has no such head")
         self.input_spec = keras.InputSpec(ndim=3)
 
@@ -53,15 +55,16 @@ class MAPHead(keras.layers.Layer):
         self.query, self.key, self.value = (keras.layers.EinsumDense(**proj, name=n) for n in ("query", "key", "value"))
         self.out = keras.layers.EinsumDense("btnh,nhd->btd", output_shape=(None, dim), bias_axes="d", name="out",
                                             dtype=policy)
-        self.norm = make_norm(self.normalization, self.layer_norm_epsilon, "LayerNorm_0", policy)
-        self.mlp_0 = keras.layers.Dense(self.mlp_dim, name="Dense_0", dtype=policy)
-        self.mlp_1 = keras.layers.Dense(dim, name="Dense_1", dtype=policy)
         for layer in (self.query, self.key, self.value):
             layer.build((None, None, dim))
         self.out.build((None, 1, heads, head_dim))
-        self.norm.build((None, 1, dim))
-        self.mlp_0.build((None, 1, dim))
-        self.mlp_1.build((None, 1, self.mlp_dim))
+        if self.mlp_dim:
+            self.norm = make_norm(self.normalization, self.layer_norm_epsilon, "LayerNorm_0", policy)
+            self.mlp_0 = keras.layers.Dense(self.mlp_dim, name="Dense_0", dtype=policy)
+            self.mlp_1 = keras.layers.Dense(dim, name="Dense_1", dtype=policy)
+            self.norm.build((None, 1, dim))
+            self.mlp_0.build((None, 1, dim))
+            self.mlp_1.build((None, 1, self.mlp_dim))
 
     def call(self, tokens, valid=None):
         tokens = tokens[:, self.num_prefix_tokens:]
@@ -72,7 +75,8 @@ class MAPHead(keras.layers.Layer):
         logits = ops.einsum("bqnh,bknh->bnqk", q * scale, k)
         weights = ops.cast(ops.softmax(mask_keys(ops.cast(logits, "float32"), valid), axis=-1), v.dtype)
         y = self.out(ops.einsum("bnqk,bknh->bqnh", weights, v))
-        y = y + self.mlp_1(activate(self.mlp_0(self.norm(y)), self.mlp_activation, self.approximate_gelu))
+        if self.mlp_dim:
+            y = y + self.mlp_1(activate(self.mlp_0(self.norm(y)), self.mlp_activation, self.approximate_gelu))
         return y[:, 0]
 
     def compute_output_shape(self, input_shape):
@@ -83,9 +87,10 @@ class MAPHead(keras.layers.Layer):
         for name in ("query", "key", "value", "out"):
             layer = getattr(self, name)
             params |= {f"MultiHeadDotProductAttention_0/{name}/{w}": getattr(layer, w) for w in ("kernel", "bias")}
-        params |= {f"LayerNorm_0/{k}": v for k, v in norm_weights(self.norm).items()}
-        for name, layer in (("Dense_0", self.mlp_0), ("Dense_1", self.mlp_1)):
-            params |= {f"MlpBlock_0/{name}/kernel": layer.kernel, f"MlpBlock_0/{name}/bias": layer.bias}
+        if self.mlp_dim:
+            params |= {f"LayerNorm_0/{k}": v for k, v in norm_weights(self.norm).items()}
+            for name, layer in (("Dense_0", self.mlp_0), ("Dense_1", self.mlp_1)):
+                params |= {f"MlpBlock_0/{name}/kernel": layer.kernel, f"MlpBlock_0/{name}/bias": layer.bias}
         return params
 
     def get_config(self):

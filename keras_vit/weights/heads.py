@@ -27,6 +27,8 @@ HEADS = {
     ("transformers", "SiglipVisionModel"): BACKBONE,
     ("transformers", "SiglipModel"): BACKBONE,
     ("transformers", "SiglipForImageClassification"): CLASSIFIER,
+    ("transformers", "Aimv2VisionModel"): BACKBONE,
+    ("transformers", "Aimv2Model"): PROJECTION,
     ("transformers", "BeitModel"): BACKBONE,
     ("transformers", "BeitForImageClassification"): CLASSIFIER,
     ("transformers", "Data2VecVisionModel"): BACKBONE,

@@ -28,6 +28,11 @@ config.json `model_type` -> what the folder holds and how the builder makes it:
                            scale, q and v biases (no k bias); the patch tokens averaged and normed (the
                            pooler's layernorm, as fc_norm) or, without use_mean_pooling, the class token
     data2vec-vision        Data2VecVisionModel / ...ForImageClassification: BEiT's layout and rules
+    aimv2_vision_model     Aimv2VisionModel: RMSNorm for every norm (one on the patch embeddings too), a
+                           gated SiLU MLP, no biases (zero); its attention-pooling head (use_head) is a MAP head
+                           whose probe is the query as it is (an identity query projection) and that has no
+                           MLP (map_mlp_dim=0); without it, the tokens' mean
+    aimv2                  a whole Aimv2Model: its vision tower and visual projection (as CLIP's)
 
 The folders are read as transformers' save_pretrained writes them (`encoder.layer.0.attention.
 attention.query`, `mlp.weights_in`, ...); the renamed modules of transformers 5 (`q_proj`,
@@ -75,6 +80,9 @@ _DINOV3 = dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, int
 _BEIT = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
              layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3, use_mean_pooling=True,
              layer_scale_init_value=0.1, drop_path_rate=0.1)
+_AIMV2 = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=8, intermediate_size=2816, hidden_act="silu",
+              rms_norm_eps=1e-5, image_size=224, patch_size=14, num_channels=3, qkv_bias=False, mlp_bias=False,
+              use_head=True, is_native=False)
 _TOWER = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, image_size=224,
               num_channels=3)
 # torch's F.interpolate as each model's interpolate_pos_encoding calls it (transformers 5): bicubic with
@@ -101,7 +109,10 @@ FAMILIES = {
     "dinov3_vit": Family("a DINOv3 ViT", _DINOV3, "bicubic", input_mode="imagenet"),  # no table to resize
     "beit": Family("a BEiT (relative position bias)", _BEIT, "bicubic"),
     "data2vec-vision": Family("a data2vec ViT (BEiT's layout)", _BEIT, "bicubic"),
+    # no resize in transformers (its table is for one grid): keras-vit's bicubic one where built at another
+    "aimv2_vision_model": Family("an AIMv2 vision tower (RMSNorm)", _AIMV2, "bicubic", input_mode="clip"),
     "clip": Family("a CLIP model", {}, "bicubic", vision_type="clip_vision_model"),
+    "aimv2": Family("an AIMv2 model", {}, "bicubic", vision_type="aimv2_vision_model", input_mode="clip"),
     "siglip": Family("a SigLIP model", {}, "bicubic", vision_type="siglip_vision_model"),
     "siglip2": Family("a SigLIP 2 model", {}, "bilinear_antialias", vision_type="siglip2_vision_model"),
 }
@@ -155,12 +166,16 @@ def read_config(folder):
     except ValueError as err:
         raise ValueError(f"{folder}: {err}") from None
     act = vision.get("hidden_act")
-    if kind == "dinov3_vit" and vision.get("use_gated_mlp") and act != "silu":
+    gated = kind == "aimv2_vision_model" or (kind == "dinov3_vit" and vision.get("use_gated_mlp"))
+    if gated and act != "silu":
         raise ValueError(f"{path}: a gated MLP of hidden_act {act!r}; the builder's gated MLP is SwiGLU (silu)")
-    if act not in ACTIVATIONS and not (kind == "dinov3_vit" and vision.get("use_gated_mlp")):
+    if act not in ACTIVATIONS and not gated:
         raise ValueError(f"{path}: hidden_act {act!r} is not one the ViT builder makes; "
                          f"expected one of {list(ACTIVATIONS)}")
-    if not vision.get("qkv_bias", True) or vision.get("num_channels", 3) != 3:
+    if kind == "aimv2_vision_model" and vision.get("is_native"):
+        raise ValueError(f"{path}: an AIMv2 'native' tower (is_native: sin-cos position embeddings computed for each "
+                         "image's grid), which keras-vit does not build yet; the fixed-resolution towers load")
+    if not (vision.get("qkv_bias", True) or kind == "aimv2_vision_model") or vision.get("num_channels", 3) != 3:
         raise ValueError(f"{path}: expected qkv_bias true and 3 channels, got qkv_bias={vision.get('qkv_bias')}, "
                          f"num_channels={vision.get('num_channels')}")
     if vision.get("pooler_act", "tanh") != "tanh":
@@ -251,12 +266,12 @@ def architecture(config, tensors):
     local = vision_tensors(tensors)
     name = (config.get("architectures") or [kind])[0]
     if not {"embeddings.patch_embeddings.projection.weight", "embeddings.patch_embedding.weight",
-            "embeddings.patch_embeddings.weight"} & set(local):
+            "embeddings.patch_embeddings.weight", "embeddings.patch_embed.weight"} & set(local):
         raise ValueError(f"{name}: the weights hold no vision tower (no patch embedding among {len(tensors)} tensors)")
     hidden = int(cfg["hidden_size"])
     act = cfg["hidden_act"]
     dinov2 = kind.startswith("dinov2")
-    swiglu = (dinov2 and bool(cfg.get("use_swiglu_ffn"))) or bool(cfg.get("use_gated_mlp"))
+    swiglu = (dinov2 and bool(cfg.get("use_swiglu_ffn"))) or bool(cfg.get("use_gated_mlp")) or kind.startswith("aimv2")
     if dinov2:
         mlp_dim = _swiglu_width(hidden, cfg["mlp_ratio"]) if swiglu else int(hidden * cfg["mlp_ratio"])
     else:
@@ -265,7 +280,7 @@ def architecture(config, tensors):
         patch_size=int(_pair(cfg["patch_size"])[0]), hidden_size=hidden, mlp_dim=mlp_dim,
         num_heads=int(cfg["num_attention_heads"]), num_layers=int(cfg["num_hidden_layers"]), resnet=None,
         classifier="token", classes=None, image_size=_pair(cfg.get("image_size")), pre_logits=False,
-        approximate_gelu=GELUS.get(act, False), layer_norm_epsilon=float(cfg["layer_norm_eps"]),
+        approximate_gelu=GELUS.get(act, False), layer_norm_epsilon=float(cfg.get("layer_norm_eps", cfg.get("rms_norm_eps"))),
         distillation_token=False, num_register_tokens=0, prefix_position_embedding=True, layer_scale=None,
         pre_norm=False, fc_norm=False, rope=None,
         mlp_activation="swiglu" if swiglu else "quick_gelu" if act == "quick_gelu" else "gelu",
@@ -297,6 +312,13 @@ def architecture(config, tensors):
                     rope={"kind": "dinov3", "temperature": float(cfg["rope_theta"])}, position_embedding="none")
     elif kind in ("beit", "data2vec-vision"):
         arch.update(_beit(cfg, local, name, head))
+    elif kind == "aimv2_vision_model":
+        if head is not None:
+            raise ValueError(f"{name}: a classifier on AIMv2; save its Aimv2VisionModel to load the tower")
+        projection = local.get("visual_projection.weight")
+        pooled = "head.cls_token" in local
+        arch.update(normalization="rms_norm", embed_norm=True, classifier="map" if pooled else "gap",
+                    map_mlp_dim=0 if pooled else None, classes=None if projection is None else int(projection.shape[0]))
     elif kind == "clip_vision_model":
         if head is not None:
             raise ValueError(f"{name}: CLIPForImageClassification's head reads the mean of the patch tokens "
@@ -310,7 +332,8 @@ def architecture(config, tensors):
         pooled = "map" if "head.probe" in local else "gap"
         arch.update(classifier="gap" if head is not None else pooled,
                     classes=None if head is None else int(head.shape[0]))
-    built = None if arch["classes"] is None else PROJECTION if kind == "clip_vision_model" else CLASSIFIER
+    built = None if arch["classes"] is None else PROJECTION if kind in ("clip_vision_model", "aimv2_vision_model") \
+        else CLASSIFIER
     arch["source_head"] = hf_head((config.get("architectures") or [None])[0], built)
     return arch
 

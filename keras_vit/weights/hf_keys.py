@@ -36,6 +36,8 @@ _RULES = (
     # the stem: ViT/DeiT/DINOv2 call the conv patch_embeddings.projection, CLIP/SigLIP patch_embedding;
     # SigLIP 2's patch_embedding is a Linear on flattened patches ("patch": a conv's or a Linear's kernel)
     *module_rules(r"embeddings\.patch_embeddings(?:\.projection)?", "embedding", "conv"),  # DINOv3: no .projection
+    *module_rules(r"embeddings\.patch_embed", "embedding", "conv"),  # AIMv2's
+    *module_rules(r"embeddings\.rms_norm", "embed_norm", "norm"),
     *module_rules(r"embeddings\.patch_embedding", "embedding", "patch"),
     (r"embeddings\.cls_token", "cls", "same"),
     (r"embeddings\.class_embedding", "cls", "token"),  # CLIP: (D,)
@@ -45,12 +47,13 @@ _RULES = (
     (r"embeddings\.position_embedding\.weight", "Transformer/posembed_input/pos_embedding", "table"),  # nn.Embedding
     *module_rules("pre_layrnorm", "Transformer/pre_norm", "norm"),
     # encoder blocks
-    *module_rules(_L + "(?:layernorm_before|norm1|layer_norm1)", _B + "LayerNorm_0", "norm"),
+    *module_rules(_L + "(?:layernorm_before|norm1|layer_norm1|rms_norm1)", _B + "LayerNorm_0", "norm"),
     (_L + r"(?:attention\.attention\.|attention\.|self_attn\.)(query|key|value|q|k|v)(?:_proj)?\.weight",
      _A + "{1}/kernel", "heads_kernel"),
     (_L + r"(?:attention\.attention\.|attention\.|self_attn\.)(query|key|value|q|k|v)(?:_proj)?\.bias",
      _A + "{1}/bias", "heads_bias"),
-    *module_rules(_L + r"(?:attention\.output\.dense|attention\.o_proj|self_attn\.out_proj)", _A + "out", "out_kernel"),
+    *module_rules(_L + r"(?:attention\.output\.dense|attention\.o_proj|attention\.out_proj|self_attn\.out_proj)",
+                  _A + "out", "out_kernel"),
     # BEiT: a block's own relative position bias (under its attention in transformers 4, beside it in 5)
     (_L + r"(?:attention\.attention\.)?relative_position_bias\.relative_position_bias_table",
      _A + "relative_position_bias_table", "same"),
@@ -58,15 +61,15 @@ _RULES = (
     (_L + r"lambda_1", _B + "LayerScale_0/scale", "same"),  # BEiT's
     (_L + r"lambda_2", _B + "LayerScale_1/scale", "same"),
     (_L + r"layer_scale2\.lambda1", _B + "LayerScale_1/scale", "same"),  # MLP branch
-    *module_rules(_L + "(?:layernorm_after|norm2|layer_norm2)", _B + "LayerNorm_2", "norm"),
+    *module_rules(_L + "(?:layernorm_after|norm2|layer_norm2|rms_norm2)", _B + "LayerNorm_2", "norm"),
     # the MLP; DINOv2's SwiGLU packs [gate; value] in weights_in, as the builder's Dense_0 (silu on the first half)
     *module_rules(_L + r"(?:intermediate\.dense|mlp\.fc1|mlp\.weights_in)", _B + "MlpBlock_3/Dense_0", "linear"),
-    (_L + r"mlp\.(gate|up)_proj\.weight", _B + "MlpBlock_3/Dense_0/kernel", "swiglu_half"),
-    (_L + r"mlp\.(gate|up)_proj\.bias", _B + "MlpBlock_3/Dense_0/bias", "swiglu_half"),
-    *module_rules(_L + r"(?:output\.dense|mlp\.fc2|mlp\.weights_out|mlp\.down_proj)", _B + "MlpBlock_3/Dense_1",
+    (_L + r"(?:mlp|ffn)\.(gate|up)_proj\.weight", _B + "MlpBlock_3/Dense_0/kernel", "swiglu_half"),  # ffn: AIMv2
+    (_L + r"(?:mlp|ffn)\.(gate|up)_proj\.bias", _B + "MlpBlock_3/Dense_0/bias", "swiglu_half"),
+    *module_rules(_L + r"(?:output\.dense|mlp\.fc2|mlp\.weights_out|(?:mlp|ffn)\.down_proj)", _B + "MlpBlock_3/Dense_1",
                   "linear"),
     # after the encoder
-    *module_rules("(?:layernorm|post_layernorm|norm)", "Transformer/encoder_norm", "norm"),
+    *module_rules("(?:layernorm|post_layernorm|norm|rms_norm)", "Transformer/encoder_norm", "norm"),
     *module_rules(r"pooler\.dense", "pre_logits", "linear"),  # ViTModel's pooler: Dense + tanh on [class]
     *module_rules(r"pooler\.layernorm", "fc_norm", "norm"),  # BEiT's pooler: a LayerNorm on the patch tokens' mean
     *module_rules("(?:classifier|cls_classifier)", "head", "linear"),
@@ -80,6 +83,12 @@ _RULES = (
     *module_rules(r"head\.layernorm", _MAP + "LayerNorm_0", "norm"),
     *module_rules(r"head\.mlp\.fc1", _MAP + "MlpBlock_0/Dense_0", "linear"),
     *module_rules(r"head\.mlp\.fc2", _MAP + "MlpBlock_0/Dense_1", "linear"),
+    # AIMv2's attention-pooling head: its class token is the query as it is (`to_official` adds the identity
+    # projection), k and v projections, an output projection, no norm or MLP after
+    (r"head\.cls_token", _MAP + "probe", "same"),
+    (r"head\.(k|v)_proj\.weight", _MAP + "MultiHeadDotProductAttention_0/{0}/kernel", "heads_kernel"),
+    (r"head\.(k|v)_proj\.bias", _MAP + "MultiHeadDotProductAttention_0/{0}/bias", "heads_bias"),
+    *module_rules(r"head\.output_proj", _MAP + "MultiHeadDotProductAttention_0/out", "out_kernel"),
 )
 _COMPILED = tuple((re.compile(p + "$"), t, h) for p, t, h in _RULES)
 
@@ -161,6 +170,11 @@ def to_official(tensors, num_heads):
             continue
         packed = np.concatenate([parts["gate"][1], parts["up"][1]], axis=0)
         arrays[official] = packed.T if official.endswith("kernel") else packed
+    if "head.cls_token" in local:  # AIMv2's head: the probe is the query, no projection (the identity, no bias)
+        eye = np.eye(local["head.cls_token"].shape[-1], dtype=local["head.cls_token"].dtype)
+        query = _MAP + "MultiHeadDotProductAttention_0/query/"
+        arrays[query + "kernel"], arrays[query + "bias"] = transform("heads_kernel", eye, num_heads), transform(
+            "heads_bias", np.zeros(len(eye), eye.dtype), num_heads)
     if shared is not None:
         blocks = {m.group(1) for k in arrays for m in [re.match(r"Transformer/encoderblock_(\d+)/", k)] if m}
         arrays |= {_A.format(b) + "relative_position_bias_table": shared for b in blocks}
@@ -171,9 +185,9 @@ def to_official(tensors, num_heads):
 
 
 def _zero_biases(arrays):
-    """Zero biases for the blocks' projections that have none in the file (DINOv3's key projection, and any
-    q/v/output/MLP projection its config leaves without): the builder's projections all have one."""
-    for key in [k for k in arrays if k.startswith("Transformer/encoderblock_") and k.endswith("/kernel")]:
+    """Zero biases for the blocks' and the attention pool's projections that have none in the file (DINOv3's key
+    projection, any q/v/output/MLP projection its config leaves without, AIMv2's all): the builder's all have one."""
+    for key in [k for k in arrays if k.startswith(("Transformer/encoderblock_", _MAP)) and k.endswith("/kernel")]:
         bias = key[:-len("kernel")] + "bias"
         if bias not in arrays:
             kernel = arrays[key]
