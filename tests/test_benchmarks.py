@@ -15,6 +15,7 @@ import benchmark  # noqa: E402
 import flops  # noqa: E402
 import folder_feed  # noqa: E402
 import gemm  # noqa: E402
+import hf_coverage  # noqa: E402
 import keras_torch_device  # noqa: E402
 import timm_coverage  # noqa: E402
 import torch_overhead  # noqa: E402
@@ -159,6 +160,21 @@ def test_timm_coverage_loads_deit_exactly_and_names_what_relpos_lacks(tmp_path, 
     assert json.loads((tmp_path / "c.json").read_text())["rows"] == rows
     printed = capsys.readouterr().out
     assert "| deit | 1 | 1 | 100% | 0 | 0 | 0 |" in printed and "| **all** | **1** | 2 | **50%** |" in printed
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="transformers' models beside keras-vit's: torch's lane")
+def test_hf_coverage_loads_beit_exactly_and_names_what_vit_mae_is(tmp_path, capsys):
+    """benchmarks/hf_coverage.py on two classes: transformers' BeitModel made small, saved, read by from_huggingface
+    and equal to its pooler output; ViTMAEModel refused with the reason (not the folder's place), which the table
+    lists; the JSON rows are the returned ones."""
+    rows = hf_coverage.main(["--modules", "beit", "vit_mae", "--names", "BeitModel", "ViTMAEModel", "--json",
+                             str(tmp_path / "c.json")])
+    beit, mae = rows
+    assert (beit["name"], beit["status"]) == ("BeitModel", "exact") and beit["error"] <= 1e-5 * max(1, beit["scale"])
+    assert (mae["name"], mae["status"]) == ("ViTMAEModel", "refused") and "a ViT-MAE" in mae["why"]
+    assert "/tmp" not in mae["why"] and json.loads((tmp_path / "c.json").read_text())["rows"] == rows
+    printed = capsys.readouterr().out
+    assert "| beit | 1 | 1 | 0 | 0 | 0 |" in printed and "| **all** | **1** | 2 | 0 | 1 | 0 |" in printed
 
 
 @pytest.mark.backend_independent

@@ -13,7 +13,7 @@ import pytest
 
 import keras_vit
 from keras_vit.model import build_vit
-from keras_vit.weights import hf
+from keras_vit.weights import foreign, hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -194,7 +194,43 @@ def test_deit_classifier_reads_the_class_token_beside_the_distillation_token(tmp
     _close(_ours(model, x) @ kernel.T + bias, _theirs(ref, x).logits, "DeiTForImageClassification logits")
 
 
+def test_vit_msn_and_ijepa_classifiers_and_tokens_equal_transformers(tmp_path):
+    """ViT-MSN is the paper's ViT (LayerNorm epsilon 1e-6, no pooler): its classifier reads the class token after
+    the final norm. I-JEPA has no class token: its classifier reads the mean of the tokens (classifier 'gap'),
+    its model the final tokens."""
+    x = _images()
+    for cls, config_cls, classifier in ((transformers.ViTMSNForImageClassification, transformers.ViTMSNConfig,
+                                         "token"),
+                                        (transformers.IJepaForImageClassification, transformers.IJepaConfig, "gap")):
+        ref, folder = _save(tmp_path, cls, config_cls(**TOWER, num_labels=5))
+        model, arch = _build(folder, include_top=True)
+        assert (arch["classifier"], arch["classes"]) == (classifier, 5)
+        _close(_ours(model, x), _theirs(ref, x).logits, f"{cls.__name__} logits")
+    ref, folder = _save(tmp_path, transformers.IJepaModel, transformers.IJepaConfig(**TOWER), seed=1)
+    model, arch = _build(folder, include_top=False, pooling=None)
+    _close(_ours(model, x).reshape(2, 16, 32), _theirs(ref, x).last_hidden_state, "IJepaModel tokens")
+
+
 # --- facts that do not depend on the backend --------------------------------------------------------
+
+
+@pytest.mark.backend_independent
+def test_a_folders_image_processor_says_how_its_images_are_scaled(tmp_path, caplog):
+    """`input_mode` comes from the folder's preprocessor_config.json where it has one (ImageNet's statistics in a
+    ViT-MSN folder, CLIP's in another), else from the family (a ViT's [-1, 1]); statistics of no mode, or a file
+    without them, leave the family's, logged."""
+    _, folder = _save(tmp_path, transformers.ViTMSNModel, transformers.ViTMSNConfig(**TOWER))
+    processor = tmp_path / "ViTMSNModel" / hf.PROCESSOR_FILE
+    assert foreign.read(folder).arch["input_mode"] == "vit"
+    for mean, std, mode in (([0.485, 0.456, 0.406], [0.229, 0.224, 0.225], "imagenet"),
+                            ([0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711], "clip"),
+                            ([0.5, 0.4, 0.3], [0.2, 0.2, 0.2], "vit")):
+        processor.write_text(json.dumps({"image_mean": mean, "image_std": std, "do_normalize": True}))
+        with caplog.at_level(logging.INFO, logger="keras_vit"):
+            assert foreign.read(folder).arch["input_mode"] == mode
+    assert "are no mode of preprocess_input; 'vit' scaling is assumed" in caplog.text
+    processor.write_text("{}")
+    assert foreign.read(folder).arch["input_mode"] == "vit"
 
 FAMILIES = {
     "vit": (transformers.ViTModel, lambda: transformers.ViTConfig(**TOWER)),

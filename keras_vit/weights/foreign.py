@@ -56,7 +56,9 @@ def _read(path):
             raise ValueError(f"{path} is a folder without config.json; expected a Hugging Face ViT folder")
         config, tensors = hf.read_folder(path)
         _refuse(path, tensors)
-        return "Hugging Face", hf.architecture(config, tensors), tensors, hf.to_official
+        arch = hf.architecture(config, tensors)
+        arch["input_mode"] = hf.folder_input_mode(path, arch["input_mode"])
+        return "Hugging Face", arch, tensors, hf.to_official
     tensors = timm.readable(read_tensors(path), path)  # in the key names the rules read
     _refuse(path, tensors)
     if timm.is_timm(tensors):

@@ -6,6 +6,8 @@ config.json `model_type` -> what the folder holds and how the builder makes it:
     vit                    ViTModel / ViTForImageClassification: the paper's ViT (exact GELU, eps 1e-12)
     deit                   DeiTModel / DeiTForImageClassification(WithTeacher): a distillation token
                            after the class token; the teacher model's two heads -> head, head_dist
+    vit_msn                ViTMSNModel / ViTMSNForImageClassification: the paper's ViT (eps 1e-6), no pooler
+    ijepa                  IJepaModel / IJepaForImageClassification: no class token; the tokens' mean
     dinov2                 Dinov2Model / Dinov2Backbone: layer scale on both residual branches,
                            a SwiGLU MLP with use_swiglu_ffn
     dinov2_with_registers  the same plus register tokens after the class token (no position embedding)
@@ -34,7 +36,8 @@ config.json `model_type` -> what the folder holds and how the builder makes it:
                            MLP (map_mlp_dim=0); without it, the tokens' mean
     aimv2                  a whole Aimv2Model: its vision tower and visual projection (as CLIP's)
 
-The folders are read as transformers' save_pretrained writes them (`encoder.layer.0.attention.
+The image scaling a model takes (`input_mode`) is its folder's image processor's (`folder_input_mode`), where the
+folder has one, else the family's. The folders are read as transformers' save_pretrained writes them (`encoder.layer.0.attention.
 attention.query`, `mlp.weights_in`, ...); the renamed modules of transformers 5 (`q_proj`,
 `o_proj`, `gate_proj`/`up_proj`/`down_proj`, `layers.0`) are read too.
 """
@@ -45,6 +48,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from keras_vit.preprocessing import NORMALIZATIONS
 from keras_vit.weights.heads import CLASSIFIER, PROJECTION, hf_head
 from keras_vit.weights.hf_keys import VISION_MODEL, to_official, vision_tensors  # noqa: F401  to_official: here too
 from keras_vit.weights.tensors import read_tensors
@@ -52,6 +56,7 @@ from keras_vit.weights.tensors import read_tensors
 logger = logging.getLogger("keras_vit")
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+PROCESSOR_FILE = "preprocessor_config.json"  # the image processor's: its image_mean and image_std
 # config.json hidden_act -> approximate_gelu of the "gelu" MLP ("quick_gelu" is an MLP activation of its own)
 GELUS = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}
 ACTIVATIONS = (*GELUS, "quick_gelu")
@@ -90,6 +95,8 @@ _TOWER = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, int
 FAMILIES = {
     "vit": Family("a ViT", _VIT, "bicubic"),
     "deit": Family("a DeiT (class and distillation tokens)", _VIT, "bicubic", input_mode="imagenet"),
+    "vit_msn": Family("a ViT-MSN", {**_VIT, "layer_norm_eps": 1e-6}, "bicubic"),
+    "ijepa": Family("an I-JEPA ViT (no class token)", _VIT, "bicubic"),
     "dinov2": Family("a DINOv2 ViT (layer scale)", _DINOV2, "bicubic", input_mode="imagenet"),
     "dinov2_with_registers": Family("a DINOv2 ViT with registers",
                                     {**_DINOV2, "patch_size": 16, "num_register_tokens": 4}, "bicubic_antialias",
@@ -122,8 +129,7 @@ OTHERS = {
     "siglip_text_model": "a SigLIP text tower (no vision tower)",
     "siglip2_text_model": "a SigLIP 2 text tower (no vision tower)",
     "vit_mae": "a ViT-MAE (masked autoencoder with a decoder)",
-    "vit_msn": "a ViT-MSN",
-    "vit_hybrid": "a hybrid ViT with a BiT backbone", "ijepa": "an I-JEPA ViT (no class token, no final pooling)",
+    "vit_hybrid": "a hybrid ViT with a BiT backbone",
 }
 
 
@@ -201,6 +207,27 @@ def read_folder(folder):
             return config, {VISION_MODEL.sub("", k): v for k, v in tensors.items()}
     raise FileNotFoundError(f"{folder} has a config.json but no weights file "
                             f"(expected one of {', '.join(WEIGHT_FILES)})")
+
+
+def folder_input_mode(folder, default):
+    """The `keras_vit.preprocess_input` mode of a folder's image processor (its PROCESSOR_FILE's image_mean and
+    image_std), else `default` (the family's: a folder without the file, or with statistics of no mode, logged)."""
+    path = os.path.join(folder, PROCESSOR_FILE)
+    if not os.path.exists(path):
+        return default
+    try:
+        with open(path) as f:
+            processor = json.load(f)
+        mean, std = (tuple(map(float, processor[k])) for k in ("image_mean", "image_std"))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        logger.info("keras_vit: %s gives no image_mean and image_std (%s); %r scaling is assumed", path, err, default)
+        return default
+    for mode, stats in NORMALIZATIONS.items():
+        if len(mean) == len(std) == 3 and all(abs(a - b) < 1e-4 for a, b in zip(mean + std, stats[0] + stats[1])):
+            return mode
+    logger.info("keras_vit: %s's image_mean %s and image_std %s are no mode of preprocess_input; %r scaling is "
+                "assumed", path, list(mean), list(std), default)
+    return default
 
 
 def _pair(size):
@@ -287,7 +314,9 @@ def architecture(config, tensors):
         position_interpolation=FAMILIES[kind].position_interpolation, input_mode=FAMILIES[kind].input_mode,
     )
     head = local.get("classifier.weight")
-    if kind == "vit":
+    if kind == "ijepa":  # its classifier reads the mean of the tokens
+        arch.update(classifier="gap", classes=None if head is None else int(head.shape[0]))
+    elif kind in ("vit", "vit_msn"):
         arch.update(classes=None if head is None else int(head.shape[0]), pre_logits="pooler.dense.weight" in local)
     elif kind == "deit":
         teacher = local.get("cls_classifier.weight")

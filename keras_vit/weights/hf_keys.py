@@ -16,7 +16,7 @@ logger = logging.getLogger("keras_vit")
 # key map: HF key (after the model prefix, see vision_tensors) -> official key template and transform
 
 # the model prefix of a head-bearing class (ViTForImageClassification: "vit.", CLIPModel: "vision_model.")
-_PREFIX = re.compile(r"^(?:vit|deit|dinov2|dinov2_with_registers|vision_model|beit|data2vec_vision)\.")
+_PREFIX = re.compile(r"^(?:vit|deit|dinov2|dinov2_with_registers|vision_model|beit|data2vec_vision|ijepa)\.")
 VISION_MODEL = re.compile(r"^vision_model\.")
 # the other tower of a CLIP / SigLIP model and its contrastive scalars
 _TEXT = re.compile(r"^(?:text_model\.|text_projection\.|logit_scale$|logit_bias$)")
@@ -134,8 +134,8 @@ def to_official(tensors, num_heads):
                     "'head', unused there)")
     arrays, unmapped, halves, shared = {}, [], {}, None
     for key, value in local.items():
-        if _IGNORED.search(key) or key in drop:
-            continue
+        if _IGNORED.search(key) or key in drop or (key == "embeddings.register_tokens" and not value.size):
+            continue  # (DINOv3 keeps an empty table where it has no registers)
         if _SHARED_BIAS.match(key):
             shared = value
             continue
