@@ -4,12 +4,15 @@ official per-head kernels here. timm models use the exact erf GELU and LayerNorm
 CLIP towers 1e-5); `architecture` reads the family options (DeiT, DeiT III, DINOv2, CLIP, SigLIP) off the keys."""
 
 import math
-import os
 import re
 
 import numpy as np
 
 from keras_vit.weights.heads import timm_head
+from keras_vit.weights.timm_names import (  # noqa: F401  the tables: this module's names too
+    TIMM_AIMV2_HEADS, TIMM_EPSILON_1E5, TIMM_HEADS, TIMM_NAMED_HEADS, TIMM_POOL_INCLUDE_PREFIX, TIMM_POST_NORM,
+    TIMM_REFUSED, TIMM_SIGLIP_GELU, TIMM_SIGLIP_HEADS, _name_parts, _named_image_size, _names_other_vit, name_options,
+    named_architecture)
 from keras_vit.weights.timm_eva import TIMM_DINOV3_LAYOUT, TIMM_EVA_LAYOUT, from_eva, is_eva  # noqa: F401
 
 # Keys of architectures the builder does not make -> what they are.
@@ -30,52 +33,6 @@ UNSUPPORTED = (
      "standardisation (w - mean) / sqrt(var + 1e-8) and GroupNorm epsilon 1e-5 are not the official stem's "
      "(w - mean) / (std + 1e-5) and 1e-6: its outputs would not be timm's; load the official R50/R26 .npz instead"),
 )
-# Embedding widths of timm's ViTs -> their head counts (a state dict does not record them; the model
-# definitions in timm/models/vision_transformer.py and deit.py do)
-TIMM_HEADS = {64: 2, 96: 3, 192: 3, 256: 4, 320: 5, 384: 6, 512: 8, 640: 10, 768: 12, 832: 13, 896: 14, 1024: 16, 1152: 16,
-              1280: 16, 1408: 16, 1536: 24, 1664: 16}
-# timm's ViTs whose head count is not TIMM_HEADS' for their width (tests/test_families.py reads every architecture)
-TIMM_NAMED_HEADS = {"vit_base_patch16_gap_224": 16}
-# timm's SigLIP architectures (timm 1.0's model definitions, vision_transformer.py and naflexvit.py) -> whether
-# their MLP computes the tanh GELU (act_layer='gelu_tanh': SigLIP 2's towers, and the SigLIP 1 weights timm
-# loads into them) rather than the exact one, which a state dict does not record; tests/test_families.py
-# checks it against timm's own models
-_SIGLIP_TANH = ("vit_base_patch32_siglip_256", "vit_base_patch32_siglip_gap_256", "vit_large_patch16_siglip_512",
-                "vit_large_patch16_siglip_gap_512", "naflexvit_base_patch16_siglip", "naflexvit_so400m_patch16_siglip",
-                *(f"vit_{size}_siglip_{gap}{res}" for gap in ("", "gap_") for size, sizes in (
-                    ("so400m_patch16", (256, 384, 512)), ("giantopt_patch16", (256, 384))) for res in sizes))
-_SIGLIP_EXACT = (*(f"vit_{size}_siglip_{gap}{res}" for gap in ("", "gap_") for size, sizes in (
-    ("base_patch16", (224, 256, 384, 512)), ("large_patch16", (256, 384))) for res in sizes),
-    *(f"vit_so400m_patch14_siglip_{res}" for res in (224, 378, 384)),
-    *(f"vit_so400m_patch14_siglip_gap_{res}" for res in (224, 378, 384, 448, 896)))
-TIMM_SIGLIP_GELU = {**dict.fromkeys(_SIGLIP_EXACT, False), **dict.fromkeys(_SIGLIP_TANH, True)}
-# timm's AIMv2 image towers (vision_transformer.py: RMSNorm of epsilon 1e-5 for every norm, one on the patch
-# embeddings too, SwiGLU, no biases but the patch embedding's, heads of 128, CLIP's input statistics) -> their head
-# count, which neither the state dict nor TIMM_HEADS tells; tests/test_aimv2.py checks it against timm's definitions
-TIMM_AIMV2_HEADS = {f"aimv2_{size}_patch14_{res}": heads for size, heads in (
-    ("large", 8), ("huge", 12), ("1b", 16), ("3b", 24)) for res in (224, 336, 448)}
-# timm's ViTs of the classic layout whose LayerNorm epsilon is 1e-5 though they have no norm before the blocks (the
-# CLIP towers, which have one, are read by it): BEiT 3, remapped by timm with norms in the attention and the MLP
-TIMM_EPSILON_1E5 = ("beit3_base_patch16_224", "beit3_large_patch16_224", "beit3_giant_patch14_224",
-                    "beit3_giant_patch14_336")
-# timm's ViTs whose attention pool reads the prefix tokens too (pool_include_prefix=True), which a state dict does not
-# record; tests/test_families.py checks every architecture's against timm's
-TIMM_POOL_INCLUDE_PREFIX = ("test_vit3",)
-# timm's ViTs of post-norm blocks (ResPostBlock: x + norm(branch(x))) that store the keys of its pre-norm ones: refused
-# by name, as keras-vit's blocks are pre-norm
-TIMM_POST_NORM = ("vit_base_patch16_rpn_224",)
-# timm architectures refused by name (a regex of the name), whose state dicts would read as another ViT -> what they are
-TIMM_REFUSED = {
-    r"naflexvit_[a-z0-9_]*radio_v\d": "a RADIO NaFlex tower, whose position embeddings are resized with their corners "
-    "aligned (pos_embed_align_corners), a rule keras_vit's NaFlex models do not have yet; timm's vit_*_radio_* load",
-    **dict.fromkeys(TIMM_POST_NORM, "a ViT of post-norm blocks (timm's ResPostBlock: x + norm(branch(x))); keras_vit's "
-                    "blocks are pre-norm (x + branch(norm(x))), as the paper's"),
-}
-# the head counts of those SigLIP architectures by width, one a width (giantopt's 1536 has 16 where DINOv2-giant's
-# 1536 has 24): what a state dict of SigLIP's layout takes in place of TIMM_HEADS
-TIMM_SIGLIP_HEADS = {768: 12, 1024: 16, 1152: 16, 1536: 16}
-
-
 def module_rules(src, dst, how):
     """The two rules of one torch module: its weight (a LayerNorm's, how="norm", is the scale;
     otherwise the kernel, transformed as `how` says) and its bias (as it is)."""
@@ -282,56 +239,6 @@ def covers_prefix(tokens, prefix, registers=0, grid=None):
                          "registers carry no position embedding (as timm's released register models, "
                          "no_embed_class=True, and Hugging Face's DINOv2 with registers)")
     return None
-
-
-def _name_parts(name):
-    """The parts of a timm model or file name that may name its architecture: the file's name, and the
-    `models--timm--NAME` folder of a hub cache path, lower-cased."""
-    text = str(name)
-    return [part.lower() for part in (os.path.basename(text), *re.findall(r"models--timm--([^/\\]+)", text))]
-
-
-def named_architecture(name, table=TIMM_SIGLIP_GELU):
-    """The architecture of `table` (TIMM_SIGLIP_GELU, TIMM_DINOV3_LAYOUT) that a timm model or file name names
-    (the longest found, a word of its own in `_name_parts`), or None."""
-    for part in _name_parts(name):
-        found = [a for a in table if re.search(rf"(?<![a-z0-9]){a}(?![a-z0-9])", part)]
-        if found:
-            return max(found, key=len)
-    return None
-
-
-def _names_other_vit(name):
-    """Whether `name` names a timm ViT that is no SigLIP (e.g. naflexvit_base_patch16_map, vit_medium_patch16_gap_256),
-    whose MLP computes the exact GELU: the name tells it as well."""
-    return any(re.search(r"(?<![a-z0-9])(?:naflex)?vit_[a-z0-9_]*patch\d+", part) and "siglip" not in part
-               for part in _name_parts(name))
-
-
-def name_options(name):
-    """What a timm model or file name tells that its state dict does not: OpenAI CLIP's QuickGELU
-    (timm's `*_quickgelu_*` models; its `*_clip_*` models without it compute the exact GELU), the
-    aspect-preserving position embeddings of its NaFlex "par" models (`*_par_*`, `*_parfac_*`), and a
-    SigLIP architecture's GELU (TIMM_SIGLIP_GELU; its NaFlex ones resize their position embeddings by
-    torch's antialiased bilinear rule: pos_embed_interp_mode='bilinear')."""
-    base = os.path.basename(str(name))
-    options = {"mlp_activation": "quick_gelu"} if "quickgelu" in base else {}
-    if re.search(r"_parf?a?c?_", base) and "naflex" in base:
-        options["position_aspect_preserving"] = True
-    arch = named_architecture(name)
-    if arch is not None:
-        options["approximate_gelu"] = TIMM_SIGLIP_GELU[arch]
-        if arch.startswith("naflexvit_"):
-            options["position_interpolation"] = "bilinear_antialias"
-    return options
-
-
-def _named_image_size(name, patch, tokens):
-    """The resolution a SigLIP architecture's name ends in (e.g. 384), where its whole patches are the file's
-    `tokens` square grid and it is no multiple of the patch (so400m/14 at 384 px: 27 x 27); else None."""
-    arch = named_architecture(name)
-    size = int(arch.rsplit("_", 1)[1]) if arch and arch.rsplit("_", 1)[1].isdigit() else None
-    return (size, size) if size and tokens and size % patch and (size // patch) ** 2 == tokens else None
 
 
 def architecture(tensors, name=""):
