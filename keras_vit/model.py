@@ -145,7 +145,8 @@ def build_vit(
             no class token) or "map" (SigLIP: multihead attention pooling, a learned probe
             attending over the patch tokens then a residual MLP; no class token).
         representation_size: None, or the width of the pre-logits Dense + tanh layer.
-        resnet: None, or a dict `{"num_layers": (3, 4, 9), "width_factor": 1}` for a hybrid.
+        resnet: None, or a dict `{"num_layers": (3, 4, 9), "width_factor": 1}` for a hybrid (`"numerics": "timm"`:
+            timm's weight standardisation and GroupNorm epsilons, for its hybrids' files).
         dropout_rate, attention_dropout_rate: as the paper's Appendix B.1.
         drop_path_rate: stochastic depth (DeiT's and timm's `drop_path_rate`), in [0, 1): in training
             each block's two residual branches are dropped for whole samples, block i of L at rate
@@ -316,7 +317,8 @@ def _embed(config, images, grid, runtime):
     patch embedding, the position embeddings and the prefix tokens in their order, dropout, pre_norm."""
     x = images
     if config.resnet is not None:
-        x = L.ResNetStem(tuple(config.resnet["num_layers"]), config.resnet.get("width_factor", 1), name="resnet")(x)
+        x = L.ResNetStem(tuple(config.resnet["num_layers"]), config.resnet.get("width_factor", 1),
+                         config.resnet.get("numerics", "official"), name="resnet")(x)
     x = L.PatchEncoder(config.patch_size, config.hidden_size, name="embedding")(x)
     if config.embed_norm:
         x = _norm(config, "embed_norm")(x)

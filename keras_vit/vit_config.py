@@ -10,6 +10,7 @@ from keras_vit.layers.attention import check_attention_implementation
 from keras_vit.layers.drop_path import check_drop_path_rate
 from keras_vit.layers.mlp import check_mlp_activation
 from keras_vit.layers.norms import check_normalization
+from keras_vit.layers.resnet import check_numerics
 from keras_vit.layers.rotary import check_rope, check_rope_head_dim
 from keras_vit.preprocessing import NORMALIZATIONS
 
@@ -197,9 +198,11 @@ def _check_numbers(c):
     if c.hidden_size % c.num_heads:
         raise ValueError(f"hidden_size {c.hidden_size} is not divisible by num_heads {c.num_heads}")
     if c.resnet is not None:
-        unknown = set(c.resnet) - {"num_layers", "width_factor"}
+        unknown = set(c.resnet) - {"num_layers", "width_factor", "numerics"}
         if unknown or "num_layers" not in c.resnet:
-            raise ValueError(f"resnet must be None or {{'num_layers': (...), 'width_factor': int}}, got {c.resnet!r}")
+            raise ValueError(f"resnet must be None or {{'num_layers': (...), 'width_factor': int, 'numerics': "
+                             f"'official' or 'timm'}}, got {c.resnet!r}")
+        check_numerics(c.resnet.get("numerics", "official"))
     if not isinstance(c.crop_to_patches, bool):
         raise ValueError(f"crop_to_patches must be True or False, got {c.crop_to_patches!r}")
     if c.crop_to_patches and c.resnet is not None:

@@ -75,7 +75,8 @@ def test_every_timm_aimv2_architecture_is_read_as_timm_defines_it():
         assert read["classifier"] == "gap" and not read["fc_norm"], arch
 
 
-@pytest.mark.parametrize("kind", ["tower_with_head", "tower", "two_towers"])
+@pytest.mark.parametrize("kind", ["tower_with_head", *(pytest.param(k, marks=pytest.mark.backend_independent)
+                                                       for k in ("tower", "two_towers"))])  # these: torch's lane
 def test_transformers_aimv2_folders_equal_transformers(kind, tmp_path):
     """An Aimv2VisionModel saved by `save_pretrained`, read by `from_huggingface` with no argument: with its
     attention-pooling head (its class token the query as it is, no MLP after) the pooler output, without it the

@@ -194,6 +194,7 @@ def test_deit_classifier_reads_the_class_token_beside_the_distillation_token(tmp
     _close(_ours(model, x) @ kernel.T + bias, _theirs(ref, x).logits, "DeiTForImageClassification logits")
 
 
+@pytest.mark.backend_independent  # the paper's ViT, whose numerics every backend's ViT tests show
 def test_vit_msn_and_ijepa_classifiers_and_tokens_equal_transformers(tmp_path):
     """ViT-MSN is the paper's ViT (LayerNorm epsilon 1e-6, no pooler): its classifier reads the class token after
     the final norm. I-JEPA has no class token: its classifier reads the mean of the tokens (classifier 'gap'),

@@ -207,7 +207,7 @@ def _unchanged(model, before):
     ("beit", r"BEiT-style ViT \(relative position bias\)"),
     ("eva", r"timm's Eva layout .* name the file after its timm architecture"),
     ("rope_mixed", "learned rotary frequencies"),
-    ("hybrid", "timm's ResNetV2 stem"),
+    ("hybrid", r"a hybrid whose backbone is no ResNetV2 of stages \(timm's ResNet-D hybrids"),
     ("missing", "missing from the file"),
     ("extra", "has no place for"),
     ("shapes", "shape mismatch"),
@@ -236,9 +236,9 @@ def test_other_architectures_and_broken_state_dicts_are_refused_whole(kind, matc
             state["rope.freqs"] = torch.zeros(8)
         elif kind == "extra":
             state["blocks.0.attn.extra.weight"] = torch.zeros(3)
-        elif kind == "hybrid":  # the stem keys of timm's vit_*_r50_* / r26 files
-            state["patch_embed.backbone.stem.conv.weight"] = torch.zeros(64, 3, 7, 7)
-            state["patch_embed.backbone.stem.norm.weight"] = torch.ones(64)
+        elif kind == "hybrid":  # the stem keys of timm's vit_*_resnet26d_* files (a ResNet-D, BatchNorm)
+            state["patch_embed.backbone.conv1.0.weight"] = torch.zeros(32, 3, 3, 3)
+            state["patch_embed.backbone.bn1.weight"] = torch.ones(64)
         else:
             state = TimmViT(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=3,
                             num_classes=10).state_dict()

@@ -6,6 +6,7 @@ from keras_vit.layers.crop_to_patches import CropToPatches
 from keras_vit.layers.drop_path import drop_path, drop_path_keep, drop_path_rates
 from keras_vit.layers.factorized_position_embedding import AddFactorizedPositionEmbs
 from keras_vit.layers.feature_map import TokensToMap
+from keras_vit.layers.group_norm import GroupNorm
 from keras_vit.layers.map_head import MAPHead
 from keras_vit.layers.no_position_embedding import NoPositionEmbs
 from keras_vit.layers.norms import NORMALIZATIONS, make_norm
@@ -32,6 +33,7 @@ __all__ = [
     "BottleneckUnit",
     "ClassToken",
     "CropToPatches",
+    "GroupNorm",
     "MAPHead",
     "MaskedPatchCorruption",
     "MaskedPatchTargets",

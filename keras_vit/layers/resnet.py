@@ -5,23 +5,36 @@ import keras
 from keras import ops
 
 from keras_vit.configs import resnet_stride
+from keras_vit.layers.group_norm import GroupNorm
 from keras_vit.layers.patch_encoder import check_channels
 
 GROUP_NORM_EPSILON = 1e-6
 WEIGHT_STD_EPSILON = 1e-5
+# the stem's numerics -> (weight standardisation's epsilon, whether it is added to the variance inside the root
+# rather than to the deviation, GroupNorm's epsilon): the official code's, and timm's ResNetV2 of its hybrids
+# (vision_transformer_hybrid.py: StdConv2dSame(eps=1e-8), GroupNormAct's 1e-5), which it runs the official weights with
+NUMERICS = {"official": (WEIGHT_STD_EPSILON, False, GROUP_NORM_EPSILON), "timm": (1e-8, True, 1e-5)}
 
 
-def standardize_kernel(kernel, epsilon=WEIGHT_STD_EPSILON):
-    """Weight standardisation: `(w - mean) / (std + eps)` over each output channel's (kh, kw, cin).
+def check_numerics(numerics):
+    if numerics not in NUMERICS:
+        raise ValueError(f"the ResNet stem's numerics must be one of {tuple(NUMERICS)}, got {numerics!r}")
+    return numerics
+
+
+def standardize_kernel(kernel, epsilon=WEIGHT_STD_EPSILON, inside=False):
+    """Weight standardisation over each output channel's (kh, kw, cin): `(w - mean) / (std + eps)`, or with
+    `inside` `(w - mean) / sqrt(var + eps)` (timm's).
 
     Args:
         kernel: a convolution kernel (kh, kw, cin, cout).
-        epsilon: added to the standard deviation (1e-5, the official stem's).
+        epsilon: added to the standard deviation (1e-5, the official stem's), or to the variance.
+        inside: whether `epsilon` is added to the variance.
     """
     kernel = ops.convert_to_tensor(kernel)
     mean = ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
-    std = ops.sqrt(ops.mean(ops.square(kernel - mean), axis=(0, 1, 2), keepdims=True))
-    return (kernel - mean) / (std + epsilon)
+    var = ops.mean(ops.square(kernel - mean), axis=(0, 1, 2), keepdims=True)
+    return (kernel - mean) / (ops.sqrt(var + epsilon) if inside else ops.sqrt(var) + epsilon)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -32,24 +45,30 @@ class StdConv2D(keras.layers.Conv2D):
         filters: output channels.
         kernel_size: int or (kh, kw).
         strides: int or (sh, sw).
+        numerics: "official" or "timm" (`NUMERICS`): how the kernel is standardised.
         **kwargs: other `keras.layers.Conv2D` arguments (padding defaults to
             "same", use_bias to False).
     """
 
-    def __init__(self, filters, kernel_size, strides=1, **kwargs):
+    def __init__(self, filters, kernel_size, strides=1, numerics="official", **kwargs):
         kwargs.setdefault("padding", "same")
         kwargs.setdefault("use_bias", False)
         super().__init__(filters, kernel_size, strides=strides, **kwargs)
+        self.numerics = check_numerics(numerics)
 
     def convolution_op(self, inputs, kernel):
-        kernel = ops.cast(standardize_kernel(ops.cast(kernel, "float32")), inputs.dtype)
+        epsilon, inside, _ = NUMERICS[self.numerics]
+        kernel = ops.cast(standardize_kernel(ops.cast(kernel, "float32"), epsilon, inside), inputs.dtype)
         return super().convolution_op(inputs, kernel)
 
+    def get_config(self):
+        return {**super().get_config(), "numerics": self.numerics}
 
-def _group_norm(name, policy, zero_scale=False):
-    return keras.layers.GroupNormalization(
+
+def _group_norm(name, policy, zero_scale=False, numerics="official"):
+    return GroupNorm(
         groups=32,
-        epsilon=GROUP_NORM_EPSILON,
+        epsilon=NUMERICS[numerics][2],
         gamma_initializer="zeros" if zero_scale else "ones",
         name=name,
         dtype=policy,
@@ -68,25 +87,27 @@ class BottleneckUnit(keras.layers.Layer):
     Args:
         filters: F, the bottleneck width (the unit outputs 4F channels).
         strides: stride of the 3x3 convolution and of the projection.
+        numerics: "official" or "timm" (`NUMERICS`).
     """
 
-    def __init__(self, filters, strides=1, **kwargs):
+    def __init__(self, filters, strides=1, numerics="official", **kwargs):
         super().__init__(**kwargs)
         self.filters = int(filters)
         self.strides = int(strides)
+        self.numerics = check_numerics(numerics)
 
     def build(self, input_shape):
-        f, s, p = self.filters, self.strides, self.dtype_policy
+        f, s, p, n = self.filters, self.strides, self.dtype_policy, self.numerics
         self.needs_projection = s != 1 or input_shape[-1] != 4 * f
         if self.needs_projection:
-            self.conv_proj = StdConv2D(4 * f, 1, s, name="conv_proj", dtype=p)
-            self.gn_proj = _group_norm("gn_proj", p)
-        self.conv1 = StdConv2D(f, 1, name="conv1", dtype=p)
-        self.gn1 = _group_norm("gn1", p)
-        self.conv2 = StdConv2D(f, 3, s, name="conv2", dtype=p)
-        self.gn2 = _group_norm("gn2", p)
-        self.conv3 = StdConv2D(4 * f, 1, name="conv3", dtype=p)
-        self.gn3 = _group_norm("gn3", p, zero_scale=True)
+            self.conv_proj = StdConv2D(4 * f, 1, s, numerics=n, name="conv_proj", dtype=p)
+            self.gn_proj = _group_norm("gn_proj", p, numerics=n)
+        self.conv1 = StdConv2D(f, 1, numerics=n, name="conv1", dtype=p)
+        self.gn1 = _group_norm("gn1", p, numerics=n)
+        self.conv2 = StdConv2D(f, 3, s, numerics=n, name="conv2", dtype=p)
+        self.gn2 = _group_norm("gn2", p, numerics=n)
+        self.conv3 = StdConv2D(4 * f, 1, numerics=n, name="conv3", dtype=p)
+        self.gn3 = _group_norm("gn3", p, zero_scale=True, numerics=n)
         shape = tuple(input_shape)
         down = (shape[0], None, None, f)
         for conv, gn, in_shape in (
@@ -123,7 +144,7 @@ class BottleneckUnit(keras.layers.Layer):
         return params
 
     def get_config(self):
-        return {**super().get_config(), "filters": self.filters, "strides": self.strides}
+        return {**super().get_config(), "filters": self.filters, "strides": self.strides, "numerics": self.numerics}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -134,12 +155,14 @@ class ResNetStem(keras.layers.Layer):
     Args:
         num_layers: units per stage, e.g. (3, 4, 9) for R50 in R50+ViT-B/16, (2, 2, 2, 2) for R26.
         width_factor: multiplies every width (64 * width_factor at the root).
+        numerics: "official" (the default) or "timm": weight standardisation's and GroupNorm's epsilons (`NUMERICS`).
     """
 
-    def __init__(self, num_layers, width_factor=1, **kwargs):
+    def __init__(self, num_layers, width_factor=1, numerics="official", **kwargs):
         super().__init__(**kwargs)
         self.num_layers = tuple(int(n) for n in num_layers)
         self.width_factor = int(width_factor)
+        self.numerics = check_numerics(numerics)
         if not self.num_layers or min(self.num_layers) < 1:
             raise ValueError(f"ResNetStem: num_layers must be a non-empty tuple of positive ints, got {num_layers}")
         self.input_spec = keras.InputSpec(ndim=4)
@@ -155,8 +178,8 @@ class ResNetStem(keras.layers.Layer):
 
     def build(self, input_shape):
         p, width = self.dtype_policy, 64 * self.width_factor
-        self.conv_root = StdConv2D(width, 7, 2, name="conv_root", dtype=p)
-        self.gn_root = _group_norm("gn_root", p)
+        self.conv_root = StdConv2D(width, 7, 2, numerics=self.numerics, name="conv_root", dtype=p)
+        self.gn_root = _group_norm("gn_root", p, numerics=self.numerics)
         self.conv_root.build(input_shape)
         self.gn_root.build((input_shape[0], None, None, width))
         self.units = []
@@ -164,8 +187,8 @@ class ResNetStem(keras.layers.Layer):
         for i, count in enumerate(self.num_layers):
             for j in range(count):
                 unit = BottleneckUnit(
-                    width * 2**i, strides=2 if (i > 0 and j == 0) else 1, name=f"block{i + 1}_unit{j + 1}", dtype=p
-                )
+                    width * 2**i, strides=2 if (i > 0 and j == 0) else 1, numerics=self.numerics,
+                    name=f"block{i + 1}_unit{j + 1}", dtype=p)
                 unit.build((input_shape[0], None, None, channels))
                 channels = 4 * width * 2**i
                 self.units.append(unit)
@@ -192,4 +215,5 @@ class ResNetStem(keras.layers.Layer):
         return params
 
     def get_config(self):
-        return {**super().get_config(), "num_layers": self.num_layers, "width_factor": self.width_factor}
+        return {**super().get_config(), "num_layers": self.num_layers, "width_factor": self.width_factor,
+                "numerics": self.numerics}

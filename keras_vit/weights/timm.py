@@ -29,9 +29,8 @@ UNSUPPORTED = (
     (r"\.mlp\.ffn_ln\.", "a ViT in the original EVA repository's layout (ffn_ln): use timm's file of it"),
     (r"^attn_pool\.(q_norm|k_norm|pos_embed)", "an attention-pooling head with q/k norms or position embeddings"),
     (r"^(visual|vision_model)\.", "a CLIP tower in OpenAI / open_clip layout (use timm's or Hugging Face's layout)"),
-    (r"^patch_embed\.backbone\.", "a hybrid with timm's ResNetV2 stem (patch_embed.backbone), whose weight "
-     "standardisation (w - mean) / sqrt(var + 1e-8) and GroupNorm epsilon 1e-5 are not the official stem's "
-     "(w - mean) / (std + 1e-5) and 1e-6: its outputs would not be timm's; load the official R50/R26 .npz instead"),
+    (r"^patch_embed\.backbone\.(?!stem\.|stages\.)", "a hybrid whose backbone is no ResNetV2 of stages (timm's ResNet-D "
+     "hybrids vit_*_resnet26d/50d_*, or vit_tiny_r_s16_p8_*'s root alone)"),
 )
 def module_rules(src, dst, how):
     """The two rules of one torch module: its weight (a LayerNorm's, how="norm", is the scale;
@@ -85,6 +84,16 @@ _RULES = (
     (r"embeds\.reg_token", "registers", "same"),
     (r"embeds\.pos_embed", "Transformer/posembed_input/pos_embedding", "grid_flat"),
     (r"embeds\.pos_embed_(y|x)", "Transformer/posembed_input/pos_embed_{0}", "unbatch"),
+)
+# the ResNetV2 of timm's hybrids (vit_*_r26_*, vit_*_r50_*): the official stem's layout, units counted from 1
+_STAGE, _UNIT = r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", "block{0+}/unit{1+}/"
+_RULES += (
+    (r"patch_embed\.backbone\.stem\.conv\.weight", "conv_root/kernel", "conv"),
+    *module_rules(r"patch_embed\.backbone\.stem\.norm", "gn_root", "norm"),
+    (_STAGE + r"(conv\d)\.weight", _UNIT + "{2}/kernel", "conv"),
+    (_STAGE + r"downsample\.conv\.weight", _UNIT + "conv_proj/kernel", "conv"),
+    *module_rules(_STAGE + r"norm(\d)", _UNIT + "gn{2}", "norm"),
+    *module_rules(_STAGE + r"downsample\.norm", _UNIT + "gn_proj", "norm"),
 )
 _COMPILED = tuple((re.compile(pattern + "$"), template, how) for pattern, template, how in _RULES)
 
@@ -281,7 +290,7 @@ def architecture(tensors, name=""):
         patch_size=int(kernel.shape[-1]), hidden_size=int(kernel.shape[0]), num_layers=depth,
         timm_heads=TIMM_NAMED_HEADS.get(named_architecture(name, TIMM_NAMED_HEADS)) or (
             TIMM_SIGLIP_HEADS if siglip and not _names_other_vit(name) else TIMM_HEADS).get(int(kernel.shape[0])),
-        mlp_dim=None if fc2 is None else int(fc2.shape[1]), resnet=None,
+        mlp_dim=None if fc2 is None else int(fc2.shape[1]), resnet=_resnet(tensors),
         classifier="map" if "attn_pool.latent" in tensors else "token" if has_cls else "gap",
         classes=None if head is None else int(head.shape[0]),
         tokens=tokens, pre_logits=False, approximate_gelu=named.get("approximate_gelu", False),
@@ -323,6 +332,17 @@ def architecture(tensors, name=""):
         if tokens is None:  # rotary only (DINOv3, timm's rope ViTs without `_ape`)
             arch["position_embedding"] = "none"
     return arch
+
+
+def _resnet(tensors):
+    """The `resnet` option of a timm hybrid's ResNetV2 (its units per stage, its width, timm's numerics), else None."""
+    root = tensors.get("patch_embed.backbone.stem.conv.weight")
+    if root is None:
+        return None
+    units = [int(m.group(1)) for k in tensors
+             for m in [re.fullmatch(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.\d+\.conv1\.weight", k)] if m]
+    return {"num_layers": tuple(units.count(i) for i in range(max(units) + 1)), "width_factor": int(root.shape[0]) // 64,
+            "numerics": "timm"}
 
 
 def _map_mlp_dim(tensors, fc2):
