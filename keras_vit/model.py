@@ -122,6 +122,7 @@ def build_vit(
     normalization="layer_norm",
     embed_norm=False,
     relative_position_bias=False,
+    relative_position_mlp=None,
     class_token=None,
     map_num_heads=None,
     map_mlp_dim=None,
@@ -245,6 +246,9 @@ def build_vit(
         embed_norm: a norm `embed_norm` on the patch embeddings, before the position embeddings (AIMv2).
         relative_position_bias: BEiT's 2-D relative position bias in every block's attention, its own table a block
             (`keras_vit.layers.relative_position_bias`), laid out for the model's grid and a class token.
+        relative_position_mlp: None, or the hidden width of timm's relative position MLP in every block's attention
+            (`keras_vit.layers.relative_position_mlp`: a bias per head from each patch offset, none for a class token;
+            timm's `vit_relpos_*`), given for the model's grid.
         class_token: None (a class token exactly with classifier="token"), or True: a class token beside the "map"
             or "gap" classifier, with its position embedding, pooled by neither (Perception Encoder's).
         map_num_heads, map_mlp_dim: the attention-pool head's own head count and MLP width (None: the encoder's;
@@ -367,6 +371,9 @@ def _encoder(config, x, posembed, grid, images=None):
                   drop_path_rate=drop_path_rates[i], rope=rope, mlp_norm=config.mlp_norm,
                   attention_norm=config.attention_norm, normalization=config.normalization,
                   relative_bias_grid=grid if config.relative_position_bias else None,
+                  relative_mlp=None if config.relative_position_mlp is None else {
+                      "grid_size": grid, "hidden_dim": config.relative_position_mlp,
+                      "num_prefix_tokens": config.num_prefix_tokens},
                   name=f"encoderblock_{i}")(x, **on_images)
     if not config.fc_norm and config.encoder_norm:
         x = _norm(config, "encoder_norm")(x)

@@ -84,6 +84,7 @@ class ViTConfig:
     normalization: str = "layer_norm"
     embed_norm: bool = False
     relative_position_bias: bool = False
+    relative_position_mlp: int | None = None
     class_token: bool | None = None
     map_num_heads: int | None = None
     map_mlp_dim: int | None = None
@@ -270,7 +271,19 @@ def _check_class_token_and_map(c):
 
 
 def _check_relative_bias(c):
-    """BEiT's relative position bias: a class token and the patches, nothing else, on one grid."""
+    """BEiT's relative position bias: a class token and the patches, nothing else, on one grid; timm's relative
+    position MLP: a positive hidden width, any class token, no other prefix, no other relative encoding."""
+    mlp = c.relative_position_mlp
+    if mlp is not None:
+        if isinstance(mlp, bool) or not isinstance(mlp, int) or mlp < 1:
+            raise ValueError(f"relative_position_mlp must be None or the MLP's hidden width (a positive int), got {mlp!r}")
+        if c.relative_position_bias or c.position_embedding == "relative" or c.num_register_tokens or \
+                c.distillation_token or c.naflex:
+            raise ValueError("relative_position_mlp (timm's relative position MLP) takes a class token or none and "
+                             "no other relative encoding; got relative_position_bias="
+                             f"{c.relative_position_bias}, position_embedding={c.position_embedding!r}, "
+                             f"num_register_tokens={c.num_register_tokens}, distillation_token={c.distillation_token}, "
+                             f"naflex={c.naflex}")
     if not c.relative_position_bias:
         return
     if c.classifier != "token" or c.num_register_tokens or c.distillation_token or c.naflex:

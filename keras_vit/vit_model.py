@@ -98,6 +98,9 @@ def one_grid_only(model, parts):
         return "its blocks carry relative position attention (Table 8's relative variant)"
     if any(getattr(b, "relative_bias_grid", None) is not None for b in parts.blocks):
         return "its blocks carry BEiT's relative position bias, a table laid out for one grid"
+    if any(getattr(b, "relative_mlp", None) is not None for b in parts.blocks):
+        return ("its blocks' relative position MLP gives its bias for the grid they were built at (build the model "
+                "at the size you need: the weights fit any grid)")
     return None
 
 

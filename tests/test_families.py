@@ -462,7 +462,7 @@ def test_what_every_timm_vit_state_dict_does_not_record_is_read_as_timm_defines_
             if read is None:
                 continue
             block = module.blocks[0]
-            assert type(block).__name__ in ("Block", "EvaBlock"), name  # pre-norm blocks, as the builder's
+            assert type(block).__name__ in ("Block", "EvaBlock", "RelPosBlock"), name  # pre-norm blocks, as the builder's
             assert read["layer_norm_epsilon"] == pytest.approx(block.norm1.eps), name
             assert read["timm_heads"] == block.attn.num_heads, name
             if getattr(module, "attn_pool", None) is not None and module_name != "eva":  # eva's pools every token

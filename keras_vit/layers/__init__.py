@@ -19,6 +19,7 @@ from keras_vit.layers.position_embedding import AddPositionEmbs, resize_position
 from keras_vit.layers.position_embedding_2d import AddPositionEmbs2D
 from keras_vit.layers.relative_attention import RelativeMultiHeadDotProductAttention, RelativeTransformerBlock
 from keras_vit.layers.relative_position_bias import RelativeBiasAttention, relative_position_index
+from keras_vit.layers.relative_position_mlp import RelativeMlpAttention
 from keras_vit.layers.resize_images import ResizeImages
 from keras_vit.layers.resnet import BottleneckUnit, ResNetStem, StdConv2D, standardize_kernel
 from keras_vit.layers.rotary import rope_tables, rotate_patches
@@ -43,6 +44,7 @@ __all__ = [
     "PatchEncoder",
     "PrefixTokens",
     "RelativeBiasAttention",
+    "RelativeMlpAttention",
     "RelativeMultiHeadDotProductAttention",
     "RelativeTransformerBlock",
     "ResNetStem",

@@ -300,7 +300,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         kernel = ops.reshape(self.out.kernel, (dim, self.out.kernel.shape[-1]))
         return dense(y, ops.cast(kernel, y.dtype), ops.cast(self.out.bias, y.dtype))
 
-    def logit_bias(self, q, scale):
+    def logit_bias(self, q, scale, training=None):
         """A term added to the attention logits (B or 1, heads, T, T), or None (the default: the
         fused path runs). A hook for subclasses, e.g. relative position attention."""
         return None
@@ -310,7 +310,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         if rope is not None:
             q, k = (rotate_patches(t, *rope, rope_prefix_tokens) for t in (q, k))
         scale = 1.0 / math.sqrt(self.head_dim)
-        bias = self.logit_bias(q, scale)
+        bias = self.logit_bias(q, scale, training)
         if bias is None and not return_attention and not (training and self.dropout_rate > 0):
             if self.flash:
                 return self._out(_flash_attention(q, k, v, scale, training=bool(training), valid=valid))

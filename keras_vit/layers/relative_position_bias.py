@@ -52,7 +52,7 @@ class RelativeBiasAttention(MultiHeadDotProductAttention):
             initializer="zeros")
         self.index = relative_position_index(h, w).reshape(-1)
 
-    def logit_bias(self, q, scale):
+    def logit_bias(self, q, scale, training=None):
         tokens = 1 + self.grid_size[0] * self.grid_size[1]
         bias = ops.take(self.relative_position_bias_table, self.index, axis=0)  # (T * T, heads)
         return ops.transpose(ops.reshape(bias, (tokens, tokens, self.num_heads)), (2, 0, 1))[None]

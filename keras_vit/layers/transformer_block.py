@@ -12,6 +12,7 @@ from keras_vit.layers.norms import check_normalization, direct, make_norm, norm_
 from keras_vit.layers.position_embedding import runtime_grid
 from keras_vit.layers.quantized import with_sublayer_policies
 from keras_vit.layers.relative_position_bias import RelativeBiasAttention
+from keras_vit.layers.relative_position_mlp import RelativeMlpAttention
 from keras_vit.layers.rotary import (check_rope, check_rope_head_dim, mixed_rope_frequencies, mixed_rope_tables,
                                      rope_tables)
 from keras_vit.runtime import per_platform
@@ -158,6 +159,9 @@ class TransformerBlock(keras.layers.Layer):
             the block (`keras_vit.layers.norms`), of epsilon `layer_norm_epsilon`.
         relative_bias_grid: None (the default), or the (h, w) patch grid of BEiT's relative position bias in the
             attention (`keras_vit.layers.relative_position_bias`; a class token first, then the grid).
+        relative_mlp: None (the default), or timm's relative position MLP in the attention
+            (`keras_vit.layers.relative_position_mlp`): a dict of its `grid_size`, `hidden_dim` and
+            `num_prefix_tokens`.
     Call args:
         x: tokens (B, T, D).
         return_attention: also return the softmax attention weights (B, heads, T, T).
@@ -168,8 +172,12 @@ class TransformerBlock(keras.layers.Layer):
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, remat=False,
                  approximate_gelu=True, layer_norm_epsilon=LAYER_NORM_EPSILON, attention_implementation="auto",
                  mlp_activation="gelu", layer_scale=None, drop_path_rate=0.0, rope=None, mlp_norm=False,
-                 attention_norm=False, normalization="layer_norm", relative_bias_grid=None, **kwargs):
+                 attention_norm=False, normalization="layer_norm", relative_bias_grid=None, relative_mlp=None,
+                 **kwargs):
         super().__init__(**kwargs)
+        self.relative_mlp = None if relative_mlp is None else {
+            "grid_size": tuple(int(v) for v in relative_mlp["grid_size"]), "hidden_dim": int(relative_mlp["hidden_dim"]),
+            "num_prefix_tokens": int(relative_mlp.get("num_prefix_tokens", 0))}
         self.relative_bias_grid = None if relative_bias_grid is None else tuple(int(v) for v in relative_bias_grid)
         self.normalization = check_normalization(normalization)
         self.mlp_norm, self.attention_norm = bool(mlp_norm), bool(attention_norm)
@@ -241,6 +249,9 @@ class TransformerBlock(keras.layers.Layer):
         args = dict(attention_implementation=self.attention_implementation, inner_norm=self.attention_norm,
                     layer_norm_epsilon=self.layer_norm_epsilon, normalization=self.normalization,
                     name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy)
+        if self.relative_mlp is not None:
+            return RelativeMlpAttention(self.num_heads, dropout_rate=self.attention_dropout_rate, **self.relative_mlp,
+                                        **args)
         if self.relative_bias_grid is not None:
             return RelativeBiasAttention(self.num_heads, self.relative_bias_grid, dropout_rate=self.attention_dropout_rate,
                                          **args)
@@ -370,6 +381,7 @@ class TransformerBlock(keras.layers.Layer):
             "attention_norm": self.attention_norm,
             "normalization": self.normalization,
             "relative_bias_grid": self.relative_bias_grid,
+            "relative_mlp": self.relative_mlp,
         }
 
 

@@ -18,8 +18,8 @@ from keras_vit.weights.timm_eva import TIMM_DINOV3_LAYOUT, TIMM_EVA_LAYOUT, from
 # Keys of architectures the builder does not make -> what they are.
 UNSUPPORTED = (
     (r"\.attn\.[qk]_norm\.", "a ViT with q/k normalisation (q_norm/k_norm)"),
-    (r"\.rel_pos\.|^rel_pos_bias\.|^shared_rel_pos\.", "a ViT with timm's relative position MLP or a relative position bias shared by "
-     "its blocks (vit_relpos_*, vit_srelpos_*, BEiT's use_shared_rel_pos_bias)"),
+    (r"\.rel_pos\.(?!mlp\.)|^rel_pos_bias\.|^shared_rel_pos\.(?!mlp\.)", "a ViT with timm's relative position bias "
+     "table in place of its MLP, or a BEiT whose relative position bias its blocks share (use_shared_rel_pos_bias)"),
     (r"^blocks\.\d+\.(attns|ffns|in_proj|in_norm)\.", "a ViT of parallel blocks (timm's ParallelThingsBlock, "
      "ParallelScalingBlock: `*_18x2_*`, `*_xp_*`)"),
     (r"\.attn\.[qv]_bias$|\.attn\.q_proj\.", "a ViT of timm's Eva layout (q/v biases apart, or q, k and v apart) whose name "
@@ -57,6 +57,8 @@ _RULES = (
     *module_rules(_BLOCK + r"attn\.proj", _ATTN + "out", "out_kernel"),
     *module_rules(_BLOCK + r"attn\.norm", _ATTN + "inner_norm", "norm"),
     (_BLOCK + r"attn\.relative_position_bias_table", _ATTN + "relative_position_bias_table", "same"),
+    *module_rules(_BLOCK + r"attn\.rel_pos\.mlp\.fc1", _ATTN + "RelPosMlp/Dense_0", "linear"),  # vit_relpos_*
+    *module_rules(_BLOCK + r"attn\.rel_pos\.mlp\.fc2", _ATTN + "RelPosMlp/Dense_1", "linear"),
     (_BLOCK + r"ls1\.gamma", _T + "LayerScale_0/scale", "same"),
     (_BLOCK + r"rope_freqs", _T + "rope_freqs", "same"),
     *module_rules(_BLOCK + "norm2", _T + "LayerNorm_2", "norm"),
@@ -161,6 +163,10 @@ def complete(tensors):
             out[key] = value
         elif gate.group(2) == "g":
             out[f"{gate.group(1)}fc1.{gate.group(3)}"] = np.concatenate([value, tensors[partner]])
+    shared = {k: out.pop(k) for k in [k for k in out if k.startswith("shared_rel_pos.mlp.")]}
+    for i in sorted({m.group(1) for k in out for m in [re.match(r"blocks\.(\d+)\.norm1\.weight$", k)] if m}):
+        # vit_srelpos_*: the relative position MLP the blocks share is each block's (the same weights compute the same)
+        out |= {f"blocks.{i}.attn.rel_pos.{k[len('shared_rel_pos.'):]}": v for k, v in shared.items()}
     for name in ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"):  # a kind of projection no block has a bias for
         weights = [k for k in out if re.fullmatch(rf"blocks\.\d+\.{re.escape(name)}\.weight", k)]
         if not any(k[:-len("weight")] + "bias" in out for k in weights):
@@ -283,6 +289,7 @@ def architecture(tensors, name=""):
                          f"{', '.join(TIMM_EVA_LAYOUT)}, e.g. vit_small_patch16_dinov3.lvd1689m.safetensors) or "
                          "pass that name to keras_vit.from_timm")
     prefix = int(has_cls) + int(has_dist)
+    relpos = tensors.get("blocks.0.attn.rel_pos.mlp.fc1.weight")  # timm's relative position MLP (2 -> hidden)
     with_registers = bool(tokens) and _covers_registers(tokens, prefix, registers)  # vit_so150m*
     named = name_options(name)
     siglip = not (prefix or fc_norm or registers or clip or swiglu or "blocks.0.ls1.gamma" in tensors)
@@ -309,6 +316,7 @@ def architecture(tensors, name=""):
         # no final norm where the file has none before or after pooling (RADIO's final_norm=False)
         encoder_norm=None if "norm.weight" in tensors or fc_norm else False,
         relative_position_bias="blocks.0.attn.relative_position_bias_table" in tensors,
+        relative_position_mlp=None if relpos is None else int(relpos.shape[0]),
         # a class token beside attention pooling (Perception Encoder's), and the pool's MLP where not the encoder's
         class_token=True if has_cls and "attn_pool.latent" in tensors else None,
         map_include_prefix=bool(named_architecture(name, dict.fromkeys(TIMM_POOL_INCLUDE_PREFIX))) or None,
@@ -322,6 +330,8 @@ def architecture(tensors, name=""):
         # DINOv2, [-1, 1] for the paper's and AugReg's ViTs (and SigLIP)
         input_mode="clip" if clip else "imagenet" if has_dist or "blocks.0.ls1.gamma" in tensors else "vit",
     )
+    if relpos is not None and tokens is None:  # no position embeddings: the resolution a vit_relpos_* name ends in
+        arch.update(position_embedding="none", image_size=_relpos_size(name))
     if aimv2 is not None:  # what the name tells (TIMM_AIMV2_HEADS)
         arch.update(timm_heads=TIMM_AIMV2_HEADS[aimv2], normalization="rms_norm", layer_norm_epsilon=1e-5,
                     input_mode="clip")
@@ -332,6 +342,15 @@ def architecture(tensors, name=""):
         if tokens is None:  # rotary only (DINOv3, timm's rope ViTs without `_ape`)
             arch["position_embedding"] = "none"
     return arch
+
+
+def _relpos_size(name):
+    """(n, n) where `name` names a timm vit_relpos_* / vit_srelpos_* architecture ending in its resolution n, else None."""
+    for part in _name_parts(name):
+        found = re.search(r"(?<![a-z0-9])vit_s?relpos_[a-z0-9_]*?_(\d{3})(?![0-9])", part)
+        if found:
+            return (int(found.group(1)),) * 2
+    return None
 
 
 def _resnet(tensors):

@@ -38,7 +38,8 @@ TIMM_EPSILON_1E5 = ("beit3_base_patch16_224", "beit3_large_patch16_224", "beit3_
 TIMM_POOL_INCLUDE_PREFIX = ("test_vit3",)
 # timm's ViTs of post-norm blocks (ResPostBlock: x + norm(branch(x))) that store the keys of its pre-norm ones: refused
 # by name, as keras-vit's blocks are pre-norm
-TIMM_POST_NORM = ("vit_base_patch16_rpn_224",)
+TIMM_POST_NORM = ("vit_base_patch16_rpn_224", "vit_relpos_small_patch16_rpn_224", "vit_relpos_medium_patch16_rpn_224",
+                  "vit_relpos_base_patch16_rpn_224", "vit_relpos_base_patch32_plus_rpn_256")
 # timm architectures refused by name (a regex of the name), whose state dicts would read as another ViT -> what they are
 TIMM_REFUSED = {
     r"naflexvit_[a-z0-9_]*radio_v\d": "a RADIO NaFlex tower, whose position embeddings are resized with their corners "
