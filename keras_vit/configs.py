@@ -118,7 +118,7 @@ def pair(value, what):
 FAMILY_DEFAULTS = dict(distillation_token=False, num_register_tokens=0, prefix_position_embedding=True,
                        layer_scale=None, pre_norm=False, fc_norm=False, mlp_activation="gelu", rope=None,
                        mlp_norm=False, attention_norm=False, normalization="layer_norm", embed_norm=False,
-                       relative_position_bias=False, relative_position_mlp=None, encoder_norm=True)
+                       relative_position_bias=False, relative_position_mlp=None, post_norm=False, encoder_norm=True)
 
 
 def family_options(config):
@@ -142,7 +142,8 @@ def family_name(config):
         ("a norm in the MLP", opts["mlp_norm"]), ("a norm in the attention", opts["attention_norm"]),
         ("RMSNorm", opts["normalization"] == "rms_norm"), ("a norm on the patch embeddings", opts["embed_norm"]),
         ("relative position bias", opts["relative_position_bias"]),
-        ("relative position MLP", opts["relative_position_mlp"] is not None), ("no final norm", not opts["encoder_norm"]),
+        ("relative position MLP", opts["relative_position_mlp"] is not None), ("post-norm blocks", opts["post_norm"]),
+        ("no final norm", not opts["encoder_norm"]),
     ) if on]
     if not traits:
         return "a ViT of the paper's layout"

@@ -123,6 +123,7 @@ def build_vit(
     embed_norm=False,
     relative_position_bias=False,
     relative_position_mlp=None,
+    post_norm=False,
     class_token=None,
     map_num_heads=None,
     map_mlp_dim=None,
@@ -244,6 +245,7 @@ def build_vit(
         normalization: "layer_norm" (the paper's) or "rms_norm" (AIMv2's RMSNorm: no centring, no bias) for
             every norm of the model (`keras_vit.layers.norms`), of epsilon `layer_norm_epsilon`.
         embed_norm: a norm `embed_norm` on the patch embeddings, before the position embeddings (AIMv2).
+        post_norm: every block's norms after their branch, `x + norm(branch(x))` (timm's `*_rpn_*` ViTs), not before.
         relative_position_bias: BEiT's 2-D relative position bias in every block's attention, its own table a block
             (`keras_vit.layers.relative_position_bias`), laid out for the model's grid and a class token.
         relative_position_mlp: None, or the hidden width of timm's relative position MLP in every block's attention
@@ -374,6 +376,7 @@ def _encoder(config, x, posembed, grid, images=None):
                   relative_mlp=None if config.relative_position_mlp is None else {
                       "grid_size": grid, "hidden_dim": config.relative_position_mlp,
                       "num_prefix_tokens": config.num_prefix_tokens},
+                  post_norm=config.post_norm,
                   name=f"encoderblock_{i}")(x, **on_images)
     if not config.fc_norm and config.encoder_norm:
         x = _norm(config, "encoder_norm")(x)

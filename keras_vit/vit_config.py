@@ -85,6 +85,7 @@ class ViTConfig:
     embed_norm: bool = False
     relative_position_bias: bool = False
     relative_position_mlp: int | None = None
+    post_norm: bool = False
     class_token: bool | None = None
     map_num_heads: int | None = None
     map_mlp_dim: int | None = None

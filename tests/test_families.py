@@ -462,7 +462,9 @@ def test_what_every_timm_vit_state_dict_does_not_record_is_read_as_timm_defines_
             if read is None:
                 continue
             block = module.blocks[0]
-            assert type(block).__name__ in ("Block", "EvaBlock", "RelPosBlock"), name  # pre-norm blocks, as the builder's
+            # pre-norm blocks, or post-norm ones read as such (by name: they store the same keys)
+            assert type(block).__name__ in (("ResPostBlock", "ResPostRelPosBlock") if read["post_norm"] else
+                                            ("Block", "EvaBlock", "RelPosBlock")), name
             assert read["layer_norm_epsilon"] == pytest.approx(block.norm1.eps), name
             assert read["timm_heads"] == block.attn.num_heads, name
             if getattr(module, "attn_pool", None) is not None and module_name != "eva":  # eva's pools every token
@@ -473,16 +475,29 @@ def test_what_every_timm_vit_state_dict_does_not_record_is_read_as_timm_defines_
 
 @pytest.mark.backend_independent
 def test_architectures_whose_state_dict_reads_as_another_vit_are_refused_or_read_by_name(tmp_path):
-    """timm's post-norm ViT stores the keys of a pre-norm one: named, it is refused in one line saying what it is,
-    nothing built; unnamed, a file without q/k/v biases is refused asking for the name. `vit_base_patch16_gap_224` has 16 heads at width 768, read off its name."""
-    module = TimmViT(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, qkv_bias=False, num_classes=3)
-    state = {k: v.contiguous() for k, v in module.state_dict().items()}
-    for name, match in (("vit_base_patch16_rpn_224.sw_in1k", r"post-norm blocks \(timm's ResPostBlock"),
-                        ("model", "projections without bias whose name names no timm architecture")):
-        path = tmp_path / f"{name}.safetensors"
-        safetensors_torch.save_file(state, str(path))
-        with pytest.raises(ValueError, match=match):
-            keras_vit.from_timm(path)
+    """timm's post-norm ViT stores the keys of a pre-norm one: named, it is read as post-norm (`post_norm=True`) and
+    equals timm's; unnamed, a file without q/k/v biases is refused asking for the name. `vit_base_patch16_gap_224` has
+    16 heads at width 768, read off its name."""
+    from timm.models.vision_transformer import ResPostBlock
+
+    module = TimmViT(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, qkv_bias=False, num_classes=3,
+                     class_token=False, global_pool="avg", block_fn=ResPostBlock)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen))
+    state = {k: v.contiguous() for k, v in module.eval().state_dict().items()}
+    x = _images(32, 32)
+    with torch.no_grad():
+        expected = module(_nchw(x)).numpy()
+    path = tmp_path / "vit_base_patch16_rpn_224.sw_in1k.safetensors"
+    safetensors_torch.save_file(state, str(path))
+    model = keras_vit.from_timm(path, num_heads=2, classifier_activation=None)
+    assert keras_vit.structure.find_vit(model).family()["post_norm"] is True
+    np.testing.assert_allclose(_np(model(x)), expected, atol=1e-5 * np.abs(expected).max(), rtol=0)
+    safetensors_torch.save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="projections without bias whose name names no timm architecture"):
+        keras_vit.from_timm(tmp_path / "model.safetensors")
     from keras_vit.weights.timm import architecture
 
     with torch.device("meta"):

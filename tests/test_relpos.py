@@ -45,8 +45,8 @@ def test_timm_relpos_files_equal_timm_at_two_grids(arch, tmp_path):
 @pytest.mark.backend_independent
 def test_a_relpos_model_reloads_and_what_it_refuses(tmp_path):
     """A relative-position-MLP model reloads from `.keras` in safe mode with the same outputs; `any_size` is refused
-    (its bias is given for the grid it was built at), and so are a width that is no positive int and a post-norm
-    file named after its architecture."""
+    (its bias is given for the grid it was built at), and so is a width that is no positive int. A post-norm model
+    (`*_rpn_*`, which stores the keys of a pre-norm one) is read as one by its name and equals timm's."""
     arch = "vit_relpos_medium_patch16_cls_224"
     ref = _timm(arch)
     path = timm_file(ref, tmp_path, arch)
@@ -60,6 +60,10 @@ def test_a_relpos_model_reloads_and_what_it_refuses(tmp_path):
     with pytest.raises(ValueError, match=r"relative_position_mlp must be None or the MLP's hidden width .* got 0"):
         keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1,
                                     relative_position_mlp=0)
-    os.rename(path, tmp_path / "vit_relpos_medium_patch16_rpn_224.safetensors")
-    with pytest.raises(ValueError, match="a ViT of post-norm blocks"):
-        keras_vit.from_timm(tmp_path / "vit_relpos_medium_patch16_rpn_224.safetensors")
+    post = _timm("vit_relpos_small_patch16_rpn_224")  # post-norm blocks: read by the name
+    x = images(*SIZES[0])
+    with torch.no_grad():
+        expected = post(torch.from_numpy(x).permute(0, 3, 1, 2)).numpy()
+    model = keras_vit.from_timm(timm_file(post, tmp_path, "vit_relpos_small_patch16_rpn_224"), image_size=SIZES[0],
+                                classifier_activation=None)
+    close(to_numpy(model(x)), expected, "post-norm")

@@ -157,6 +157,7 @@ class TransformerBlock(keras.layers.Layer):
             projection (EVA-02 CLIP; timm's `scale_attn_inner`; see `MultiHeadDotProductAttention`).
         normalization: "layer_norm" (the default) or "rms_norm" (AIMv2's RMSNorm, no bias) for every norm of
             the block (`keras_vit.layers.norms`), of epsilon `layer_norm_epsilon`.
+        post_norm: each norm after its branch, `x + norm(branch(x))` (timm's ResPostBlock), not before it.
         relative_bias_grid: None (the default), or the (h, w) patch grid of BEiT's relative position bias in the
             attention (`keras_vit.layers.relative_position_bias`; a class token first, then the grid).
         relative_mlp: None (the default), or timm's relative position MLP in the attention
@@ -173,8 +174,9 @@ class TransformerBlock(keras.layers.Layer):
                  approximate_gelu=True, layer_norm_epsilon=LAYER_NORM_EPSILON, attention_implementation="auto",
                  mlp_activation="gelu", layer_scale=None, drop_path_rate=0.0, rope=None, mlp_norm=False,
                  attention_norm=False, normalization="layer_norm", relative_bias_grid=None, relative_mlp=None,
-                 **kwargs):
+                 post_norm=False, **kwargs):
         super().__init__(**kwargs)
+        self.post_norm = bool(post_norm)
         self.relative_mlp = None if relative_mlp is None else {
             "grid_size": tuple(int(v) for v in relative_mlp["grid_size"]), "hidden_dim": int(relative_mlp["hidden_dim"]),
             "num_prefix_tokens": int(relative_mlp.get("num_prefix_tokens", 0))}
@@ -334,15 +336,19 @@ class TransformerBlock(keras.layers.Layer):
 
     def _forward(self, x, training, return_attention=False, keep=(), valid=None, paths=(), tables=None):
         rotary = {} if tables is None else {"rope": tables, "rope_prefix_tokens": self.rope["num_prefix_tokens"]}
-        x_0 = normalize(self.norm_0, x)
+        x_0 = x if self.post_norm else normalize(self.norm_0, x)
         attention = self.attention.call if direct(self.attention, x_0) else self.attention
         y = attention(x_0, training=training, return_attention=return_attention, valid=valid, **rotary)
         if return_attention:
             y, weights = y
+        if self.post_norm:
+            y = normalize(self.norm_0, y)
         x = x + self._drop_branch(self._drop(self._scaled(y, 0), training, keep, 0), paths, 0)
-        y = self._dense(self.mlp_0, normalize(self.norm_2, x), activation=True)
+        y = self._dense(self.mlp_0, x if self.post_norm else normalize(self.norm_2, x), activation=True)
         y = self._drop(y, training, keep, 1)
         y = self._dense(self.mlp_1, y if self.norm_mlp is None else normalize(self.norm_mlp, y))
+        if self.post_norm:
+            y = normalize(self.norm_2, y)
         x = x + self._drop_branch(self._drop(self._scaled(y, 1), training, keep, 2), paths, 1)
         return (x, weights) if return_attention else x
 
@@ -382,6 +388,7 @@ class TransformerBlock(keras.layers.Layer):
             "normalization": self.normalization,
             "relative_bias_grid": self.relative_bias_grid,
             "relative_mlp": self.relative_mlp,
+            "post_norm": self.post_norm,
         }
 
 

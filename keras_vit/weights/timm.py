@@ -317,6 +317,8 @@ def architecture(tensors, name=""):
         encoder_norm=None if "norm.weight" in tensors or fc_norm else False,
         relative_position_bias="blocks.0.attn.relative_position_bias_table" in tensors,
         relative_position_mlp=None if relpos is None else int(relpos.shape[0]),
+        # post-norm blocks (ResPostBlock) store the keys of pre-norm ones: the name tells (TIMM_POST_NORM)
+        post_norm=bool(named_architecture(name, dict.fromkeys(TIMM_POST_NORM))),
         # a class token beside attention pooling (Perception Encoder's), and the pool's MLP where not the encoder's
         class_token=True if has_cls and "attn_pool.latent" in tensors else None,
         map_include_prefix=bool(named_architecture(name, dict.fromkeys(TIMM_POOL_INCLUDE_PREFIX))) or None,

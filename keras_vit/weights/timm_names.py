@@ -36,16 +36,14 @@ TIMM_EPSILON_1E5 = ("beit3_base_patch16_224", "beit3_large_patch16_224", "beit3_
 # timm's ViTs whose attention pool reads the prefix tokens too (pool_include_prefix=True), which a state dict does not
 # record; tests/test_families.py checks every architecture's against timm's
 TIMM_POOL_INCLUDE_PREFIX = ("test_vit3",)
-# timm's ViTs of post-norm blocks (ResPostBlock: x + norm(branch(x))) that store the keys of its pre-norm ones: refused
-# by name, as keras-vit's blocks are pre-norm
+# timm's ViTs of post-norm blocks (ResPostBlock: x + norm(branch(x))) that store the keys of its pre-norm ones: read
+# by name (post_norm=True)
 TIMM_POST_NORM = ("vit_base_patch16_rpn_224", "vit_relpos_small_patch16_rpn_224", "vit_relpos_medium_patch16_rpn_224",
                   "vit_relpos_base_patch16_rpn_224", "vit_relpos_base_patch32_plus_rpn_256")
 # timm architectures refused by name (a regex of the name), whose state dicts would read as another ViT -> what they are
 TIMM_REFUSED = {
     r"naflexvit_[a-z0-9_]*radio_v\d": "a RADIO NaFlex tower, whose position embeddings are resized with their corners "
     "aligned (pos_embed_align_corners), a rule keras_vit's NaFlex models do not have yet; timm's vit_*_radio_* load",
-    **dict.fromkeys(TIMM_POST_NORM, "a ViT of post-norm blocks (timm's ResPostBlock: x + norm(branch(x))); keras_vit's "
-                    "blocks are pre-norm (x + branch(norm(x))), as the paper's"),
 }
 # the head counts of those SigLIP architectures by width, one a width (giantopt's 1536 has 16 where DINOv2-giant's
 # 1536 has 24): what a state dict of SigLIP's layout takes in place of TIMM_HEADS
