@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-from keras_vit.weights.timm import module_rules, transform
+from keras_vit.weights.timm import module_rules, place, transform
 
 logger = logging.getLogger("keras_vit")
 
@@ -153,11 +153,7 @@ def to_official(tensors, num_heads):
                 elif how == "patch":
                     arrays[official] = _patch_kernel(value)
                 else:
-                    out = transform(how, value, num_heads)
-                    if isinstance(out, dict):
-                        arrays |= {official.format(n): v for n, v in out.items()}
-                    else:
-                        arrays[official] = out
+                    place(arrays, official, transform(how, value, num_heads))
                 break
         else:
             unmapped.append(key)

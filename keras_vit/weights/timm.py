@@ -209,6 +209,14 @@ def is_naflex(tensors):
     return "embeds.proj.weight" in tensors
 
 
+def place(arrays, official, value):
+    """Puts a transformed array in `arrays` at its `official` key, or a dict of q/k/v ones at theirs (`{}` their name)."""
+    if isinstance(value, dict):
+        arrays |= {official.format(name): v for name, v in value.items()}
+    else:
+        arrays[official] = value
+
+
 def to_official(tensors, num_heads):
     """(official arrays, timm keys no rule maps) of a timm state dict, q/k/v split into `num_heads`."""
     arrays, unmapped = {}, []
@@ -216,12 +224,7 @@ def to_official(tensors, num_heads):
         for pattern, template, how in _COMPILED:
             match = pattern.match(key)
             if match:
-                official = _fill(template, match.groups())
-                out = transform(how, value, num_heads)
-                if isinstance(out, dict):
-                    arrays |= {official.format(name): v for name, v in out.items()}
-                else:
-                    arrays[official] = out
+                place(arrays, _fill(template, match.groups()), transform(how, value, num_heads))
                 break
         else:
             unmapped.append(key)
