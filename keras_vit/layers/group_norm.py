@@ -9,7 +9,13 @@ class GroupNorm(keras.layers.GroupNormalization):
     """`keras.layers.GroupNormalization` (the same weights, `gamma` and `beta`, and config) over the last axis, its
     variance the mean of the squared deviations rather than E[x^2] - E[x]^2, and the output (x - mean) *
     rsqrt(var + eps) * gamma + beta: Keras' one-pass variance loses digits where the mean is large beside the
-    deviation, as in a ResNet's activations (a 384 px R50 stem drifted 1e-5 of the output's scale from timm's)."""
+    deviation, as in a ResNet's activations (a 384 px R50 stem drifted 1e-5 of the output's scale from timm's).
+
+    Args:
+        groups: channel groups (32, the hybrid stem's); the channels must divide into them.
+        axis: -1 only (channels last).
+        **kwargs: other `keras.layers.GroupNormalization` arguments (epsilon, center, scale, initializers).
+    """
 
     def __init__(self, groups=32, axis=-1, **kwargs):
         if axis != -1:
