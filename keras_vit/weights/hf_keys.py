@@ -166,11 +166,9 @@ def to_official(tensors, num_heads):
             continue
         packed = np.concatenate([parts["gate"][1], parts["up"][1]], axis=0)
         arrays[official] = packed.T if official.endswith("kernel") else packed
-    if "head.cls_token" in local:  # AIMv2's head: the probe is the query, no projection (the identity, no bias)
-        eye = np.eye(local["head.cls_token"].shape[-1], dtype=local["head.cls_token"].dtype)
-        query = _MAP + "MultiHeadDotProductAttention_0/query/"
-        arrays[query + "kernel"], arrays[query + "bias"] = transform("heads_kernel", eye, num_heads), transform(
-            "heads_bias", np.zeros(len(eye), eye.dtype), num_heads)
+    if "head.cls_token" in local:  # AIMv2's head: the probe is the query, no projection (the identity; its zero bias
+        eye = np.eye(local["head.cls_token"].shape[-1], dtype=local["head.cls_token"].dtype)  # from _zero_biases)
+        arrays[_MAP + "MultiHeadDotProductAttention_0/query/kernel"] = transform("heads_kernel", eye, num_heads)
     if shared is not None:
         blocks = {m.group(1) for k in arrays for m in [re.match(r"Transformer/encoderblock_(\d+)/", k)] if m}
         arrays |= {_A.format(b) + "relative_position_bias_table": shared for b in blocks}

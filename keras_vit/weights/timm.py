@@ -11,8 +11,8 @@ import numpy as np
 from keras_vit.weights.heads import timm_head
 from keras_vit.weights.timm_names import (  # noqa: F401  the tables: this module's names too
     TIMM_AIMV2_HEADS, TIMM_EPSILON_1E5, TIMM_HEADS, TIMM_NAMED_HEADS, TIMM_POOL_INCLUDE_PREFIX, TIMM_POST_NORM,
-    TIMM_REFUSED, TIMM_SIGLIP_GELU, TIMM_SIGLIP_HEADS, _name_parts, _named_image_size, _names_other_vit, name_options,
-    named_architecture)
+    TIMM_REFUSED, TIMM_SIGLIP_GELU, TIMM_SIGLIP_HEADS, _name_parts, _named_image_size, _names_other_vit, _relpos_size,
+    name_options, named_architecture)
 from keras_vit.weights.timm_eva import TIMM_DINOV3_LAYOUT, TIMM_EVA_LAYOUT, from_eva, is_eva  # noqa: F401
 
 # Keys of architectures the builder does not make -> what they are.
@@ -347,15 +347,6 @@ def architecture(tensors, name=""):
         if tokens is None:  # rotary only (DINOv3, timm's rope ViTs without `_ape`)
             arch["position_embedding"] = "none"
     return arch
-
-
-def _relpos_size(name):
-    """(n, n) where `name` names a timm vit_relpos_* / vit_srelpos_* architecture ending in its resolution n, else None."""
-    for part in _name_parts(name):
-        found = re.search(r"(?<![a-z0-9])vit_s?relpos_[a-z0-9_]*?_(\d{3})(?![0-9])", part)
-        if found:
-            return (int(found.group(1)),) * 2
-    return None
 
 
 def _resnet(tensors):

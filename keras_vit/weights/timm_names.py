@@ -98,3 +98,12 @@ def _named_image_size(name, patch, tokens):
     arch = named_architecture(name)
     size = int(arch.rsplit("_", 1)[1]) if arch and arch.rsplit("_", 1)[1].isdigit() else None
     return (size, size) if size and tokens and size % patch and (size // patch) ** 2 == tokens else None
+
+
+def _relpos_size(name):
+    """(n, n) where `name` names a timm vit_relpos_* / vit_srelpos_* architecture ending in its resolution n, else None."""
+    for part in _name_parts(name):
+        found = re.search(r"(?<![a-z0-9])vit_s?relpos_[a-z0-9_]*?_(\d{3})(?![0-9])", part)
+        if found:
+            return (int(found.group(1)),) * 2
+    return None
