@@ -253,23 +253,31 @@ def test_tf_two_workers_equal_mirrored_strategy_on_one(tmp_path):
 @pytest.mark.skipif(backend() != "tensorflow", reason="TensorFlow's coordination service")
 @pytest.mark.timeout(300)
 def test_tf_leader_leaves_last_so_no_worker_logs_a_lost_coordination_service():
-    """Two TensorFlow workers (tests/_leave_last.py, heartbeat timeout 10 s), worker 1 staying 6 s longer at its
-    exit than the leader: as TensorFlow leaves them, worker 1 heartbeats to the leader's service once it has
-    gone and logs the error that ended a CI run ("Failed to send RPC to coordination service ... Connection
-    refused"); with `leave_last_at_exit` the leader waits for it to leave, nothing is logged, and both end with
-    0. Both runs side by side."""
+    """Two TensorFlow workers (tests/_leave_last.py), worker 1 staying longer at its exit than the leader, three
+    runs side by side. Awake for 6 s, heartbeat timeout 10 s: as TensorFlow leaves them, worker 1 heartbeats to
+    the leader's service once it has gone and logs the error that ended a CI run ("Failed to send RPC to
+    coordination service ... Connection refused"); with `leave_last_at_exit` (timeout 40 s) the leader waits for
+    it to leave and nothing is logged. Stopped for 14 s (no heartbeats, its port still taking connections, as a
+    process stuck in its exit), timeout 24 s: the leader waits a quarter of the timeout, not the whole of it, so
+    the service never calls the worker crashed ("The tasks have crashed", which ended a CI run). Each ends with 0."""
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
-    runs = {how: subprocess.Popen([sys.executable, "-m", "keras_vit.launch", "-n", "2", "--timeout", "200", "--",
-                                   sys.executable, str(HERE / "_leave_last.py"), "10", "6", how],
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for how in ("first", "last")}
-    said = {how: run.communicate(timeout=250)[0] for how, run in runs.items()}
+    cases = {"first": ("10", "6", "first", "awake"), "last": ("40", "6", "last", "awake"),
+             "held": ("24", "14", "last", "stopped")}
+    runs = {case: subprocess.Popen([sys.executable, "-m", "keras_vit.launch", "-n", "2", "--timeout", "200", "--",
+                                    sys.executable, str(HERE / "_leave_last.py"), *argv],
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for case, argv in cases.items()}
+    said = {case: run.communicate(timeout=250)[0] for case, run in runs.items()}
+    assert all(run.returncode == 0 for run in runs.values()), said
+    left = {case: {int(i): float(t) for i, t in re.findall(r"^\[\d\] process (\d) leaves at ([\d.]+)$", text, re.M)}
+            for case, text in said.items()}
+    assert all(sorted(times) == [0, 1] for times in left.values()), said
     lost = "Failed to send RPC to coordination service"
-    assert runs["first"].returncode == 0 and re.search(f"^\\[1\\] .*{lost}", said["first"], re.M), said["first"]
-    assert runs["last"].returncode == 0 and lost not in said["last"] and "crashed" not in said["last"], said["last"]
-    left = {int(i): float(t) for i, t in re.findall(r"^\[\d\] process (\d) leaves at ([\d.]+)$", said["last"], re.M)}
-    assert sorted(left) == [0, 1] and left[0] > left[1], said["last"]
+    assert re.search(f"^\\[1\\] .*{lost}", said["first"], re.M), said["first"]
+    assert lost not in said["last"] and "crashed" not in said["last"] and left["last"][0] > left["last"][1], said["last"]
+    stopped = float(re.search(r"^\[1\] process 1 stops at ([\d.]+)$", said["held"], re.M)[1])
+    assert "crashed" not in said["held"] and left["held"][0] < stopped + 24 / 4 + 3 < left["held"][1], said["held"]
 
 
 @pytest.mark.skipif(backend() != "jax", reason="keras.distribution runs on the jax backend")

@@ -154,13 +154,15 @@ def _coordination_service():
 def leave_last_at_exit():
     """Has the leader of the several-worker TensorFlow run that `tf_strategy()` joined (the chief, or worker 0:
     it holds the coordination service) wait, as it exits, until every other worker's process has gone (its
-    server no longer takes a connection), up to HEARTBEAT_TIMEOUT_S; nothing on another process, or without such
-    a run. TensorFlow's processes do not leave the service as they exit: their heartbeats simply stop. A worker
-    that outlives the leader then logs "Failed to send RPC to coordination service ... Connection refused" at
-    its next heartbeat, and a leader that outlives a worker long enough logs "The tasks have crashed", each at
-    the end of a good run; with the leader last and leaving at once after the others, neither happens. Call it
-    once the run is done on every worker (the recipes do, once the run is written). A second call changes
-    nothing."""
+    server no longer takes a connection), up to a quarter of HEARTBEAT_TIMEOUT_S; nothing on another process, or
+    without such a run. TensorFlow's processes do not leave the service as they exit: their heartbeats simply
+    stop. A worker that outlives the leader then logs "Failed to send RPC to coordination service ... Connection
+    refused" at its next heartbeat, and a leader that outlives a worker's last heartbeat by the timeout logs "The
+    tasks have crashed", each at the end of a good run; with the leader last and leaving at once after the
+    others, neither happens. The wait is bounded by the heartbeats: a worker sends one every half timeout, so its
+    last may be half a timeout old when the run is written; a leader that waited longer than the other half for
+    a worker slow to exit would be told it crashed. A quarter leaves the leader's own exit the rest. Call it once
+    the run is done on every worker (the recipes do, once the run is written). A second call changes nothing."""
     if not os.environ.get("TF_CONFIG"):
         return
     import tensorflow as tf
@@ -172,7 +174,7 @@ def leave_last_at_exit():
         others = [cluster.task_address(job, i) for job in ("chief", "worker") if job in cluster.jobs
                   for i in cluster.task_indices(job) if (job, i) != (resolver.task_type, resolver.task_id)]
         atexit.unregister(_wait_until_gone)  # once
-        atexit.register(_wait_until_gone, others, HEARTBEAT_TIMEOUT_S)
+        atexit.register(_wait_until_gone, others, HEARTBEAT_TIMEOUT_S / 4)
 
 
 def _wait_until_gone(addresses, timeout_s):
