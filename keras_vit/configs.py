@@ -76,9 +76,9 @@ def get_variant(name):
 
 
 def resnet_stride(num_layers):
-    """Total downsampling of a ResNet stem with `num_layers` units per stage (1 without a stem):
-    the root conv and max-pool give 4, each stage after the first halves again."""
-    return 1 if not num_layers else 4 * 2 ** (len(num_layers) - 1)
+    """Total downsampling of a ResNet stem with `num_layers` units per stage (None: no stem, 1; (): the root
+    alone): the root conv and max-pool give 4, each stage after the first halves again."""
+    return 1 if num_layers is None else 4 * 2 ** max(len(num_layers) - 1, 0)
 
 
 def find_variant(config):
@@ -118,7 +118,8 @@ def pair(value, what):
 FAMILY_DEFAULTS = dict(distillation_token=False, num_register_tokens=0, prefix_position_embedding=True,
                        layer_scale=None, pre_norm=False, fc_norm=False, mlp_activation="gelu", rope=None,
                        mlp_norm=False, attention_norm=False, normalization="layer_norm", embed_norm=False,
-                       relative_position_bias=False, relative_position_mlp=None, post_norm=False, encoder_norm=True)
+                       relative_position_bias=False, relative_position_mlp=None, post_norm=False, encoder_norm=True,
+                       qk_norm=False, parallel_blocks=False, parallel_branches=1)
 
 
 def family_options(config):
@@ -143,7 +144,9 @@ def family_name(config):
         ("RMSNorm", opts["normalization"] == "rms_norm"), ("a norm on the patch embeddings", opts["embed_norm"]),
         ("relative position bias", opts["relative_position_bias"]),
         ("relative position MLP", opts["relative_position_mlp"] is not None), ("post-norm blocks", opts["post_norm"]),
-        ("no final norm", not opts["encoder_norm"]),
+        ("no final norm", not opts["encoder_norm"]), ("q/k norms", opts["qk_norm"]),
+        ("parallel blocks", opts["parallel_blocks"]),
+        (f"{opts['parallel_branches']} branches a block", opts["parallel_branches"] != 1),
     ) if on]
     if not traits:
         return "a ViT of the paper's layout"

@@ -66,10 +66,9 @@ def target_layers(model, targets=DEFAULT_TARGETS):
     "query", "key", "value", "out" (the attention projections) and "mlp" (both MLP layers)."""
     targets = _check_targets(targets)
     layers = []
-    for block in _blocks(model):
-        attention = block.attention
+    for block in (b for block in _blocks(model) for b in getattr(block, "branch_blocks", [block])):  # each branch's
         for target in targets:
-            layers += [block.mlp_0, block.mlp_1] if target == "mlp" else [getattr(attention, target)]
+            layers += [block.mlp_0, block.mlp_1] if target == "mlp" else [getattr(block.attention, target)]
     return layers
 
 

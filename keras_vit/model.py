@@ -2,6 +2,8 @@
 `keras_vit.vit_config.ViTConfig`, then builds the model in stages: inputs, embedding, encoder,
 pooling, top."""
 
+import functools
+
 import keras
 
 from keras_vit import layers as L
@@ -124,6 +126,9 @@ def build_vit(
     relative_position_bias=False,
     relative_position_mlp=None,
     post_norm=False,
+    qk_norm=False,
+    parallel_blocks=False,
+    parallel_branches=1,
     class_token=None,
     map_num_heads=None,
     map_mlp_dim=None,
@@ -246,6 +251,14 @@ def build_vit(
             every norm of the model (`keras_vit.layers.norms`), of epsilon `layer_norm_epsilon`.
         embed_norm: a norm `embed_norm` on the patch embeddings, before the position embeddings (AIMv2).
         post_norm: every block's norms after their branch, `x + norm(branch(x))` (timm's `*_rpn_*` ViTs), not before.
+        qk_norm: a norm (of `normalization`'s kind) on each head's queries and keys in every block (ViT-22B's; timm's
+            `qk_norm`, its `*_xp_*` ViTs).
+        parallel_blocks: every block's attention and MLP side by side on one norm, their sum added to the tokens
+            (ViT-22B's parallel layers; timm's ParallelScalingBlock: `*_xp_*`, `vit_pwee_*`): no second norm, and with
+            `layer_scale` one scale a block. Not with `post_norm`.
+        parallel_branches: 1 (the paper's), or the number of attentions and of MLPs side by side in every block, each
+            with its own norm and layer scale (`layers.ParallelBranchesBlock`; Touvron et al. 2022's parallel blocks,
+            timm's `*_18x2_*`). Not with rotary or relative positions, `post_norm`, `parallel_blocks` or `remat`.
         relative_position_bias: BEiT's 2-D relative position bias in every block's attention, its own table a block
             (`keras_vit.layers.relative_position_bias`), laid out for the model's grid and a class token.
         relative_position_mlp: None, or the hidden width of timm's relative position MLP in every block's attention
@@ -355,6 +368,8 @@ def _encoder(config, x, posembed, grid, images=None):
     and the final LayerNorm, unless fc_norm moves it after pooling. Rotary blocks read the grid off
     `images` where given (a model that takes any size), else are laid out on `grid`."""
     block = L.RelativeTransformerBlock if config.position_embedding == "relative" else L.TransformerBlock
+    if config.parallel_branches > 1:
+        block = functools.partial(L.ParallelBranchesBlock, branches=config.parallel_branches)
     drop_path_rates = L.drop_path_rates(config.drop_path_rate, config.num_layers)
     rope = None if config.rope is None else {
         **config.rope, "num_prefix_tokens": config.num_prefix_tokens,
@@ -376,7 +391,7 @@ def _encoder(config, x, posembed, grid, images=None):
                   relative_mlp=None if config.relative_position_mlp is None else {
                       "grid_size": grid, "hidden_dim": config.relative_position_mlp,
                       "num_prefix_tokens": config.num_prefix_tokens},
-                  post_norm=config.post_norm,
+                  post_norm=config.post_norm, qk_norm=config.qk_norm, parallel=config.parallel_blocks,
                   name=f"encoderblock_{i}")(x, **on_images)
     if not config.fc_norm and config.encoder_norm:
         x = _norm(config, "encoder_norm")(x)

@@ -90,7 +90,8 @@ class ViTParts:
             normalization=getattr(block, "normalization", "layer_norm"), embed_norm="embed_norm" in names,
             relative_position_bias=getattr(block, "relative_bias_grid", None) is not None,
             relative_position_mlp=(getattr(block, "relative_mlp", None) or {}).get("hidden_dim"),
-            post_norm=getattr(block, "post_norm", False),
+            post_norm=getattr(block, "post_norm", False), qk_norm=getattr(block, "qk_norm", False),
+            parallel_blocks=getattr(block, "parallel", False), parallel_branches=getattr(block, "branches", 1),
             # None: a feature-map model (pooling=None) has no pooling to tell
             classifier="map" if "map_head" in names else None if not names & {"pool", "pool_average"}
             else "token" if self.cls is not None else "gap")

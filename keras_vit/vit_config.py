@@ -86,6 +86,9 @@ class ViTConfig:
     relative_position_bias: bool = False
     relative_position_mlp: int | None = None
     post_norm: bool = False
+    qk_norm: bool = False
+    parallel_blocks: bool = False
+    parallel_branches: int = 1
     class_token: bool | None = None
     map_num_heads: int | None = None
     map_mlp_dim: int | None = None
@@ -193,7 +196,7 @@ def _check_head(c):
 
 
 def _check_numbers(c):
-    for key in ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers", "classes"):
+    for key in ("patch_size", "hidden_size", "mlp_dim", "num_heads", "num_layers", "classes", "parallel_branches"):
         value = getattr(c, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key} must be a positive int, got {value!r}")

@@ -65,12 +65,12 @@ def test_an_eva02_model_of_any_size_reloads(tmp_path):
 
 
 def _readable(ref):
-    """Whether timm's Eva model `ref` is of what keras-vit builds: pre-norm blocks, EVA-02's rotary embedding or
-    none."""
-    from timm.models.eva import EvaBlock
+    """Whether timm's Eva model `ref` is of what keras-vit builds: pre-norm or post-norm blocks, EVA-02's rotary
+    embedding or none."""
+    from timm.models.eva import EvaBlock, EvaBlockPostNorm
 
     rope = getattr(ref, "rope", None)
-    return isinstance(ref.blocks[0], EvaBlock) and (
+    return isinstance(ref.blocks[0], (EvaBlock, EvaBlockPostNorm)) and (
         rope is None or type(rope).__name__ in ("RotaryEmbeddingCat", "RotaryEmbeddingMixed"))
 
 
@@ -114,6 +114,7 @@ def test_every_timm_eva_architecture_keras_vit_builds_is_read_as_timm_defines_it
         assert (read.get("encoder_norm") is not False) == (not isinstance(ref.norm, torch.nn.Identity)  # None: as
                                                            or not isinstance(ref.fc_norm, torch.nn.Identity)), arch  # is
         assert read["pre_norm"] == (not isinstance(ref.norm_pre, torch.nn.Identity)), arch
+        assert read["post_norm"] == (type(ref.blocks[0]).__name__ == "EvaBlockPostNorm"), arch
         assert read["image_size"] == tuple(timm.models.get_pretrained_cfg(arch).input_size[1:]), arch
     others = set(timm_keys.TIMM_DINOV3_LAYOUT) | set(timm.list_models(module="beit"))  # tested on their own
     assert found == set(timm_keys.TIMM_EVA_LAYOUT) - others

@@ -207,7 +207,7 @@ def _unchanged(model, before):
     ("beit", r"BEiT-style ViT \(relative position bias\)"),
     ("eva", r"timm's Eva layout .* name the file after its timm architecture"),
     ("rope_mixed", "learned rotary frequencies"),
-    ("hybrid", r"a hybrid whose backbone is no ResNetV2 of stages \(timm's ResNet-D hybrids"),
+    ("hybrid", r"a hybrid whose backbone is no ResNetV2 \(timm's ResNet-D hybrids"),
     ("missing", "missing from the file"),
     ("extra", "has no place for"),
     ("shapes", "shape mismatch"),

@@ -10,6 +10,7 @@ from keras_vit.layers.group_norm import GroupNorm
 from keras_vit.layers.map_head import MAPHead
 from keras_vit.layers.no_position_embedding import NoPositionEmbs
 from keras_vit.layers.norms import NORMALIZATIONS, make_norm
+from keras_vit.layers.parallel_branches import ParallelBranchesBlock
 from keras_vit.layers.patch_corruption import MaskedPatchCorruption
 from keras_vit.layers.patch_encoder import PatchEncoder
 from keras_vit.layers.patch_targets import MaskedPatchTargets
@@ -41,6 +42,7 @@ __all__ = [
     "MultiHeadDotProductAttention",
     "NORMALIZATIONS",
     "NoPositionEmbs",
+    "ParallelBranchesBlock",
     "PatchEncoder",
     "PrefixTokens",
     "RelativeBiasAttention",

@@ -211,6 +211,9 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         inner_norm: a LayerNorm `inner_norm` (epsilon `layer_norm_epsilon`; an RMSNorm with
             `normalization="rms_norm"`) on the heads' concatenated outputs before the output projection (EVA-02
             CLIP's; timm's `scale_attn_inner`); False by default.
+        qk_norm: a norm of the same kind (`q_norm`, `k_norm`) on each head's queries and keys, over the head's
+            size, its parameters shared by the heads, before any rotation (timm's `qk_norm`, ViT-22B's); False by
+            default.
     Call args:
         x: tokens (B, T, D).
         return_attention: also return the softmax weights (B, heads, T, T).
@@ -223,9 +226,10 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     """
 
     def __init__(self, num_heads, dropout_rate=0.0, attention_implementation="auto", inner_norm=False,
-                 layer_norm_epsilon=1e-6, normalization="layer_norm", **kwargs):
+                 layer_norm_epsilon=1e-6, normalization="layer_norm", qk_norm=False, **kwargs):
         super().__init__(**kwargs)
         self.inner_norm, self.layer_norm_epsilon = bool(inner_norm), float(layer_norm_epsilon)
+        self.qk_norm = bool(qk_norm)
         self.normalization = check_normalization(normalization)
         self.num_heads = int(num_heads)
         self.dropout_rate = float(dropout_rate)
@@ -250,6 +254,12 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         if self.inner_norm:
             self.norm = make_norm(self.normalization, self.layer_norm_epsilon, "inner_norm", self.dtype_policy)
             self.norm.build((*input_shape[:-1], dim))
+        self.qk_norms = ()
+        if self.qk_norm:
+            self.qk_norms = tuple(make_norm(self.normalization, self.layer_norm_epsilon, name, self.dtype_policy)
+                                  for name in ("q_norm", "k_norm"))
+            for norm in self.qk_norms:
+                norm.build((*input_shape[:-1], self.num_heads, self.head_dim))
         self.attention_dropout = keras.layers.Dropout(self.dropout_rate)
         self.flash = self.attention_implementation != "standard" and self._flash_possible()
 
@@ -307,6 +317,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
 
     def call(self, x, training=None, return_attention=False, valid=None, rope=None, rope_prefix_tokens=0):
         q, k, v = self._qkv(x)
+        if self.qk_norms:
+            q, k = (normalize(norm, t) for norm, t in zip(self.qk_norms, (q, k)))
         if rope is not None:
             q, k = (rotate_patches(t, *rope, rope_prefix_tokens) for t in (q, k))
         scale = 1.0 / math.sqrt(self.head_dim)
@@ -331,12 +343,15 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         }
         if self.norm is not None:
             params |= {f"inner_norm/{k}": v for k, v in norm_weights(self.norm).items()}
+        for norm in self.qk_norms:
+            params |= {f"{norm.name}/{k}": v for k, v in norm_weights(norm).items()}
         return params
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "dropout_rate": self.dropout_rate,
                 "attention_implementation": self.attention_implementation, "inner_norm": self.inner_norm,
-                "layer_norm_epsilon": self.layer_norm_epsilon, "normalization": self.normalization}
+                "layer_norm_epsilon": self.layer_norm_epsilon, "normalization": self.normalization,
+                "qk_norm": self.qk_norm}
 
 
 def check_attention_implementation(value):

@@ -153,7 +153,8 @@ class ResNetStem(keras.layers.Layer):
     then stages of bottleneck units; stride 1 in the first stage and 2 in the later ones.
 
     Args:
-        num_layers: units per stage, e.g. (3, 4, 9) for R50 in R50+ViT-B/16, (2, 2, 2, 2) for R26.
+        num_layers: units per stage, e.g. (3, 4, 9) for R50 in R50+ViT-B/16, (2, 2, 2, 2) for R26; () the root
+            alone (timm's `vit_tiny_r_s16_p8_*`).
         width_factor: multiplies every width (64 * width_factor at the root).
         numerics: "official" (the default) or "timm": weight standardisation's and GroupNorm's epsilons (`NUMERICS`).
     """
@@ -163,8 +164,8 @@ class ResNetStem(keras.layers.Layer):
         self.num_layers = tuple(int(n) for n in num_layers)
         self.width_factor = int(width_factor)
         self.numerics = check_numerics(numerics)
-        if not self.num_layers or min(self.num_layers) < 1:
-            raise ValueError(f"ResNetStem: num_layers must be a non-empty tuple of positive ints, got {num_layers}")
+        if any(n < 1 for n in self.num_layers):
+            raise ValueError(f"ResNetStem: num_layers must be a tuple of positive ints, got {num_layers}")
         self.input_spec = keras.InputSpec(ndim=4)
 
     @property
@@ -174,6 +175,8 @@ class ResNetStem(keras.layers.Layer):
 
     @property
     def output_channels(self):
+        if not self.num_layers:  # the root's
+            return 64 * self.width_factor
         return 64 * self.width_factor * 2 ** (len(self.num_layers) - 1) * 4
 
     def build(self, input_shape):

@@ -158,6 +158,10 @@ class TransformerBlock(keras.layers.Layer):
         normalization: "layer_norm" (the default) or "rms_norm" (AIMv2's RMSNorm, no bias) for every norm of
             the block (`keras_vit.layers.norms`), of epsilon `layer_norm_epsilon`.
         post_norm: each norm after its branch, `x + norm(branch(x))` (timm's ResPostBlock), not before it.
+        qk_norm: a norm on each head's queries and keys (`MultiHeadDotProductAttention`'s `qk_norm`).
+        parallel: the attention and the MLP side by side on one norm of x, `x + scale(attention(n) + mlp(n))`
+            with `n = norm(x)` (ViT-22B's parallel layers; timm's ParallelScalingBlock): the block has no second
+            norm and, with `layer_scale`, one scale.
         relative_bias_grid: None (the default), or the (h, w) patch grid of BEiT's relative position bias in the
             attention (`keras_vit.layers.relative_position_bias`; a class token first, then the grid).
         relative_mlp: None (the default), or timm's relative position MLP in the attention
@@ -174,9 +178,12 @@ class TransformerBlock(keras.layers.Layer):
                  approximate_gelu=True, layer_norm_epsilon=LAYER_NORM_EPSILON, attention_implementation="auto",
                  mlp_activation="gelu", layer_scale=None, drop_path_rate=0.0, rope=None, mlp_norm=False,
                  attention_norm=False, normalization="layer_norm", relative_bias_grid=None, relative_mlp=None,
-                 post_norm=False, **kwargs):
+                 post_norm=False, qk_norm=False, parallel=False, **kwargs):
         super().__init__(**kwargs)
-        self.post_norm = bool(post_norm)
+        self.post_norm, self.qk_norm, self.parallel = bool(post_norm), bool(qk_norm), bool(parallel)
+        if self.post_norm and self.parallel:
+            raise ValueError("TransformerBlock: post_norm and parallel do not combine (a parallel block's one norm "
+                             "comes before its two branches)")
         self.relative_mlp = None if relative_mlp is None else {
             "grid_size": tuple(int(v) for v in relative_mlp["grid_size"]), "hidden_dim": int(relative_mlp["hidden_dim"]),
             "num_prefix_tokens": int(relative_mlp.get("num_prefix_tokens", 0))}
@@ -209,7 +216,8 @@ class TransformerBlock(keras.layers.Layer):
         policy = self.dtype_policy
         self.norm_0 = make_norm(self.normalization, self.layer_norm_epsilon, "LayerNorm_0", policy)
         self.attention = self.make_attention(input_shape)
-        self.norm_2 = make_norm(self.normalization, self.layer_norm_epsilon, "LayerNorm_2", policy)
+        self.norm_2 = None if self.parallel else make_norm(self.normalization, self.layer_norm_epsilon, "LayerNorm_2",
+                                                           policy)
         init = dict(kernel_initializer="glorot_uniform", bias_initializer=keras.initializers.RandomNormal(stddev=1e-6))
         self.mlp_0 = keras.layers.Dense(hidden_width(self.mlp_dim, self.mlp_activation), name="Dense_0", dtype=policy,
                                         **init)
@@ -220,7 +228,8 @@ class TransformerBlock(keras.layers.Layer):
         self.norm_mlp = make_norm(self.normalization, self.layer_norm_epsilon, "MlpNorm", policy) if self.mlp_norm \
             else None
         for layer in (self.norm_0, self.attention, self.norm_2, self.mlp_0):
-            layer.build(input_shape)
+            if layer is not None:
+                layer.build(input_shape)
         for layer in (self.norm_mlp, self.mlp_1):
             if layer is not None:
                 layer.build((*input_shape[:-1], self.mlp_dim))
@@ -244,13 +253,13 @@ class TransformerBlock(keras.layers.Layer):
         if self.layer_scale is not None:
             self.scales = tuple(self.add_weight(name=f"layer_scale_{i}", shape=(dim,),
                                                 initializer=keras.initializers.Constant(self.layer_scale))
-                                for i in range(2))
+                                for i in range(1 if self.parallel else 2))
 
     def make_attention(self, input_shape):
         """The block's self-attention layer (a hook for subclasses)."""
         args = dict(attention_implementation=self.attention_implementation, inner_norm=self.attention_norm,
                     layer_norm_epsilon=self.layer_norm_epsilon, normalization=self.normalization,
-                    name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy)
+                    qk_norm=self.qk_norm, name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy)
         if self.relative_mlp is not None:
             return RelativeMlpAttention(self.num_heads, dropout_rate=self.attention_dropout_rate, **self.relative_mlp,
                                         **args)
@@ -341,16 +350,23 @@ class TransformerBlock(keras.layers.Layer):
         y = attention(x_0, training=training, return_attention=return_attention, valid=valid, **rotary)
         if return_attention:
             y, weights = y
+        if self.parallel:  # the MLP on the attention's input, the two branches summed, scaled and dropped as one
+            y = self._drop(y, training, keep, 0) + self._drop(self._mlp(x_0, training, keep), training, keep, 2)
+            x = x + self._drop_branch(self._scaled(y, 0), paths, 0)
+            return (x, weights) if return_attention else x
         if self.post_norm:
             y = normalize(self.norm_0, y)
         x = x + self._drop_branch(self._drop(self._scaled(y, 0), training, keep, 0), paths, 0)
-        y = self._dense(self.mlp_0, x if self.post_norm else normalize(self.norm_2, x), activation=True)
-        y = self._drop(y, training, keep, 1)
-        y = self._dense(self.mlp_1, y if self.norm_mlp is None else normalize(self.norm_mlp, y))
+        y = self._mlp(x if self.post_norm else normalize(self.norm_2, x), training, keep)
         if self.post_norm:
             y = normalize(self.norm_2, y)
         x = x + self._drop_branch(self._drop(self._scaled(y, 1), training, keep, 2), paths, 1)
         return (x, weights) if return_attention else x
+
+    def _mlp(self, x, training, keep):
+        """The MLP branch on its input x, the dropout of its hidden units applied (not its output's)."""
+        y = self._drop(self._dense(self.mlp_0, x, activation=True), training, keep, 1)
+        return self._dense(self.mlp_1, y if self.norm_mlp is None else normalize(self.norm_mlp, y))
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -358,7 +374,8 @@ class TransformerBlock(keras.layers.Layer):
     def official_weights(self):
         params = {f"LayerNorm_0/{k}": v for k, v in norm_weights(self.norm_0).items()}
         params |= {f"MultiHeadDotProductAttention_1/{k}": v for k, v in self.attention.official_weights().items()}
-        params |= {f"LayerNorm_2/{k}": v for k, v in norm_weights(self.norm_2).items()}
+        if self.norm_2 is not None:
+            params |= {f"LayerNorm_2/{k}": v for k, v in norm_weights(self.norm_2).items()}
         for name, layer in (("Dense_0", self.mlp_0), ("Dense_1", self.mlp_1)):
             params |= {f"MlpBlock_3/{name}/kernel": layer.kernel, f"MlpBlock_3/{name}/bias": layer.bias}
         if self.norm_mlp is not None:
@@ -389,6 +406,8 @@ class TransformerBlock(keras.layers.Layer):
             "relative_bias_grid": self.relative_bias_grid,
             "relative_mlp": self.relative_mlp,
             "post_norm": self.post_norm,
+            "qk_norm": self.qk_norm,
+            "parallel": self.parallel,
         }
 
 

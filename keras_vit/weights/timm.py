@@ -11,17 +11,17 @@ import numpy as np
 from keras_vit.weights.heads import timm_head
 from keras_vit.weights.timm_names import (  # noqa: F401  the tables: this module's names too
     TIMM_AIMV2_HEADS, TIMM_EPSILON_1E5, TIMM_HEADS, TIMM_NAMED_HEADS, TIMM_POOL_INCLUDE_PREFIX, TIMM_POST_NORM,
-    TIMM_REFUSED, TIMM_SIGLIP_GELU, TIMM_SIGLIP_HEADS, _name_parts, _named_image_size, _names_other_vit, _relpos_size,
+    TIMM_REFUSED, TIMM_RMS_NORM, TIMM_SIGLIP_GELU, TIMM_SIGLIP_HEADS, _name_parts, _named_image_size, _names_other_vit, _relpos_size,
     name_options, named_architecture)
+from keras_vit.weights.timm_blocks import branches_as_blocks, first_branch, parallel_as_block
 from keras_vit.weights.timm_eva import TIMM_DINOV3_LAYOUT, TIMM_EVA_LAYOUT, from_eva, is_eva  # noqa: F401
 
 # Keys of architectures the builder does not make -> what they are.
 UNSUPPORTED = (
-    (r"\.attn\.[qk]_norm\.", "a ViT with q/k normalisation (q_norm/k_norm)"),
+    (r"^blocks\.\d+\.(attn\.)?(lambda_|sub_norm\.)", "a ViT of differential attention (timm's DiffAttention: "
+     "vit_dwee_*, vit_dlittle_*, vit_dpwee_*)"),
     (r"\.rel_pos\.(?!mlp\.)|^rel_pos_bias\.|^shared_rel_pos\.(?!mlp\.)", "a ViT with timm's relative position bias "
      "table in place of its MLP, or a BEiT whose relative position bias its blocks share (use_shared_rel_pos_bias)"),
-    (r"^blocks\.\d+\.(attns|ffns|in_proj|in_norm)\.", "a ViT of parallel blocks (timm's ParallelThingsBlock, "
-     "ParallelScalingBlock: `*_18x2_*`, `*_xp_*`)"),
     (r"\.attn\.[qv]_bias$|\.attn\.q_proj\.", "a ViT of timm's Eva layout (q/v biases apart, or q, k and v apart) whose name "
      "is none of timm's architectures that keras_vit reads (keras_vit.weights.timm_eva.TIMM_EVA_LAYOUT): name the file "
      "after its timm architecture"),
@@ -29,8 +29,8 @@ UNSUPPORTED = (
     (r"\.mlp\.ffn_ln\.", "a ViT in the original EVA repository's layout (ffn_ln): use timm's file of it"),
     (r"^attn_pool\.(q_norm|k_norm|pos_embed)", "an attention-pooling head with q/k norms or position embeddings"),
     (r"^(visual|vision_model)\.", "a CLIP tower in OpenAI / open_clip layout (use timm's or Hugging Face's layout)"),
-    (r"^patch_embed\.backbone\.(?!stem\.|stages\.)", "a hybrid whose backbone is no ResNetV2 of stages (timm's ResNet-D "
-     "hybrids vit_*_resnet26d/50d_*, or vit_tiny_r_s16_p8_*'s root alone)"),
+    (r"^patch_embed\.backbone\.(?!stem\.|stages\.|conv\.|norm\.)", "a hybrid whose backbone is no ResNetV2 (timm's "
+     "ResNet-D hybrids vit_*_resnet26d/50d_*, MobileCLIP's vit_base_mci_224)"),
 )
 def module_rules(src, dst, how):
     """The two rules of one torch module: its weight (a LayerNorm's, how="norm", is the scale;
@@ -56,6 +56,8 @@ _RULES = (
     (_BLOCK + r"attn\.qkv\.bias", _ATTN + "{{}}/bias", "qkv_bias"),
     *module_rules(_BLOCK + r"attn\.proj", _ATTN + "out", "out_kernel"),
     *module_rules(_BLOCK + r"attn\.norm", _ATTN + "inner_norm", "norm"),
+    *module_rules(_BLOCK + r"attn\.q_norm", _ATTN + "q_norm", "norm"),
+    *module_rules(_BLOCK + r"attn\.k_norm", _ATTN + "k_norm", "norm"),
     (_BLOCK + r"attn\.relative_position_bias_table", _ATTN + "relative_position_bias_table", "same"),
     *module_rules(_BLOCK + r"attn\.rel_pos\.mlp\.fc1", _ATTN + "RelPosMlp/Dense_0", "linear"),  # vit_relpos_*
     *module_rules(_BLOCK + r"attn\.rel_pos\.mlp\.fc2", _ATTN + "RelPosMlp/Dense_1", "linear"),
@@ -90,8 +92,8 @@ _RULES = (
 # the ResNetV2 of timm's hybrids (vit_*_r26_*, vit_*_r50_*): the official stem's layout, units counted from 1
 _STAGE, _UNIT = r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", "block{0+}/unit{1+}/"
 _RULES += (
-    (r"patch_embed\.backbone\.stem\.conv\.weight", "conv_root/kernel", "conv"),
-    *module_rules(r"patch_embed\.backbone\.stem\.norm", "gn_root", "norm"),
+    (r"patch_embed\.backbone\.(?:stem\.)?conv\.weight", "conv_root/kernel", "conv"),  # no stem.: the root alone
+    *module_rules(r"patch_embed\.backbone\.(?:stem\.)?norm", "gn_root", "norm"),
     (_STAGE + r"(conv\d)\.weight", _UNIT + "{2}/kernel", "conv"),
     (_STAGE + r"downsample\.conv\.weight", _UNIT + "conv_proj/kernel", "conv"),
     *module_rules(_STAGE + r"norm(\d)", _UNIT + "gn{2}", "norm"),
@@ -154,8 +156,9 @@ def unsupported(keys):
 def complete(tensors):
     """A timm state dict with SwiGLU's `fc1_g` and `fc1_x` as one `fc1` (the gate first, as the builder's "swiglu"
     reads it), and zero biases for a kind of block projection (q/k/v, output, MLP) that has none in any block (AIMv2's,
-    DINOv3's): the builder's projections have one, and zero computes the same; one block's missing bias stays missing."""
-    out = {}
+    DINOv3's): the builder's projections have one, and zero computes the same; one block's missing bias stays missing.
+    A parallel block's keys, and a block of branches', are read as a block's first (`timm_blocks`)."""
+    tensors, out = branches_as_blocks(parallel_as_block(tensors)), {}
     for key, value in tensors.items():
         gate = re.fullmatch(r"(blocks\.\d+\.mlp\.)fc1_([gx])\.(weight|bias)", key)
         partner = gate and f"{gate.group(1)}fc1_{'x' if gate.group(2) == 'g' else 'g'}.{gate.group(3)}"
@@ -190,8 +193,9 @@ def readable(tensors, name=""):
         return tensors
     biasless = any(k.endswith(".weight") and k[:-len("weight")] + "bias" not in tensors
                    for k in tensors if re.fullmatch(r"blocks\.0\.(attn\.(qkv|proj)|mlp\.fc[12](_g)?)\.weight", k))
-    if biasless and not is_eva(tensors) and not unsupported(tensors) and not any(re.search(r"(?<![a-z0-9])(naflex)?(vit|aimv2)_[a-z0-9_]*patch\d+", part)
-                            for part in _name_parts(name)):
+    named = _relpos_size(name) or any(re.search(r"(?<![a-z0-9])(naflex)?(vit|aimv2)_[a-z0-9_]*patch\d+", part)
+                                      for part in _name_parts(name))
+    if biasless and not is_eva(tensors) and not unsupported(tensors) and not named:
         raise ValueError("a timm ViT with projections without bias whose name names no timm architecture: timm's pre-norm "
                          "blocks (e.g. vit_betwixt_patch16_gap_256, aimv2_*) and its post-norm ones "
                          f"({', '.join(TIMM_POST_NORM)}) store the same keys; name the file after its timm architecture "
@@ -221,10 +225,14 @@ def to_official(tensors, num_heads):
     """(official arrays, timm keys no rule maps) of a timm state dict, q/k/v split into `num_heads`."""
     arrays, unmapped = {}, []
     for key, value in tensors.items():
+        branch = re.fullmatch(r"(blocks\.\d+\.)branch\.(\d+)\.(.+)", key)  # a branch's (`timm_blocks`)
         for pattern, template, how in _COMPILED:
-            match = pattern.match(key)
+            match = pattern.match(branch.group(1) + branch.group(3) if branch else key)
             if match:
-                place(arrays, _fill(template, match.groups()), transform(how, value, num_heads))
+                official = _fill(template, match.groups())
+                if branch:
+                    official = re.sub(r"^(Transformer/encoderblock_\d+/)", rf"\g<1>branch_{branch.group(2)}/", official)
+                place(arrays, official, transform(how, value, num_heads))
                 break
         else:
             unmapped.append(key)
@@ -269,6 +277,7 @@ def architecture(tensors, name=""):
     SigLIP's, else TIMM_HEADS; None for another width)."""
     if is_naflex(tensors):
         return _naflex_architecture(tensors, name)
+    branches, tensors = first_branch(tensors)  # a block of branches: each branch has the block's options
     kernel = tensors["patch_embed.proj.weight"]
     depth = sum(1 for k in tensors if re.fullmatch(r"blocks\.\d+\.norm1\.weight", k))
     head = tensors.get("head.weight")
@@ -279,18 +288,7 @@ def architecture(tensors, name=""):
     tokens = int(tensors["pos_embed"].shape[1]) if "pos_embed" in tensors else None
     fc_norm = "fc_norm.weight" in tensors
     clip = "norm_pre.weight" in tensors  # timm's only pre-norm ViTs are its CLIP towers, LayerNorm eps 1e-5
-    eva, aimv2 = named_architecture(name, TIMM_EVA_LAYOUT), named_architecture(name, TIMM_AIMV2_HEADS)
-    rms = "blocks.0.norm1.weight" in tensors and "blocks.0.norm1.bias" not in tensors  # timm's RmsNorm has no bias
-    if rms and aimv2 is None:
-        raise ValueError("a ViT whose norms have no bias (timm's RmsNorm: AIMv2) whose head count and epsilon its state "
-                         "dict does not record: name the file after its timm architecture (one of "
-                         f"{', '.join(TIMM_AIMV2_HEADS)}, e.g. aimv2_large_patch14_224.apple_pt.safetensors) or pass that "
-                         "name to keras_vit.from_timm")
-    if eva is None and is_eva(tensors):
-        raise ValueError("a ViT of timm's Eva layout (eva.py: layer scale gamma_1, q/v biases apart) whose position "
-                         "encoding its state dict does not record: name the file after its timm architecture (one of "
-                         f"{', '.join(TIMM_EVA_LAYOUT)}, e.g. vit_small_patch16_dinov3.lvd1689m.safetensors) or "
-                         "pass that name to keras_vit.from_timm")
+    eva, aimv2, rms_named = _named_layouts(tensors, name)
     prefix = int(has_cls) + int(has_dist)
     relpos = tensors.get("blocks.0.attn.rel_pos.mlp.fc1.weight")  # timm's relative position MLP (2 -> hidden)
     with_registers = bool(tokens) and _covers_registers(tokens, prefix, registers)  # vit_so150m*
@@ -322,6 +320,9 @@ def architecture(tensors, name=""):
         relative_position_mlp=None if relpos is None else int(relpos.shape[0]),
         # post-norm blocks (ResPostBlock) store the keys of pre-norm ones: the name tells (TIMM_POST_NORM)
         post_norm=bool(named_architecture(name, dict.fromkeys(TIMM_POST_NORM))),
+        qk_norm="blocks.0.attn.q_norm.weight" in tensors, parallel_branches=branches,
+        # a block of one norm: a parallel block (`timm_blocks.parallel_as_block`)
+        parallel_blocks="blocks.0.norm1.weight" in tensors and "blocks.0.norm2.weight" not in tensors,
         # a class token beside attention pooling (Perception Encoder's), and the pool's MLP where not the encoder's
         class_token=True if has_cls and "attn_pool.latent" in tensors else None,
         map_include_prefix=bool(named_architecture(name, dict.fromkeys(TIMM_POOL_INCLUDE_PREFIX))) or None,
@@ -337,6 +338,8 @@ def architecture(tensors, name=""):
     )
     if relpos is not None and tokens is None:  # no position embeddings: the resolution a vit_relpos_* name ends in
         arch.update(position_embedding="none", image_size=_relpos_size(name))
+    if rms_named is not None:  # what the name tells (TIMM_RMS_NORM)
+        arch.update(normalization="rms_norm", layer_norm_epsilon=TIMM_RMS_NORM[rms_named], input_mode="vit")
     if aimv2 is not None:  # what the name tells (TIMM_AIMV2_HEADS)
         arch.update(timm_heads=TIMM_AIMV2_HEADS[aimv2], normalization="rms_norm", layer_norm_epsilon=1e-5,
                     input_mode="clip")
@@ -349,14 +352,35 @@ def architecture(tensors, name=""):
     return arch
 
 
+def _named_layouts(tensors, name):
+    """(eva, aimv2, rms): the architectures of TIMM_EVA_LAYOUT, TIMM_AIMV2_HEADS and TIMM_RMS_NORM that `name` names
+    (or None), a file of timm's RmsNorm or of its Eva layout whose name names none refused: their state dicts do not
+    record what the name tells."""
+    eva, aimv2 = named_architecture(name, TIMM_EVA_LAYOUT), named_architecture(name, TIMM_AIMV2_HEADS)
+    rms = "blocks.0.norm1.weight" in tensors and "blocks.0.norm1.bias" not in tensors  # timm's RmsNorm has no bias
+    rms_named = named_architecture(name, TIMM_RMS_NORM)
+    if rms and aimv2 is None and rms_named is None:
+        raise ValueError("a ViT whose norms have no bias (timm's RmsNorm: AIMv2) whose head count and epsilon its state "
+                         "dict does not record: name the file after its timm architecture (one of "
+                         f"{', '.join((*TIMM_AIMV2_HEADS, *TIMM_RMS_NORM))}, e.g. aimv2_large_patch14_224.apple_pt.safetensors) "
+                         "or pass that name to keras_vit.from_timm")
+    if eva is None and is_eva(tensors):
+        raise ValueError("a ViT of timm's Eva layout (eva.py: layer scale gamma_1, q/v biases apart) whose position "
+                         "encoding its state dict does not record: name the file after its timm architecture (one of "
+                         f"{', '.join(TIMM_EVA_LAYOUT)}, e.g. vit_small_patch16_dinov3.lvd1689m.safetensors) or "
+                         "pass that name to keras_vit.from_timm")
+    return eva, aimv2, rms_named
+
+
 def _resnet(tensors):
     """The `resnet` option of a timm hybrid's ResNetV2 (its units per stage, its width, timm's numerics), else None."""
-    root = tensors.get("patch_embed.backbone.stem.conv.weight")
+    root = tensors.get("patch_embed.backbone.stem.conv.weight", tensors.get("patch_embed.backbone.conv.weight"))
     if root is None:
         return None
     units = [int(m.group(1)) for k in tensors
              for m in [re.fullmatch(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.\d+\.conv1\.weight", k)] if m]
-    return {"num_layers": tuple(units.count(i) for i in range(max(units) + 1)), "width_factor": int(root.shape[0]) // 64,
+    return {"num_layers": tuple(units.count(i) for i in range(max(units, default=-1) + 1)),
+            "width_factor": int(root.shape[0]) // 64,
             "numerics": "timm"}
 
 

@@ -54,6 +54,7 @@ TIMM_EVA_LAYOUT = {
     "eva02_large_patch14_clip_336": _layout(16, 336, EVA02_ROPE),
     **{f"eva_giant_patch14_{size}": _layout(16, size) for size in (224, 336, 560)},
     "eva_giant_patch14_clip_224": _layout(16, 224),
+    "eva02_enormous_patch14_clip_224": _layout(16, 224, post_norm=True),  # EVA-CLIP's post-norm blocks
     "vit_medium_patch16_rope_reg1_gap_256": _layout(8, 256, EVA02_ROPE),
     "vit_mediumd_patch16_rope_reg1_gap_256": _layout(8, 256, EVA02_ROPE),
     "vit_betwixt_patch16_rope_reg4_gap_256": _layout(10, 256, EVA02_ROPE),

@@ -29,6 +29,10 @@ TIMM_SIGLIP_GELU = {**dict.fromkeys(_SIGLIP_EXACT, False), **dict.fromkeys(_SIGL
 # count, which neither the state dict nor TIMM_HEADS tells; tests/test_aimv2.py checks it against timm's definitions
 TIMM_AIMV2_HEADS = {f"aimv2_{size}_patch14_{res}": heads for size, heads in (
     ("large", 8), ("huge", 12), ("1b", 16), ("3b", 24)) for res in (224, 336, 448)}
+# timm's other ViTs of RMSNorm (no bias) -> its epsilon, which a state dict does not record (their inputs in [-1, 1],
+# timm's default statistics): the parallel-block `*_xp_*` and test_vit4; tests/test_families.py checks them against timm
+TIMM_RMS_NORM = {**dict.fromkeys((f"vit_{size}_xp_224" for size in ("base_patch16", "large_patch14", "huge_patch14")),
+                                 1e-6), "test_vit4": 1e-6}
 # timm's ViTs of the classic layout whose LayerNorm epsilon is 1e-5 though they have no norm before the blocks (the
 # CLIP towers, which have one, are read by it): BEiT 3, remapped by timm with norms in the attention and the MLP
 TIMM_EPSILON_1E5 = ("beit3_base_patch16_224", "beit3_large_patch16_224", "beit3_giant_patch14_224",
@@ -100,10 +104,16 @@ def _named_image_size(name, patch, tokens):
     return (size, size) if size and tokens and size % patch and (size // patch) ** 2 == tokens else None
 
 
+# timm's relative-position ViTs whose name does not end in their resolution -> its pretrained config's
+TIMM_RELPOS_SIZES = {"test_vit_relpos": 160}
+
+
 def _relpos_size(name):
-    """(n, n) where `name` names a timm vit_relpos_* / vit_srelpos_* architecture ending in its resolution n, else None."""
+    """(n, n) where `name` names a timm vit_relpos_* / vit_srelpos_* architecture ending in its resolution n, or one
+    of TIMM_RELPOS_SIZES, else None."""
     for part in _name_parts(name):
         found = re.search(r"(?<![a-z0-9])vit_s?relpos_[a-z0-9_]*?_(\d{3})(?![0-9])", part)
         if found:
             return (int(found.group(1)),) * 2
-    return None
+    named = named_architecture(name, TIMM_RELPOS_SIZES)
+    return None if named is None else (TIMM_RELPOS_SIZES[named],) * 2
