@@ -11,7 +11,7 @@ and compared with timm's output on 2 random images at the architecture's input s
 the error, which names what is missing. timm's own failures to build an architecture at depth 2 are listed
 apart and left out of the count.
 
-    python benchmarks/timm_coverage.py --json coverage.json          # every module (an hour on 2 cores)
+    python benchmarks/timm_coverage.py --json coverage.json          # every module (benchmarks/README.md: its time)
     python benchmarks/timm_coverage.py --modules deit --limit 3      # a quick look
 """
 

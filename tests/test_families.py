@@ -172,8 +172,9 @@ def test_from_timm_takes_a_model_name_from_the_hugging_face_cache(tmp_path, monk
 # every family option at once in two models (a class token and an attention-pool head cannot share one)
 COMPOSITES = {
     "deit_registers_clip": dict(distillation_token=True, num_register_tokens=2, prefix_position_embedding=False,
-                                layer_scale=0.5, pre_norm=True, mlp_activation="quick_gelu"),
-    "siglip_fc_norm_registers": dict(classifier="map", fc_norm=True, num_register_tokens=1),
+                                layer_scale=0.5, pre_norm=True, mlp_activation="quick_gelu", parallel_branches=2),
+    "siglip_fc_norm_registers": dict(classifier="map", fc_norm=True, num_register_tokens=1, qk_norm=True,
+                                     parallel_blocks=True),
 }
 
 
