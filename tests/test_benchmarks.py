@@ -148,15 +148,15 @@ def test_keras_torch_device_shows_the_move_of_a_tensor_already_on_the_device(tmp
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="timm's models beside keras-vit's: the fastest lane")
 def test_timm_coverage_loads_deit_exactly_and_names_why_a_file_is_refused(tmp_path, capsys):
-    """benchmarks/timm_coverage.py on one architecture of two modules: timm's DeiT III built at depth 2, written,
-    read by from_timm and equal to timm's output; timm's test model of relative position MLPs (q/k/v without biases,
-    under a name that names no architecture keras-vit reads) refused with the reason, which the table groups."""
-    rows = timm_coverage.main(["--modules", "deit", "vision_transformer_relpos", "--limit", "1", "--json",
-                               str(tmp_path / "c.json")])
-    deit, relpos = rows
+    """benchmarks/timm_coverage.py on one architecture of two modules: timm's DeiT-Ti built at depth 2, written, read
+    by from_timm and equal to timm's output; a hybrid of timm's ResNet-D backbone refused with the reason, which the
+    table groups."""
+    rows = timm_coverage.main(["--modules", "deit", "vision_transformer_hybrid", "--names", "deit_tiny_patch16_224",
+                               "vit_small_resnet26d_224", "--json", str(tmp_path / "c.json")])
+    deit, hybrid = rows
     assert (deit["module"], deit["status"]) == ("deit", "exact") and deit["error"] <= 1e-5 * max(1.0, deit["scale"])
-    assert (relpos["module"], relpos["status"]) == ("vision_transformer_relpos", "refused")
-    assert "whose name names no timm architecture" in relpos["why"] and str(tmp_path) not in relpos["why"]  # not the place
+    assert (hybrid["module"], hybrid["status"]) == ("vision_transformer_hybrid", "refused")
+    assert "a hybrid whose backbone is no ResNetV2" in hybrid["why"] and str(tmp_path) not in hybrid["why"]  # not the place
     assert json.loads((tmp_path / "c.json").read_text())["rows"] == rows
     printed = capsys.readouterr().out
     assert "| deit | 1 | 1 | 100% | 0 | 0 | 0 |" in printed and "| **all** | **1** | 2 | **50%** |" in printed

@@ -19,7 +19,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # timm's three NaFlex ViT-B/16 layouts, made small (the architecture kept: registers, layer scale, fc_norm,
 # MAP, factorized and aspect-preserving position embeddings)
 SMALL = dict(depth=2, embed_dim=64, num_heads=4, num_classes=7, pos_embed_grid_size=(4, 6))
-MODELS = ("naflexvit_base_patch16_gap", "naflexvit_base_patch16_map", "naflexvit_base_patch16_parfac_gap")
+# and RADIO's (C-RADIOv3 base: its table resized with corners aligned, to a square then cropped; v4 at pixel
+# centres, on torch's lane), read by name (`TIMM_RADIO_CORNERS`)
+MODELS = ("naflexvit_base_patch16_gap", "naflexvit_base_patch16_map", "naflexvit_base_patch16_parfac_gap",
+          "naflexvit_base_patch16_radio_v3",
+          pytest.param("naflexvit_so400m_patch16_radio_v4", marks=pytest.mark.backend_independent))
 # (h, w) of one batch's photographs: landscape, portrait, square, a strip; and the token budget
 SIZES = [(120, 200), (200, 90), (128, 128), (40, 300)]
 BUDGET = 24

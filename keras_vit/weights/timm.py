@@ -11,7 +11,7 @@ import numpy as np
 from keras_vit.weights.heads import timm_head
 from keras_vit.weights.timm_names import (  # noqa: F401  the tables: this module's names too
     TIMM_AIMV2_HEADS, TIMM_EPSILON_1E5, TIMM_HEADS, TIMM_NAMED_HEADS, TIMM_POOL_INCLUDE_PREFIX, TIMM_POST_NORM,
-    TIMM_REFUSED, TIMM_RMS_NORM, TIMM_SIGLIP_GELU, TIMM_SIGLIP_HEADS, _name_parts, _named_image_size, _names_other_vit, _relpos_size,
+    TIMM_RMS_NORM, TIMM_SIGLIP_GELU, TIMM_SIGLIP_HEADS, _name_parts, _named_image_size, _names_other_vit, _relpos_size,
     name_options, named_architecture)
 from keras_vit.weights.timm_blocks import branches_as_blocks, first_branch, parallel_as_block
 from keras_vit.weights.timm_eva import TIMM_DINOV3_LAYOUT, TIMM_EVA_LAYOUT, from_eva, is_eva  # noqa: F401
@@ -182,12 +182,8 @@ def readable(tensors, name=""):
     architecture converted (`from_eva`), then `complete`d; any other state dict as it is.
 
     Raises:
-        ValueError: an architecture refused by name (TIMM_REFUSED), or a file without some projection's biases
-            whose name names no timm ViT: post-norm blocks store the keys of pre-norm ones, so only the name tells."""
-    refused = next((what for part in _name_parts(name) for arch, what in TIMM_REFUSED.items()
-                    if re.search(rf"(?<![a-z0-9]){arch}", part)), None)
-    if refused:
-        raise ValueError(f"{name}: {refused}")
+        ValueError: a file without some projection's biases whose name names no timm ViT: post-norm blocks store
+            the keys of pre-norm ones, so only the name tells."""
     tensors = from_eva(tensors, TIMM_EVA_LAYOUT.get(named_architecture(name, TIMM_EVA_LAYOUT)))
     if not is_timm(tensors):
         return tensors

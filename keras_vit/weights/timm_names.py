@@ -1,6 +1,6 @@
-"""What a timm architecture's name tells that its state dict does not: head counts, GELU forms, epsilons, the
-architectures refused by name (the tables, each checked against timm's model definitions by the tests), and how a
-model or file name is read for them (`named_architecture`, `name_options`)."""
+"""What a timm architecture's name tells that its state dict does not: head counts, GELU forms, epsilons, position
+rules (the tables, each checked against timm's model definitions by the tests), and how a model or file name is read
+for them (`named_architecture`, `name_options`)."""
 
 import os
 import re
@@ -44,11 +44,12 @@ TIMM_POOL_INCLUDE_PREFIX = ("test_vit3",)
 # by name (post_norm=True)
 TIMM_POST_NORM = ("vit_base_patch16_rpn_224", "vit_relpos_small_patch16_rpn_224", "vit_relpos_medium_patch16_rpn_224",
                   "vit_relpos_base_patch16_rpn_224", "vit_relpos_base_patch32_plus_rpn_256")
-# timm architectures refused by name (a regex of the name), whose state dicts would read as another ViT -> what they are
-TIMM_REFUSED = {
-    r"naflexvit_[a-z0-9_]*radio_v\d": "a RADIO NaFlex tower, whose position embeddings are resized with their corners "
-    "aligned (pos_embed_align_corners), a rule keras_vit's NaFlex models do not have yet; timm's vit_*_radio_* load",
-}
+# timm's RADIO NaFlex towers (C-RADIOv3, v4): their 128 x 128 position table resized bilinearly, without antialiasing,
+# to a square of the larger grid side, then cropped; with its corners aligned in the v3 towers whose code still did so
+# (timm's pos_embed_align_corners), at pixel centres in the others
+TIMM_RADIO_CORNERS = {"naflexvit_base_patch16_radio_v3": True, "naflexvit_huge_patch16_radio_v3": True,
+                      "naflexvit_large_patch16_radio_v3": False, "naflexvit_giant_patch16_radio_v3": False,
+                      "naflexvit_so400m_patch16_radio_v4": False, "naflexvit_huge_patch16_radio_v4": False}
 # the head counts of those SigLIP architectures by width, one a width (giantopt's 1536 has 16 where DINOv2-giant's
 # 1536 has 24): what a state dict of SigLIP's layout takes in place of TIMM_HEADS
 TIMM_SIGLIP_HEADS = {768: 12, 1024: 16, 1152: 16, 1536: 16}
@@ -88,6 +89,10 @@ def name_options(name):
     options = {"mlp_activation": "quick_gelu"} if "quickgelu" in base else {}
     if re.search(r"_parf?a?c?_", base) and "naflex" in base:
         options["position_aspect_preserving"] = True
+    radio = named_architecture(name, TIMM_RADIO_CORNERS)
+    if radio is not None:
+        options.update(position_aspect_preserving=True,
+                       position_interpolation="bilinear" if TIMM_RADIO_CORNERS[radio] else "bilinear_half_pixel")
     arch = named_architecture(name)
     if arch is not None:
         options["approximate_gelu"] = TIMM_SIGLIP_GELU[arch]
