@@ -119,7 +119,7 @@ FAMILY_DEFAULTS = dict(distillation_token=False, num_register_tokens=0, prefix_p
                        layer_scale=None, pre_norm=False, fc_norm=False, mlp_activation="gelu", rope=None,
                        mlp_norm=False, attention_norm=False, normalization="layer_norm", embed_norm=False,
                        relative_position_bias=False, relative_position_mlp=None, post_norm=False, encoder_norm=True,
-                       qk_norm=False, parallel_blocks=False, parallel_branches=1)
+                       qk_norm=False, parallel_blocks=False, parallel_branches=1, differential_attention=False)
 
 
 def family_options(config):
@@ -147,6 +147,7 @@ def family_name(config):
         ("no final norm", not opts["encoder_norm"]), ("q/k norms", opts["qk_norm"]),
         ("parallel blocks", opts["parallel_blocks"]),
         (f"{opts['parallel_branches']} branches a block", opts["parallel_branches"] != 1),
+        ("differential attention", opts["differential_attention"]),
     ) if on]
     if not traits:
         return "a ViT of the paper's layout"

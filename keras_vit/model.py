@@ -129,6 +129,7 @@ def build_vit(
     qk_norm=False,
     parallel_blocks=False,
     parallel_branches=1,
+    differential_attention=False,
     class_token=None,
     map_num_heads=None,
     map_mlp_dim=None,
@@ -259,6 +260,8 @@ def build_vit(
         parallel_branches: 1 (the paper's), or the number of attentions and of MLPs side by side in every block, each
             with its own norm and layer scale (`layers.ParallelBranchesBlock`; Touvron et al. 2022's parallel blocks,
             timm's `*_18x2_*`). Not with rotary or relative positions, `post_norm`, `parallel_blocks` or `remat`.
+        differential_attention: every block's attention differential (`layers.DifferentialAttention`, Ye et al. 2024;
+            timm's `vit_dwee_*`, `vit_dlittle_*`, `vit_dpwee_*`), its lambda_init set by the block's index.
         relative_position_bias: BEiT's 2-D relative position bias in every block's attention, its own table a block
             (`keras_vit.layers.relative_position_bias`), laid out for the model's grid and a class token.
         relative_position_mlp: None, or the hidden width of timm's relative position MLP in every block's attention
@@ -392,6 +395,7 @@ def _encoder(config, x, posembed, grid, images=None):
                       "grid_size": grid, "hidden_dim": config.relative_position_mlp,
                       "num_prefix_tokens": config.num_prefix_tokens},
                   post_norm=config.post_norm, qk_norm=config.qk_norm, parallel=config.parallel_blocks,
+                  differential=i if config.differential_attention else None,
                   name=f"encoderblock_{i}")(x, **on_images)
     if not config.fc_norm and config.encoder_norm:
         x = _norm(config, "encoder_norm")(x)

@@ -92,6 +92,7 @@ class ViTParts:
             relative_position_mlp=(getattr(block, "relative_mlp", None) or {}).get("hidden_dim"),
             post_norm=getattr(block, "post_norm", False), qk_norm=getattr(block, "qk_norm", False),
             parallel_blocks=getattr(block, "parallel", False), parallel_branches=getattr(block, "branches", 1),
+            differential_attention=getattr(block, "differential", None) is not None,
             # None: a feature-map model (pooling=None) has no pooling to tell
             classifier="map" if "map_head" in names else None if not names & {"pool", "pool_average"}
             else "token" if self.cls is not None else "gap")

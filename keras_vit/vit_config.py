@@ -89,6 +89,7 @@ class ViTConfig:
     qk_norm: bool = False
     parallel_blocks: bool = False
     parallel_branches: int = 1
+    differential_attention: bool = False
     class_token: bool | None = None
     map_num_heads: int | None = None
     map_mlp_dim: int | None = None

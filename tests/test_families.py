@@ -464,7 +464,7 @@ def test_what_every_timm_vit_state_dict_does_not_record_is_read_as_timm_defines_
                 continue
             block = module.blocks[0]
             # pre-norm blocks, or post-norm ones read as such (by name: they store the same keys), or parallel ones
-            kinds = ("ParallelScalingBlock",) if read["parallel_blocks"] else ("ParallelThingsBlock",) if read[
+            kinds = ("ParallelScalingBlock", "DiffParallelScalingBlock") if read["parallel_blocks"] else ("ParallelThingsBlock",) if read[
                 "parallel_branches"] > 1 else ("ResPostBlock", "ResPostRelPosBlock", "EvaBlockPostNorm") if read[
                 "post_norm"] else ("Block", "EvaBlock", "RelPosBlock")
             assert type(block).__name__ in kinds, name
@@ -476,6 +476,8 @@ def test_what_every_timm_vit_state_dict_does_not_record_is_read_as_timm_defines_
             assert read["layer_norm_epsilon"] == pytest.approx(norm.eps), name
             assert read["timm_heads"] == attn.num_heads, name
             assert read["qk_norm"] == (type(getattr(attn, "q_norm", None)).__name__ not in ("Identity", "NoneType")), name
+            assert read["differential_attention"] == (type(attn).__name__ in ("DiffAttention",
+                                                                             "DiffParallelScalingBlock")), name
             if getattr(module, "attn_pool", None) is not None and module_name != "eva":  # eva's pools every token
                 assert bool(read.get("map_include_prefix")) == module.pool_include_prefix, name
             checked += 1

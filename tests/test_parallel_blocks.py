@@ -4,9 +4,6 @@ LayerNorm with layer scale, a register, the tokens averaged), and a ViT of its c
 files read by `from_timm`, equal to timm's own random-weight models; reloaded in safe mode, trained, refused where
 the options do not combine."""
 
-import os
-import sys
-
 import keras
 import numpy as np
 import pytest
@@ -15,12 +12,9 @@ import keras_vit
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors.torch")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from timm_files import close, equal_to_timm_at, images, nchw, redraw, timm_file, to_numpy  # noqa: E402
-from timm_peer import import_timm  # noqa: E402
+from timm_files import close, equal_to_timm_at, images, nchw, redraw, timm_file, timm_module, to_numpy  # noqa: E402
 
-timm = import_timm()
+timm = timm_module()
 SIZES = ((48, 48), (64, 80))  # the size timm's model is made at, and another grid (not square)
 
 

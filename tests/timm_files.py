@@ -1,10 +1,21 @@
 """What the tests of timm's families share: a timm model's weights drawn anew, written as a file named after its
 architecture, images, and the comparison at the project's float32 standard."""
 
+import os
+import sys
+
 import keras
 import numpy as np
 import torch
 from safetensors.torch import save_file
+
+
+def timm_module():
+    """timm, imported as benchmarks/timm_peer.py does (without torchvision installed)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from timm_peer import import_timm
+
+    return import_timm()
 
 
 def redraw(module, seed=0):

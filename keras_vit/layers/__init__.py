@@ -3,6 +3,7 @@
 from keras_vit.layers.attention import MultiHeadDotProductAttention
 from keras_vit.layers.class_token import ClassToken
 from keras_vit.layers.crop_to_patches import CropToPatches
+from keras_vit.layers.differential_attention import DifferentialAttention
 from keras_vit.layers.drop_path import drop_path, drop_path_keep, drop_path_rates
 from keras_vit.layers.factorized_position_embedding import AddFactorizedPositionEmbs
 from keras_vit.layers.feature_map import TokensToMap
@@ -35,6 +36,7 @@ __all__ = [
     "BottleneckUnit",
     "ClassToken",
     "CropToPatches",
+    "DifferentialAttention",
     "GroupNorm",
     "MAPHead",
     "MaskedPatchCorruption",

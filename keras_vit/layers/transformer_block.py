@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, check_attention_implementation, dense
+from keras_vit.layers.differential_attention import DifferentialAttention
 from keras_vit.layers.drop_path import check_drop_path_rate, drop_path, drop_path_keep
 from keras_vit.layers.mlp import activate, check_mlp_activation, hidden_width
 from keras_vit.layers.norms import check_normalization, direct, make_norm, norm_weights, normalize
@@ -159,6 +160,7 @@ class TransformerBlock(keras.layers.Layer):
             the block (`keras_vit.layers.norms`), of epsilon `layer_norm_epsilon`.
         post_norm: each norm after its branch, `x + norm(branch(x))` (timm's ResPostBlock), not before it.
         qk_norm: a norm on each head's queries and keys (`MultiHeadDotProductAttention`'s `qk_norm`).
+        differential: None (the default), or the block's index: its attention differential (`DifferentialAttention`).
         parallel: the attention and the MLP side by side on one norm of x, `x + scale(attention(n) + mlp(n))`
             with `n = norm(x)` (ViT-22B's parallel layers; timm's ParallelScalingBlock): the block has no second
             norm and, with `layer_scale`, one scale.
@@ -178,8 +180,9 @@ class TransformerBlock(keras.layers.Layer):
                  approximate_gelu=True, layer_norm_epsilon=LAYER_NORM_EPSILON, attention_implementation="auto",
                  mlp_activation="gelu", layer_scale=None, drop_path_rate=0.0, rope=None, mlp_norm=False,
                  attention_norm=False, normalization="layer_norm", relative_bias_grid=None, relative_mlp=None,
-                 post_norm=False, qk_norm=False, parallel=False, **kwargs):
+                 post_norm=False, qk_norm=False, parallel=False, differential=None, **kwargs):
         super().__init__(**kwargs)
+        self.differential = differential
         self.post_norm, self.qk_norm, self.parallel = bool(post_norm), bool(qk_norm), bool(parallel)
         if self.post_norm and self.parallel:
             raise ValueError("TransformerBlock: post_norm and parallel do not combine (a parallel block's one norm "
@@ -260,6 +263,9 @@ class TransformerBlock(keras.layers.Layer):
         args = dict(attention_implementation=self.attention_implementation, inner_norm=self.attention_norm,
                     layer_norm_epsilon=self.layer_norm_epsilon, normalization=self.normalization,
                     qk_norm=self.qk_norm, name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy)
+        if self.differential is not None:
+            return DifferentialAttention(self.num_heads, self.differential, dropout_rate=self.attention_dropout_rate,
+                                         **args)
         if self.relative_mlp is not None:
             return RelativeMlpAttention(self.num_heads, dropout_rate=self.attention_dropout_rate, **self.relative_mlp,
                                         **args)
@@ -408,6 +414,7 @@ class TransformerBlock(keras.layers.Layer):
             "post_norm": self.post_norm,
             "qk_norm": self.qk_norm,
             "parallel": self.parallel,
+            "differential": self.differential,
         }
 
 

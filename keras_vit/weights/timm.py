@@ -18,8 +18,6 @@ from keras_vit.weights.timm_eva import TIMM_DINOV3_LAYOUT, TIMM_EVA_LAYOUT, from
 
 # Keys of architectures the builder does not make -> what they are.
 UNSUPPORTED = (
-    (r"^blocks\.\d+\.(attn\.)?(lambda_|sub_norm\.)", "a ViT of differential attention (timm's DiffAttention: "
-     "vit_dwee_*, vit_dlittle_*, vit_dpwee_*)"),
     (r"\.rel_pos\.(?!mlp\.)|^rel_pos_bias\.|^shared_rel_pos\.(?!mlp\.)", "a ViT with timm's relative position bias "
      "table in place of its MLP, or a BEiT whose relative position bias its blocks share (use_shared_rel_pos_bias)"),
     (r"\.attn\.[qv]_bias$|\.attn\.q_proj\.", "a ViT of timm's Eva layout (q/v biases apart, or q, k and v apart) whose name "
@@ -58,6 +56,8 @@ _RULES = (
     *module_rules(_BLOCK + r"attn\.norm", _ATTN + "inner_norm", "norm"),
     *module_rules(_BLOCK + r"attn\.q_norm", _ATTN + "q_norm", "norm"),
     *module_rules(_BLOCK + r"attn\.k_norm", _ATTN + "k_norm", "norm"),
+    (_BLOCK + r"attn\.(lambda_[qk][12])", _ATTN + "{1}", "same"),  # differential attention's
+    (_BLOCK + r"attn\.sub_norm\.weight", _ATTN + "sub_norm/scale", "same"),
     (_BLOCK + r"attn\.relative_position_bias_table", _ATTN + "relative_position_bias_table", "same"),
     *module_rules(_BLOCK + r"attn\.rel_pos\.mlp\.fc1", _ATTN + "RelPosMlp/Dense_0", "linear"),  # vit_relpos_*
     *module_rules(_BLOCK + r"attn\.rel_pos\.mlp\.fc2", _ATTN + "RelPosMlp/Dense_1", "linear"),
@@ -317,6 +317,7 @@ def architecture(tensors, name=""):
         # post-norm blocks (ResPostBlock) store the keys of pre-norm ones: the name tells (TIMM_POST_NORM)
         post_norm=bool(named_architecture(name, dict.fromkeys(TIMM_POST_NORM))),
         qk_norm="blocks.0.attn.q_norm.weight" in tensors, parallel_branches=branches,
+        differential_attention="blocks.0.attn.lambda_q1" in tensors,
         # a block of one norm: a parallel block (`timm_blocks.parallel_as_block`)
         parallel_blocks="blocks.0.norm1.weight" in tensors and "blocks.0.norm2.weight" not in tensors,
         # a class token beside attention pooling (Perception Encoder's), and the pool's MLP where not the encoder's

@@ -6,16 +6,18 @@ import re
 
 # timm's ParallelScalingBlock names -> a block's (its fused in_proj and mlp_bias are split by `parallel_as_block`)
 _PARALLEL_NAMES = {"in_norm": "norm1", "attn_out_proj": "attn.proj", "mlp_out_proj": "mlp.fc2", "ls": "ls1",
-                   "q_norm": "attn.q_norm", "k_norm": "attn.k_norm"}
+                   "q_norm": "attn.q_norm", "k_norm": "attn.k_norm", "sub_norm": "attn.sub_norm",
+                   **{f"lambda_{n}": f"attn.lambda_{n}" for n in ("q1", "k1", "q2", "k2")}}
 
 
 def parallel_as_block(tensors):
     """`tensors` with timm's ParallelScalingBlock keys (`*_xp_*`, `vit_pwee_*`) as a block's: in_proj's first rows
-    as the MLP's fc1 (its width the rows past q, k and v), the rest as the fused qkv, mlp_bias as fc1's bias, and the
-    names of `_PARALLEL_NAMES`. Such a block has no norm2: how `architecture` reads it as parallel."""
+    as the MLP's fc1 (its width the rows past q, k and v), the rest as the fused qkv, mlp_bias as fc1's bias, a fused
+    out_proj (`vit_dpwee_*`) as the attention's projection (its first columns, and the bias) and fc2 (the rest), and
+    the names of `_PARALLEL_NAMES`. Such a block has no norm2: how `architecture` reads it as parallel."""
     out = {}
     for key, value in tensors.items():
-        part = re.fullmatch(r"(blocks\.\d+\.)(in_proj|mlp_bias|" + "|".join(_PARALLEL_NAMES) + r")(\.\w+)?", key)
+        part = re.fullmatch(r"(blocks\.\d+\.)(in_proj|out_proj|mlp_bias|" + "|".join(_PARALLEL_NAMES) + r")(\.\w+)?", key)
         if part is None:
             out[key] = value
             continue
@@ -23,6 +25,10 @@ def parallel_as_block(tensors):
         if name == "in_proj":
             hidden = value.shape[0] - 3 * tensors[block + "in_proj.weight"].shape[1]
             out[f"{block}mlp.fc1{rest}"], out[f"{block}attn.qkv{rest}"] = value[:hidden], value[hidden:]
+        elif name == "out_proj" and rest == ".weight":  # (D, D + hidden): the attention's columns first
+            out[f"{block}attn.proj.weight"], out[f"{block}mlp.fc2.weight"] = value[:, :value.shape[0]], value[:, value.shape[0]:]
+        elif name == "out_proj":  # one bias for the sum of the two
+            out[f"{block}attn.proj{rest}"] = value
         elif name == "mlp_bias":
             out[f"{block}mlp.fc1.bias"] = value
         else:
