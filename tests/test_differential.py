@@ -55,8 +55,8 @@ def test_the_layer_and_its_maps_equal_numpy_and_a_model_of_it_reloads_and_trains
     """The layer's output (through the backend's fused path) and its maps (`return_attention`) equal a numpy
     reference from its weights; a model of differential attention with attention dropout reloads from `.keras` in
     safe mode with the same outputs, differs in training, and a step moves every weight but the key biases (which
-    shift each query's logits alike, so no map sees them); q/k norms with it, and an
-    odd head size, are refused in one line."""
+    shift each query's logits alike, so no map sees them); q/k norms or relative position embeddings with
+    it, and an odd head size, are refused in one line."""
     rng = np.random.default_rng(0)
     layer = DifferentialAttention(2, depth=3)
     x = rng.normal(size=(2, 5, 16)).astype("float32")
@@ -85,5 +85,7 @@ def test_the_layer_and_its_maps_equal_numpy_and_a_model_of_it_reloads_and_trains
     assert all(p.endswith("key/bias") for p in still), still  # a key bias shifts a query's logits alike: no gradient
     with pytest.raises(ValueError, match="qk_norm is not taken"):
         keras_vit.VisionTransformer(**args, qk_norm=True)
+    with pytest.raises(ValueError, match="differential attention does not take relative position embeddings"):
+        keras_vit.VisionTransformer(**args, position_embedding="relative")
     with pytest.raises(ValueError, match="splits each head in two, got a head size of 9"):
         keras_vit.VisionTransformer(**{**args, "hidden_size": 18})

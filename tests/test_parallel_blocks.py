@@ -98,6 +98,8 @@ def test_a_parallel_model_reloads_trains_and_what_is_refused(tmp_path):
     _trains(model)
     with pytest.raises(ValueError, match="post_norm and parallel do not combine"):
         keras_vit.VisionTransformer(**args, post_norm=True)
+    relative = keras_vit.VisionTransformer(**args, position_embedding="relative")  # its own attention: the norms too
+    assert len(relative.get_layer("encoderblock_0").attention.qk_norms) == 2
 
 
 @pytest.mark.backend_independent

@@ -64,8 +64,10 @@ class RelativeTransformerBlock(TransformerBlock):
     """`TransformerBlock` whose self-attention is `RelativeMultiHeadDotProductAttention`."""
 
     def make_attention(self, input_shape):
+        if self.differential is not None:
+            raise ValueError(f"{self.name}: differential attention does not take relative position embeddings")
         return RelativeMultiHeadDotProductAttention(
             self.num_heads, self.attention_dropout_rate, attention_implementation=self.attention_implementation,
             inner_norm=self.attention_norm, layer_norm_epsilon=self.layer_norm_epsilon, normalization=self.normalization,
-            name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy
+            qk_norm=self.qk_norm, name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy
         )
