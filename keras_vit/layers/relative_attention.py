@@ -66,8 +66,5 @@ class RelativeTransformerBlock(TransformerBlock):
     def make_attention(self, input_shape):
         if self.differential is not None:
             raise ValueError(f"{self.name}: differential attention does not take relative position embeddings")
-        return RelativeMultiHeadDotProductAttention(
-            self.num_heads, self.attention_dropout_rate, attention_implementation=self.attention_implementation,
-            inner_norm=self.attention_norm, layer_norm_epsilon=self.layer_norm_epsilon, normalization=self.normalization,
-            qk_norm=self.qk_norm, name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy
-        )
+        return RelativeMultiHeadDotProductAttention(self.num_heads, self.attention_dropout_rate,
+                                                    **self.attention_args())

@@ -258,11 +258,15 @@ class TransformerBlock(keras.layers.Layer):
                                                 initializer=keras.initializers.Constant(self.layer_scale))
                                 for i in range(1 if self.parallel else 2))
 
-    def make_attention(self, input_shape):
-        """The block's self-attention layer (a hook for subclasses)."""
-        args = dict(attention_implementation=self.attention_implementation, inner_norm=self.attention_norm,
+    def attention_args(self):
+        """The keyword arguments every attention layer of this block takes (its subclasses' too)."""
+        return dict(attention_implementation=self.attention_implementation, inner_norm=self.attention_norm,
                     layer_norm_epsilon=self.layer_norm_epsilon, normalization=self.normalization,
                     qk_norm=self.qk_norm, name="MultiHeadDotProductAttention_1", dtype=self.dtype_policy)
+
+    def make_attention(self, input_shape):
+        """The block's self-attention layer (a hook for subclasses)."""
+        args = self.attention_args()
         if self.differential is not None:
             return DifferentialAttention(self.num_heads, self.differential, dropout_rate=self.attention_dropout_rate,
                                          **args)
