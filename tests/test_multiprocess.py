@@ -104,35 +104,34 @@ def test_two_processes_equal_one_process_over_four_devices(jax_runs, run):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_finetune_recipe_killed_on_two_processes_resumes_on_one_and_back(tmp_path, jax_env, monkeypatch):
-    """The fine-tuning recipe (`--distribute data`, gradient accumulation) through the launcher on 2
+    """The fine-tuning recipe (`--distribute data`, gradient accumulation, 4 epochs) through the launcher on 2
     processes x 2 devices; a second such run whose process 1 kills itself (SIGKILL) in the middle of its
     third epoch: the launcher stops process 0, left waiting in a collective, within 60 s with one message,
-    the backup of the second epoch is there; that run started again on 1 process x 4 devices resumes
-    from it and ends with the uninterrupted run's history, test metrics and weights. And the other way
-    round: a 1-process run killed there resumes on 2 processes, under Open MPI's `mpiexec`, to the same end."""
+    the backup of the second epoch is there. That run goes on from it on 1 process x 4 devices, which kills
+    itself in the fourth epoch in turn, after its own backup of the third; and it ends resumed from that one
+    on 2 processes under Open MPI's `mpiexec`, with the uninterrupted run's history, test metrics and weights.
+    (One chain: each resumption starts a run of its own, the processes' start is most of each run's time.)"""
     from test_examples import TINY
 
     script = str(HERE / "_finetune_mocked.py")
     flags = ["--model", TINY, "--weights", "none", "--image-size", "16", "--batch-size", "8", "--device-batch-size",
-             "1", "--steps", "6", "--eval-every", "2", "--warmup-steps", "1", "--lr", "0.05", "--data-dir",
+             "1", "--steps", "8", "--eval-every", "2", "--warmup-steps", "1", "--lr", "0.05", "--data-dir",
              "/nonexistent/tfds", "--verbose", "0", "--distribute", "data", "--output-dir"]
     straight = subprocess.Popen([sys.executable, "-m", "keras_vit.launch", "-n", "2", "--cpu-devices", "2",
                                  "--timeout", "400", "--", script, *flags, str(tmp_path / "straight")],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    # process 1 kills itself at micro-step 9 of 12 (4 an epoch: 2 updates of 2 accumulated steps), after
-    # the backup of epoch 2
+    # 4 micro-steps an epoch (2 updates of 2 accumulated steps): process 1 kills itself at its micro-step 9 of
+    # 16, after the backup of epoch 2 (update 4)
     monkeypatch.setenv("KILL_PROCESS", "1")
     monkeypatch.setenv("PAUSE_AT", "9")
     lines = Lines()
     try:
-        code = launch.launch([script, *flags, str(tmp_path / "killed")], 2, cpu_devices=2, timeout=400, out=lines)
+        code = launch.launch([script, *flags, str(tmp_path / "run")], 2, cpu_devices=2, timeout=400, out=lines)
         straight_out, _ = straight.communicate(timeout=420)
     finally:
         if straight.poll() is None:  # the launcher stops its own processes on SIGTERM
             straight.terminate()
             straight.wait(30)
-    monkeypatch.delenv("KILL_PROCESS")
-    monkeypatch.delenv("PAUSE_AT")
     assert straight.returncode == 0, straight_out[-6000:]
     assert code == 1, lines.text()[-6000:]
     kill = next((t for t, line in lines.lines if line == "[1] killing process 1"), None)
@@ -140,39 +139,37 @@ def test_finetune_recipe_killed_on_two_processes_resumes_on_one_and_back(tmp_pat
     end, last = lines.lines[-1]
     assert last == "keras_vit.launch: process 1 of 2 was killed by SIGKILL; stopped the others"
     assert end - kill < 60
-    assert (tmp_path / "killed" / "backup" / "latest.weights.h5").exists()
-    assert not (tmp_path / "killed" / "metrics.json").exists()
+    backup = tmp_path / "run" / "backup" / "latest.weights.h5"
+    assert backup.exists() and not (tmp_path / "run" / "metrics.json").exists()
 
-    lines = Lines()
-    assert launch.launch([script, *flags, str(tmp_path / "killed")], 1, cpu_devices=4, timeout=400, out=lines) == 0, (
-        lines.text()[-6000:])
-    assert "resuming" in lines.text()
-    _same_run(tmp_path / "killed", tmp_path / "straight")
-
-    # the other way round: 1 process x 4 devices killed after the backup of epoch 2, resumed on 2 x 2
+    # resumed on 1 process x 4 devices from update 4, killed at its micro-step 5 (epoch 4), after its backup of
+    # epoch 3 (update 6)
     monkeypatch.setenv("KILL_PROCESS", "0")
-    monkeypatch.setenv("PAUSE_AT", "9")
+    monkeypatch.setenv("PAUSE_AT", "5")
+    written = backup.stat().st_mtime_ns
     lines = Lines()
-    assert launch.launch([script, *flags, str(tmp_path / "one")], 1, cpu_devices=4, timeout=400, out=lines) == 1
-    assert (tmp_path / "one" / "backup" / "latest.weights.h5").exists()
+    assert launch.launch([script, *flags, str(tmp_path / "run")], 1, cpu_devices=4, timeout=400, out=lines) == 1, (
+        lines.text()[-6000:])
+    assert re.search(r"resuming \S+: 4 of 8 updates done", lines.text()), lines.text()[-6000:]
+    assert "killing process 0" in lines.text() and backup.stat().st_mtime_ns != written
     monkeypatch.delenv("KILL_PROCESS")
     monkeypatch.delenv("PAUSE_AT")
     # resumed under Open MPI's mpiexec (2 ranks x 2 devices), as on hosts of a cluster: process 0 alone says it
-    code, said = mpiexec([], [script, *flags, str(tmp_path / "one")],
+    code, said = mpiexec([], [script, *flags, str(tmp_path / "run")],
                          {**os.environ, "XLA_FLAGS": launch.with_cpu_devices(os.environ.get("XLA_FLAGS", ""), 2)})
     assert code == 0, said[-6000:]
     assert len([line for line in said.splitlines() if line.startswith("resuming")]) == 1, said[-6000:]
-    _same_run(tmp_path / "one", tmp_path / "straight")
+    _same_run(tmp_path / "run", tmp_path / "straight", from_step=6)
 
 
-def _same_run(resumed_dir, reference_dir):
-    """The resumed run in `resumed_dir` (from the backup of step 4) ended as the uninterrupted one: history,
-    test metrics and every weight."""
+def _same_run(resumed_dir, reference_dir, from_step):
+    """The resumed run in `resumed_dir` (from the backup of update `from_step`) ended as the uninterrupted one:
+    history, test metrics and every weight."""
     from test_examples import weights_in
 
     resumed = json.loads((resumed_dir / "metrics.json").read_text())
     reference = json.loads((reference_dir / "metrics.json").read_text())
-    assert resumed["resumed_from_step"] == 4 and reference["replicas"] == resumed["replicas"] == 4
+    assert resumed["resumed_from_step"] == from_step and reference["replicas"] == resumed["replicas"] == 4
     for key in ("loss", "accuracy"):
         np.testing.assert_allclose(resumed["history"][key], reference["history"][key], rtol=1e-6)
     np.testing.assert_allclose(resumed["test_loss"], reference["test_loss"], rtol=1e-6)
