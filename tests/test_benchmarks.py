@@ -12,6 +12,7 @@ from conftest import once_on_tensorflow
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import benchmark  # noqa: E402
+import family_speed  # noqa: E402
 import flops  # noqa: E402
 import folder_feed  # noqa: E402
 import gemm  # noqa: E402
@@ -127,6 +128,24 @@ def test_torch_overhead_counts_ops_and_host_time_beside_timm(tmp_path, capsys):
         assert got["host_ms"] >= 0 and got["host_us_per_call"] == pytest.approx(1e3 * got["host_ms"] / got["calls"])
     assert row["x_timm"] == pytest.approx(row["timm"]["median_ms"] / row["keras-vit"]["median_ms"])
     assert "| tiny | 1 |" in printed and "thread(s)" in printed.splitlines()[0]
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="timm's models beside keras-vit's: the fastest lane")
+def test_family_speed_times_every_family_beside_timm(tmp_path, capsys):
+    """benchmarks/family_speed.py at one block and 32 px (28 for the /14 families): each family's timm architecture
+    read by from_timm and timed beside timm in both modes, the table printed and the rows written."""
+    rows = family_speed.main(["--depth", "1", "--image-size", "32", "--batch", "2", "--warmup", "1", "--repeats", "1",
+                              "--json", str(tmp_path / "r.json")])
+    assert json.loads((tmp_path / "r.json").read_text()) == {"backend": "torch", "rows": rows}
+    assert [(r["family"], r["mode"]) for r in rows] == [(f, m) for f in family_speed.FAMILIES for m in family_speed.MODES]
+    for r in rows:
+        assert r["depth"] == 1 and r["image_size"] in (28, 32) and r["keras_vit_ms"] > 0 and r["timm_ms"] > 0
+        assert r["x_timm"] == pytest.approx(r["timm_ms"] / r["keras_vit_ms"])
+    printed = capsys.readouterr().out
+    assert "| DINOv3 (`vit_small_patch16_dinov3`, 1 blocks, 32 px) | inference |" in printed and "| ViT (" in printed
+    with pytest.raises(SystemExit):
+        family_speed.main(["--families", "ViT-22B"])
+    assert "invalid choice: 'ViT-22B'" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="Keras' torch backend's conversion")
