@@ -18,16 +18,16 @@ backend (XLA's CPU code against timm's oneDNN kernels shows there); a family's o
 import argparse
 import os
 import pathlib
-import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+from timing import alternate  # noqa: E402
 
 # family -> timm's architecture of it (the smallest width timm defines for the family); the plain ViT first, the
 # baseline: a family's ratio to timm next to it tells what the family's own layers cost
@@ -41,21 +41,6 @@ FAMILIES = {
     "RoPE-Mixed": "vit_small_patch16_rope_mixed_224",
 }
 MODES = ("inference", "training")
-
-
-def _alternate(fns, warmup, repeats):
-    """{label: median ms} of the callables `fns` (label -> fn), called in turn, the order flipped every round."""
-    items = list(fns.items())
-    for _ in range(warmup):
-        for _, fn in items:
-            fn()
-    times = {label: [] for label, _ in items}
-    for i in range(repeats):
-        for label, fn in items[:: 1 if i % 2 else -1]:
-            start = time.perf_counter()
-            fn()
-            times[label].append((time.perf_counter() - start) * 1e3)
-    return {label: statistics.median(t) for label, t in times.items()}
 
 
 def measure(family, arch, args, folder):
@@ -97,7 +82,7 @@ def measure(family, arch, args, folder):
         peer.train(mode == "training")
         fns = ({"keras-vit": lambda: ours.predict_on_batch(x), "timm": peer_infer} if mode == "inference" else
                {"keras-vit": lambda: ours.train_on_batch(x, y), "timm": peer_train})
-        ms = _alternate(fns, args.warmup, args.repeats)
+        ms = alternate(fns, args.warmup, args.repeats)
         rows.append(dict(family=family, arch=arch, mode=mode, depth=len(peer.blocks), batch=args.batch,
                          image_size=side, keras_vit_ms=ms["keras-vit"], timm_ms=ms["timm"],
                          x_timm=ms["timm"] / ms["keras-vit"]))

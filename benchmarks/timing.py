@@ -136,6 +136,22 @@ def time_calls(fn, warmup, repeats):
     return times
 
 
+def alternate(fns, warmup, repeats):
+    """{label: median wall ms} of the callables `fns` (label -> fn) timed side by side: `warmup` untimed rounds of
+    each, then `repeats` rounds calling each in turn, the order flipped every round (a peer in the same run)."""
+    items = list(fns.items())
+    for _ in range(warmup):
+        for _, fn in items:
+            fn()
+    times = {label: [] for label, _ in items}
+    for i in range(repeats):
+        for label, fn in items[:: 1 if i % 2 else -1]:
+            start = time.perf_counter()
+            fn()
+            times[label].append((time.perf_counter() - start) * 1e3)
+    return {label: statistics.median(t) for label, t in times.items()}
+
+
 def summarise(times, batch):
     med = statistics.median(times)
     return {"seconds_median": med, "seconds_min": min(times), "seconds_max": max(times), "repeats": len(times),

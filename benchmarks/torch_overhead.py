@@ -13,11 +13,12 @@ Random weights (speed does not depend on them), 224 px, tanh GELU in both (timm'
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from timing import alternate  # noqa: E402  (numpy and the standard library only)
 
 # the Keras backend it runs on (set before Keras is imported)
 BACKEND = "torch"
@@ -92,20 +93,13 @@ def measure(name, batch, repeats, warmup=3):
         with torch.no_grad():
             return peer(x_peer)
 
-    for _ in range(warmup):
-        run_ours(), run_peer()
-    times = {"keras-vit": [], "timm": []}
-    for i in range(repeats):  # alternating, the order flipped every round
-        for label, fn in (("keras-vit", run_ours), ("timm", run_peer))[:: 1 if i % 2 else -1]:
-            start = time.perf_counter()
-            fn()
-            times[label].append((time.perf_counter() - start) * 1e3)
+    medians = alternate({"keras-vit": run_ours, "timm": run_peer}, warmup, repeats)
     row = {"model": name, "batch": batch}
     for label, fn, calls in (("keras-vit", run_ours, layer_calls(run_ours)),
                              ("timm", run_peer, module_calls(peer, run_peer))):
         ops, op_ms, wall = min((profiled(fn) for _ in range(3)), key=lambda r: r[2])
         host = max(wall - op_ms, 0.0)
-        row[label] = {"median_ms": statistics.median(times[label]), "ops": ops, "op_ms": op_ms,
+        row[label] = {"median_ms": medians[label], "ops": ops, "op_ms": op_ms,
                       "host_ms": host, "calls": calls, "host_us_per_call": 1e3 * host / max(calls, 1)}
     row["x_timm"] = row["timm"]["median_ms"] / row["keras-vit"]["median_ms"]
     return row
