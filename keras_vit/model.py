@@ -240,11 +240,11 @@ def build_vit(
             each image at its own size and aspect ratio, the padding masked; `image_size` is the grid
             the position embeddings are laid out on. `position_embedding="factorized"` (NaViT's per-axis
             tables, timm's "parfac" models) goes with it, and with any model that takes any size.
-        rope: None, or a rotary position embedding of the patch tokens' queries and keys in every
-            block (`keras_vit.layers.rotary`): {"kind": "dinov3", "temperature": 100.0} is DINOv3's
-            (with `position_embedding="none"`, as DINOv3 has no other); {"kind": "eva", "temperature":
-            10000.0, "reference_grid": (16, 16)} is EVA-02's (beside its learned position embeddings).
-            Its tables follow the grid, so the model takes another image size as it is (`any_size` too).
+        rope: None, or a rotary position embedding of the patch tokens' queries and keys in every block
+            (`keras_vit.layers.rotary`): {"kind": "dinov3", "temperature": 100.0} is DINOv3's (with
+            `position_embedding="none"`; "shift", "jitter", "rescale": its training-time coordinate augmentation,
+            `layers.RotaryAugment`); {"kind": "eva", "temperature": 10000.0, "reference_grid": (16, 16)} is EVA-02's
+            (beside learned position embeddings). Its tables follow the grid: any image size (`any_size` too).
         mlp_norm: a LayerNorm on the MLP's hidden units before its second dense layer (EVA-02's SwiGLU).
         attention_norm: a LayerNorm on the heads' outputs before the attention's output projection
             (EVA-02 CLIP).
@@ -378,6 +378,7 @@ def _encoder(config, x, posembed, grid, images=None):
         **config.rope, "num_prefix_tokens": config.num_prefix_tokens,
         **({"grid_size": None, "stride": config.stride} if images is not None else {"grid_size": grid, "stride": None})}
     on_images = {"images": images} if rope is not None and images is not None else {}
+    on_images.update(L.rotary_augment_inputs(config.rope, x))  # DINOv3's training-time draw, one a forward
     for i in range(config.num_layers):
         if i and config.position_placement == "every_layer_shared":
             x = posembed(x)

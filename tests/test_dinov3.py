@@ -54,7 +54,8 @@ def test_timm_dinov3_files_equal_timm_at_two_sizes(arch, tmp_path):
         with torch.no_grad():
             tokens = ref.forward_features(_nchw(x))
         grid = keras_vit.from_timm(path, image_size=(h, w), pooling=None)
-        assert grid.get_layer("encoderblock_0").rope_options == {"kind": "dinov3", "temperature": 100.0}
+        assert grid.get_layer("encoderblock_0").rope_options == {  # timm's DINOv3: no training-time augmentation
+            "kind": "dinov3", "temperature": 100.0, "shift": None, "jitter": None, "rescale": None}
         _close(_np(grid(x)), tokens[:, PREFIX:].numpy().reshape(2, h // 16, w // 16, -1), f"patch tokens at {h}x{w}")
     x = _images(*SIZES[0])
     with torch.no_grad():
@@ -213,3 +214,116 @@ def test_every_timm_architecture_of_dinov3s_layout_is_read_as_timm_defines_it():
         assert read["image_size"] == tuple(timm.models.get_pretrained_cfg(arch).input_size[1:]), arch
         named.add(timm_keys.named_architecture(arch, timm_keys.TIMM_DINOV3_LAYOUT))
     assert named == set(timm_keys.TIMM_DINOV3_LAYOUT)
+
+
+AUGMENT = {"shift": 0.2, "jitter": 1.5, "rescale": 2.0}  # all three of DINOv3's, at values its configs use or near
+
+
+def _torch_draw(seed):
+    """transformers' draw of `augment_patches_center_coordinates` under torch.manual_seed(seed), in its order
+    (shift (1, 2), jitter (1, 2), rescale (1,)), as the (3, 2) draw `RotaryAugment` gives."""
+    torch.manual_seed(seed)
+    shift = torch.empty((1, 2)).uniform_(-AUGMENT["shift"], AUGMENT["shift"])[0]
+    jitter = torch.empty((1, 2)).uniform_(-np.log(AUGMENT["jitter"]), np.log(AUGMENT["jitter"])).exp()[0]
+    rescale = torch.empty(1).uniform_(-np.log(AUGMENT["rescale"]), np.log(AUGMENT["rescale"])).exp()
+    return np.stack([shift.numpy(), jitter.numpy(), np.repeat(rescale.numpy(), 2)]).astype("float32")
+
+
+def test_dinov3_coordinate_augmentation_trains_as_transformers(tmp_path, monkeypatch):
+    """DINOv3ViTModel in training mode with shift, jitter and rescale (its config's pos_embed_*) moves every
+    block's rotary coordinates by one draw a forward: read by from_huggingface, the keras-vit model in training,
+    given transformers' draw (`RotaryAugment`'s output, set to it here), gives transformers' tokens at two sizes,
+    every block reading the one draw; in evaluation both leave the coordinates as they are."""
+    from transformers import DINOv3ViTConfig, DINOv3ViTModel
+
+    from keras_vit.layers import RotaryAugment
+
+    torch.manual_seed(0)
+    config = DINOv3ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+                             image_size=SIZES[0][0], num_register_tokens=4, layerscale_value=0.5,
+                             pos_embed_shift=AUGMENT["shift"], pos_embed_jitter=AUGMENT["jitter"],
+                             pos_embed_rescale=AUGMENT["rescale"])
+    ref = DINOv3ViTModel(config)
+    _redraw(ref)
+    ref.save_pretrained(tmp_path / "hf")
+    ref.train()
+    draw = {}
+    monkeypatch.setattr(RotaryAugment, "call", lambda self, x, training=None: keras.ops.convert_to_tensor(
+        draw["value"] if training else np.array([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]], "float32")))
+    for seed, (h, w) in enumerate(SIZES):
+        model = keras_vit.from_huggingface(tmp_path / "hf", image_size=(h, w), pooling=None)
+        assert model.get_layer("encoderblock_0").rope_options == {"kind": "dinov3", "temperature": 100.0, **AUGMENT}
+        x = _images(h, w, seed=seed)
+        draw["value"] = _torch_draw(seed)
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            moved = ref(pixel_values=_nchw(x)).last_hidden_state[:, PREFIX:].numpy().reshape(2, h // 16, w // 16, -1)
+            still = ref.eval()(pixel_values=_nchw(x)).last_hidden_state[:, PREFIX:].numpy()
+        ref.train()
+        _close(_np(model(x, training=True)), moved, f"training at {h}x{w}")
+        _close(_np(model(x, training=False)), still.reshape(moved.shape), f"evaluation at {h}x{w}")
+        assert np.abs(moved.reshape(still.shape) - still).max() > 1e-2  # the draw moved the tokens
+
+
+def test_rotary_augment_draws_dinov3s_distribution_once_a_forward(tmp_path):
+    """`RotaryAugment` in training: shifts in [-s, s] and jitters in [1/J, J], each axis its own; one rescale in
+    [1/R, R] for both axes; a new draw each call, the same for a seed; the identity in evaluation and for what is
+    None. A DINOv3 model with it trains (its rotary blocks read the layer's draw), differs between two training
+    calls and not between two evaluations, and reloads from `.keras` in safe mode with it."""
+    from keras_vit.layers import RotaryAugment
+
+    layer = RotaryAugment(**AUGMENT, seed=3)
+    x = np.zeros((1, 4), "float32")
+    draws = np.stack([_np(layer(x, training=True)) for _ in range(300)])
+    shift, jitter, rescale = draws[:, 0], np.log(draws[:, 1]), np.log(draws[:, 2])
+    assert np.abs(shift).max() <= AUGMENT["shift"] and np.abs(shift).max() > 0.9 * AUGMENT["shift"]
+    assert np.abs(jitter).max() <= np.log(AUGMENT["jitter"]) + 1e-6
+    assert np.abs(rescale).max() <= np.log(AUGMENT["rescale"]) + 1e-6 and np.abs(rescale).max() > 0.6
+    assert np.all(rescale[:, 0] == rescale[:, 1]) and np.all(shift[:, 0] != shift[:, 1])
+    assert np.all(jitter[:, 0] != jitter[:, 1]) and len(np.unique(draws[:, 2, 0])) == len(draws)
+    again = RotaryAugment(**AUGMENT, seed=3)
+    np.testing.assert_array_equal(_np(again(x, training=True)), draws[0])
+    identity = np.array([[0, 0], [1, 1], [1, 1]], "float32")
+    np.testing.assert_array_equal(_np(layer(x, training=False)), identity)
+    only = _np(RotaryAugment(rescale=2.0)(x, training=True))
+    assert np.all(only[:2] == identity[:2]) and only[2, 0] == only[2, 1] != 1.0
+    model = _rotary_vit(include_top=False, rope={"kind": "dinov3", "rescale": 2.0})
+    x = _images(32, 32)
+    assert np.array_equal(_np(model(x)), _np(model(x)))
+    assert not np.allclose(_np(model(x, training=True)), _np(model(x, training=True)))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    model.fit(x, np.ones((2, 32), "float32"), epochs=1, verbose=0)
+    model.save(tmp_path / "m.keras")
+    again = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+    assert again.get_layer("rope_augment").get_config()["rescale"] == 2.0
+    np.testing.assert_allclose(_np(again(x)), _np(model(x)), atol=1e-6)
+
+
+@pytest.mark.backend_independent
+def test_what_the_coordinate_augmentation_refuses_and_what_it_leaves(tmp_path):
+    """A rescale or jitter below 1, a negative shift, a string: one line each naming the range. The augmentation
+    is training's alone: a file of transformers' DINOv3 (rescale 2, its config's default) loads into a model
+    without the augmentation or with another, the weights the same; another temperature is still refused."""
+    for key, value, least in (("rescale", 0.5, "1"), ("jitter", 0.9, "1"), ("shift", -0.1, "0"), ("rescale", "2", "1")):
+        with pytest.raises(ValueError, match=rf"rope: {key} must be None or a finite number >= {least}, "
+                                             rf"got {value!r}"):
+            _rotary_vit(rope={"kind": "dinov3", key: value})
+    from transformers import DINOv3ViTConfig, DINOv3ViTModel
+
+    config = DINOv3ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+                             image_size=SIZES[0][0], num_register_tokens=4, layerscale_value=0.5)
+    DINOv3ViTModel(config).save_pretrained(tmp_path / "hf")
+    hf_model = keras_vit.from_huggingface(tmp_path / "hf")
+    assert hf_model.get_layer("encoderblock_0").rope_options["rescale"] == 2.0  # transformers' default
+    shape = dict(image_size=SIZES[0], patch_size=16, hidden_size=64, mlp_dim=96, num_heads=4, num_register_tokens=4,
+                 include_top=False, approximate_gelu=False, layer_norm_epsilon=1e-5)
+    plain = _rotary_vit(**shape)
+    assert "rope_augment" not in [layer.name for layer in plain.layers]
+    keras_vit.load_weights(plain, tmp_path / "hf")
+    assert len(plain.get_weights()) == len(hf_model.get_weights())
+    for a, b in zip(plain.get_weights(), hf_model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    keras_vit.load_weights(_rotary_vit(**shape, rope={"kind": "dinov3", "shift": 0.1}), tmp_path / "hf")
+    with pytest.raises(ValueError, match=r"rope=\{'kind': 'dinov3', 'temperature': 100.0, 'shift': None, 'jitter': "
+                                         r"None, 'rescale': 2.0\} in the file, .*'temperature': 10.0.* in the model"):
+        keras_vit.load_weights(_rotary_vit(**shape, rope={"kind": "dinov3", "temperature": 10.0}), tmp_path / "hf")

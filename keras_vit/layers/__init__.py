@@ -25,6 +25,7 @@ from keras_vit.layers.relative_position_mlp import RelativeMlpAttention
 from keras_vit.layers.resize_images import ResizeImages
 from keras_vit.layers.resnet import BottleneckUnit, ResNetStem, StdConv2D, standardize_kernel
 from keras_vit.layers.rotary import rope_tables, rotate_patches
+from keras_vit.layers.rotary_augment import RotaryAugment, rotary_augment_inputs
 from keras_vit.layers.token_validity import TokenValidity
 from keras_vit.layers.top_k import TopK
 from keras_vit.layers.transformer_block import TransformerBlock
@@ -53,6 +54,7 @@ __all__ = [
     "RelativeTransformerBlock",
     "ResNetStem",
     "ResizeImages",
+    "RotaryAugment",
     "SequencePooling",
     "StdConv2D",
     "TokenValidity",
@@ -66,6 +68,7 @@ __all__ = [
     "relative_position_index",
     "resize_position_embeddings",
     "rope_tables",
+    "rotary_augment_inputs",
     "rotate_patches",
     "standardize_kernel",
 ]

@@ -7,6 +7,7 @@ A head of size d is cut into d / 4 frequencies per axis, band k < d / 4 of frequ
 `temperature ** (-k / (d / 4))` (DINOv3 names its inverse the period). A patch at row i, column j of an (h, w) grid has one coordinate per axis:
 - "dinov3": y = 2 (i + 0.5) / h - 1 and x = 2 (j + 0.5) / w - 1 in [-1, 1], and the angles are
   2 pi y and 2 pi x times each band; the coordinates are normalised by the grid, so a model reads any size.
+  In training they may be moved by DINOv3's shift / jitter / rescale (`keras_vit.layers.rotary_augment`).
 - "eva": y = i + offset and x = j + offset, rescaled by `reference_grid` / (h, w) when given (the grid the
   model was pre-trained on: EVA-02's way of fine-tuning at another size), and the angles are y and x times
   each band.
@@ -23,8 +24,9 @@ from keras import ops
 
 ROPE_KINDS = ("dinov3", "eva", "mixed")
 # each kind's keys and their defaults (the sources' own); "mixed": RoPE-Mixed's temperature sets the learned
-# frequencies' first values only
-ROPE_DEFAULTS = {"dinov3": {"temperature": 100.0},
+# frequencies' first values only; "dinov3": shift, jitter and rescale are its training-time augmentation of the
+# coordinates (`keras_vit.layers.rotary_augment`), None each (timm's; transformers' config rescales by 2)
+ROPE_DEFAULTS = {"dinov3": {"temperature": 100.0, "shift": None, "jitter": None, "rescale": None},
                  "eva": {"temperature": 10000.0, "reference_grid": None, "offset": 0.0, "axes": "ij"},
                  "mixed": {"temperature": 10.0, "axes": "xy"}}
 
@@ -53,6 +55,13 @@ def check_rope(rope, what="rope"):
     out["temperature"] = _number(out["temperature"], f"{what}: temperature")
     if kind in ("eva", "mixed") and out["axes"] not in ("ij", "xy"):
         raise ValueError(f"{what}: axes must be 'ij' (rows first) or 'xy' (columns first), got {out['axes']!r}")
+    if kind == "dinov3":
+        for key, least in (("shift", 0.0), ("jitter", 1.0), ("rescale", 1.0)):
+            value = out[key]
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not least <= value < math.inf):
+                raise ValueError(f"{what}: {key} must be None or a finite number >= {least:g}, got {value!r}")
+            out[key] = None if value is None else float(value)
     if kind == "eva":
         out["offset"] = _number(out["offset"], f"{what}: offset", positive=False)
         if out["axes"] not in ("ij", "xy"):
@@ -74,20 +83,36 @@ def check_rope_head_dim(head_dim):
                          f"head size {head_dim} is not a multiple of 4")
 
 
-def _axis(n, rope, reference=None):
+def rope_augmented(rope):
+    """Whether `rope` (`check_rope`'s dict, or None) moves its coordinates in training (DINOv3's shift, jitter or
+    rescale)."""
+    return rope is not None and any(rope.get(key) is not None for key in ("shift", "jitter", "rescale"))
+
+
+def without_augmentation(rope):
+    """`rope` (`check_rope`'s dict, or None) without its training-time augmentation: what a model computes in
+    evaluation, and so what its weights are for."""
+    return None if rope is None else {k: v for k, v in rope.items() if k not in ("shift", "jitter", "rescale")}
+
+
+def _axis(n, rope, reference=None, moved=None):
     """The coordinates of `n` positions along one axis (a Python int or a scalar tensor) by `rope`'s kind, with
-    `reference` that axis's side of an "eva" rope's reference grid."""
+    `reference` that axis's side of an "eva" rope's reference grid and `moved` (3,) that axis's (shift, jitter,
+    rescale) of a "dinov3" rope in training (`RotaryAugment`)."""
     positions = ops.cast(ops.arange(n), "float32")  # before the cast of n: JAX needs a concrete stop
     if rope["kind"] == "dinov3":
-        return 2.0 * ((positions + 0.5) / ops.cast(n, "float32")) - 1.0
+        coords = 2.0 * ((positions + 0.5) / ops.cast(n, "float32")) - 1.0
+        return coords if moved is None else (coords + moved[0]) * moved[1] * moved[2]  # the sources' order
     positions = positions + rope["offset"]
     return positions if reference is None else positions / ops.cast(n, "float32") * float(reference)
 
 
-def rope_tables(grid_h, grid_w, head_dim, rope):
+def rope_tables(grid_h, grid_w, head_dim, rope, moved=None):
     """(sin, cos), each (grid_h * grid_w, head_dim) float32, of the patches of a `grid_h` x `grid_w` grid in
     raster order, for heads of `head_dim` and the rotary embedding `rope` (`check_rope`'s dict); the grid sides
-    may be tensors (a grid read off the images at call time)."""
+    may be tensors (a grid read off the images at call time). `moved`: None, or a "dinov3" rope's draw of its
+    training-time augmentation, (3, 2) float32 (`RotaryAugment`): the rows' and the columns' coordinates c
+    become (c + shift) * jitter * rescale."""
     quarter = head_dim // 4
     k = ops.cast(ops.arange(quarter), "float32")
     if rope["kind"] == "dinov3":  # in each source's order of operations: the same float32 roundings
@@ -97,7 +122,9 @@ def rope_tables(grid_h, grid_w, head_dim, rope):
         bands = 1.0 / ops.power(rope["temperature"], k / quarter)
         angles = lambda coords: coords[:, None] * bands[None, :]  # noqa: E731
     reference = rope.get("reference_grid") or (None, None)
-    rows, cols = angles(_axis(grid_h, rope, reference[0])), angles(_axis(grid_w, rope, reference[1]))  # (h|w, d/4)
+    moved = (None, None) if moved is None else (moved[:, 0], moved[:, 1])
+    rows = angles(_axis(grid_h, rope, reference[0], moved[0]))  # (h, d/4)
+    cols = angles(_axis(grid_w, rope, reference[1], moved[1]))
     shape = (ops.shape(rows)[0], ops.shape(cols)[0], quarter)
     rows, cols = ops.broadcast_to(rows[:, None, :], shape), ops.broadcast_to(cols[None, :, :], shape)
     first, second = (cols, rows) if rope.get("axes") == "xy" else (rows, cols)

@@ -15,7 +15,7 @@ from keras_vit.layers.quantized import with_sublayer_policies
 from keras_vit.layers.relative_position_bias import RelativeBiasAttention
 from keras_vit.layers.relative_position_mlp import RelativeMlpAttention
 from keras_vit.layers.rotary import (check_rope, check_rope_head_dim, mixed_rope_frequencies, mixed_rope_tables,
-                                     rope_tables)
+                                     rope_augmented, rope_tables)
 from keras_vit.runtime import per_platform
 
 LAYER_NORM_EPSILON = 1e-6
@@ -174,6 +174,8 @@ class TransformerBlock(keras.layers.Layer):
         return_attention: also return the softmax attention weights (B, heads, T, T).
         valid: None, or (B, T) bool, the tokens attention reads (a NaFlex batch: False on padding).
         images: the model's images (B, H, W, C), for a rotary block that reads its grid off them.
+        rope_augment: None, or the (3, 2) draw of DINOv3's training-time augmentation of the rotary coordinates
+            (`RotaryAugment`), which a block whose `rope` sets shift, jitter or rescale reads in training.
     """
 
     def __init__(self, num_heads, mlp_dim, dropout_rate=0.0, attention_dropout_rate=0.0, remat=False,
@@ -278,9 +280,10 @@ class TransformerBlock(keras.layers.Layer):
                                          **args)
         return MultiHeadDotProductAttention(self.num_heads, self.attention_dropout_rate, **args)
 
-    def call(self, x, training=None, return_attention=False, valid=None, images=None):
+    def call(self, x, training=None, return_attention=False, valid=None, images=None, rope_augment=None):
         x = _cotangent_barrier(x)
-        tables = self._tables(images)
+        moved = rope_augment if training and rope_augmented(self.rope) else None
+        tables = self._tables(images, moved)
         paths = self._path_masks(x) if training else ()  # drawn once: a recomputation reuses them
         if self.remat and training and not return_attention:
             # the masks travel with the dropout masks: the recomputation may close over no traced value
@@ -290,7 +293,7 @@ class TransformerBlock(keras.layers.Layer):
             if keras.backend.backend() != "jax":
                 if self.rope is not None and self.rope["kind"] == "mixed":  # tables of weights: made in the
                     # recomputed part, where TensorFlow's recompute_grad sees the weights they are read from
-                    return keras.remat(lambda x: forward(x, (*keep[:3], self._tables(images))))(x)
+                    return keras.remat(lambda x: forward(x, (*keep[:3], self._tables(images, moved))))(x)
                 return keras.remat(lambda x: forward(x, keep))(x)
             # chosen for the platform the step is lowered for: `jax.checkpoint` on a GPU or TPU
             return per_platform(x, keep, cpu=lambda x, keep: _jax_cpu_remat(forward, self.variables, x, keep),
@@ -302,9 +305,10 @@ class TransformerBlock(keras.layers.Layer):
         """The builder's `rope` this block was made with (`check_rope`'s dict), or None."""
         return None if self.rope is None else {k: v for k, v in self.rope.items() if k not in _ROPE_LAYOUT}
 
-    def _tables(self, images):
-        """The rotary (sin, cos) tables of this call: the fixed grid's, or those of the grid of `images`."""
-        if self.rope is None or self.tables is not None:
+    def _tables(self, images, moved=None):
+        """The rotary (sin, cos) tables of this call: the fixed grid's, or those of the grid of `images`; with
+        `moved`, a draw of DINOv3's training-time augmentation (`RotaryAugment`), of the moved coordinates."""
+        if self.rope is None or (self.tables is not None and moved is None):
             return self.tables
         grid = self.rope["grid_size"]
         if grid is None:
@@ -314,7 +318,7 @@ class TransformerBlock(keras.layers.Layer):
             grid = runtime_grid(images, self.rope["stride"])
         if self.rope["kind"] == "mixed":  # from the block's learned frequencies
             return mixed_rope_tables(*grid, self.rope_freqs, self.rope["axes"])
-        return rope_tables(*grid, self.attention.head_dim, self.rope)
+        return rope_tables(*grid, self.attention.head_dim, self.rope, moved)
 
     def _keep_masks(self, x):
         """Dropout keep-masks for the three dropouts of a training step (none without dropout)."""

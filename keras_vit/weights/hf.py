@@ -81,7 +81,8 @@ _DINOV2 = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, ml
                layerscale_value=1.0, use_swiglu_ffn=False, drop_path_rate=0.0)
 _DINOV3 = dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536, hidden_act="gelu",
                layer_norm_eps=1e-5, rope_theta=100.0, image_size=224, patch_size=16, num_channels=3,
-               layerscale_value=1.0, use_gated_mlp=False, num_register_tokens=0, drop_path_rate=0.0)
+               layerscale_value=1.0, use_gated_mlp=False, num_register_tokens=0, drop_path_rate=0.0,
+               pos_embed_shift=None, pos_embed_jitter=None, pos_embed_rescale=2.0)
 _BEIT = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
              layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3, use_mean_pooling=True,
              layer_scale_init_value=0.1, drop_path_rate=0.1)
@@ -338,7 +339,9 @@ def architecture(config, tensors):
         registers = local.get("embeddings.register_tokens")
         arch.update(layer_scale=float(cfg["layerscale_value"]), drop_path_rate=_drop_path_rate(cfg, name),
                     num_register_tokens=int(cfg["num_register_tokens"] if registers is None else registers.shape[1]),
-                    rope={"kind": "dinov3", "temperature": float(cfg["rope_theta"])}, position_embedding="none")
+                    rope={"kind": "dinov3", "temperature": float(cfg["rope_theta"]), "shift": cfg["pos_embed_shift"],
+                          "jitter": cfg["pos_embed_jitter"], "rescale": cfg["pos_embed_rescale"]},
+                    position_embedding="none")
     elif kind in ("beit", "data2vec-vision"):
         arch.update(_beit(cfg, local, name, head))
     elif kind == "aimv2_vision_model":
