@@ -57,6 +57,34 @@ def linear_resize_matrix(n_in, n_out, align_corners=True, method="linear"):
     return matrix
 
 
+def geometric_resize_matrix(n_in, n_out):
+    """(n_out, n_in) matrix of BEiT's resize of a relative-offset axis (its fine-tuning code, timm's
+    `resize_rel_pos_bias_table` without scipy): the n_in source offsets sit at 0, +-1, +-(1 + q),
+    +-(1 + q + q^2), ..., q found by bisection in [1.01, 1.5] so that the progression reaches the target's
+    last offset n_out // 2; each target offset -(n_out // 2) ... n_out // 2 is interpolated linearly between
+    the two source offsets around it, clamped at the ends. Positions and distances in float32, as timm's."""
+    left, right = 1.01, 1.5
+    while right - left > 1e-6:  # timm's loop, in float64: its last midpoint is the ratio
+        q = (left + right) / 2.0
+        if (1.0 - q ** (n_in // 2)) / (1.0 - q) > n_out // 2:
+            right = q
+        else:
+            left = q
+    steps = np.cumsum([1.0] + [q ** (i + 1) for i in range(n_in // 2 - 1)]) if n_in // 2 else np.zeros(0)
+    source = np.concatenate([-steps[::-1], [0.0], steps]).astype(np.float32)
+    target = np.arange(-(n_out // 2), n_out // 2 + 0.1, 1.0, dtype=np.float32)
+    hi = np.minimum(np.searchsorted(source, target, side="left"), n_in - 1)
+    lo = np.clip(hi - 1, 0, n_in - 1)
+    to_lo, to_hi = np.maximum(target - source[lo], 0), np.maximum(source[hi] - target, 0)
+    same = (to_lo == 0) & (to_hi == 0)
+    to_lo[same] = to_hi[same] = 1.0
+    matrix = np.zeros((n_out, n_in), dtype=np.float64)
+    rows = np.arange(n_out)
+    np.add.at(matrix, (rows, lo), to_hi / (to_lo + to_hi))
+    np.add.at(matrix, (rows, hi), to_lo / (to_lo + to_hi))
+    return matrix
+
+
 def cubic_kernel(x, a):
     """Keys' cubic convolution kernel with parameter `a` at offsets `x` (zero from |x| = 2 on)."""
     x = np.abs(np.asarray(x, dtype=np.float64))

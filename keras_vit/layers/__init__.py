@@ -20,7 +20,8 @@ from keras_vit.layers.prefix_tokens import PrefixTokens
 from keras_vit.layers.position_embedding import AddPositionEmbs, resize_position_embeddings
 from keras_vit.layers.position_embedding_2d import AddPositionEmbs2D
 from keras_vit.layers.relative_attention import RelativeMultiHeadDotProductAttention, RelativeTransformerBlock
-from keras_vit.layers.relative_position_bias import RelativeBiasAttention, relative_position_index
+from keras_vit.layers.relative_position_bias import (RelativeBiasAttention, relative_position_index,
+                                                     resize_relative_position_bias)
 from keras_vit.layers.relative_position_mlp import RelativeMlpAttention
 from keras_vit.layers.resize_images import ResizeImages
 from keras_vit.layers.resnet import BottleneckUnit, ResNetStem, StdConv2D, standardize_kernel
@@ -66,6 +67,7 @@ __all__ = [
     "drop_path_rates",
     "make_norm",
     "relative_position_index",
+    "resize_relative_position_bias",
     "resize_position_embeddings",
     "rope_tables",
     "rotary_augment_inputs",

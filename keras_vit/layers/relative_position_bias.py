@@ -1,13 +1,16 @@
 """BEiT's 2-D relative position bias (Bao et al. 2021): each block's attention adds to the logit of query i and key
 j a learned per-head bias of the offset between their patches on the grid, and three more for the class token
 (class to patch, patch to class, class to class). A table of (2h - 1)(2w - 1) + 3 biases a head, read through a
-fixed index, so the layer is laid out for one grid."""
+fixed index, so the layer is laid out for one grid; `resize_relative_position_bias` lays a table out for another."""
 
 import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.interpolation import geometric_resize_matrix, linear_resize_matrix
 from keras_vit.layers.attention import MultiHeadDotProductAttention
+
+RELATIVE_RESIZES = ("geometric", "bilinear")
 
 
 def relative_position_index(grid_h, grid_w):
@@ -24,6 +27,40 @@ def relative_position_index(grid_h, grid_w):
     index[:, 0] = patches + 1  # the class token's key
     index[0, 0] = patches + 2
     return index
+
+
+def resize_relative_position_bias(table, old_grid, new_grid, method="geometric"):
+    """BEiT's relative position bias `table` ((2h - 1)(2w - 1) + 3, heads) of the grid `old_grid` (h, w), laid out
+    for `new_grid`: each head's plane of patch offsets resized, the class token's three rows kept; the table itself
+    where the grids are equal. Pure numpy, float32 out.
+
+    Args:
+        table: the table, as `RelativeBiasAttention` holds it (the offsets' rows first, then the class token's).
+        old_grid: (h, w), the patch grid the table is laid out for.
+        new_grid: (h, w), the grid to lay it out for.
+        method: "geometric" (BEiT's fine-tuning code and timm's loader: `geometric_resize_matrix` on both axes)
+            or "bilinear" (transformers' `interpolate_pos_encoding`: torch's half-pixel bilinear on the plane as
+            transformers reshapes it, (2w - 1, 2h - 1) for (2h - 1, 2w - 1): the same for a square file).
+    """
+    if method not in RELATIVE_RESIZES:
+        raise ValueError(f"method must be one of {RELATIVE_RESIZES}, got {method!r}")
+    table = np.asarray(table)
+    (h, w), (new_h, new_w) = (tuple(int(v) for v in g) for g in (old_grid, new_grid))
+    if table.ndim != 2 or table.shape[0] != (2 * h - 1) * (2 * w - 1) + 3:
+        raise ValueError(f"a relative position table of a {h}x{w} grid has {(2 * h - 1) * (2 * w - 1) + 3} rows "
+                         f"(offsets and the class token's 3) and one column a head, got shape {table.shape}")
+    if (h, w) == (new_h, new_w):
+        return table.astype(np.float32)
+    plane = table[:-3].astype(np.float64)
+    if method == "geometric":
+        plane, rows, cols = plane.reshape(2 * h - 1, 2 * w - 1, -1), geometric_resize_matrix(2 * h - 1, 2 * new_h - 1), \
+            geometric_resize_matrix(2 * w - 1, 2 * new_w - 1)
+    else:
+        plane, rows, cols = plane.reshape(2 * w - 1, 2 * h - 1, -1), \
+            linear_resize_matrix(2 * w - 1, 2 * new_h - 1, align_corners=False), \
+            linear_resize_matrix(2 * h - 1, 2 * new_w - 1, align_corners=False)
+    resized = np.einsum("ih,hwk,jw->ijk", rows, plane, cols).reshape(-1, table.shape[1])
+    return np.concatenate([resized, table[-3:]]).astype(np.float32)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

@@ -9,6 +9,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from keras_vit.configs import FAMILY_DEFAULTS, family_name, pair
+from keras_vit.layers.relative_position_bias import resize_relative_position_bias
 from keras_vit.layers.rotary import check_rope, without_augmentation
 from keras_vit.structure import find_vit
 from keras_vit.weights import hf, keras_hub, timm
@@ -211,20 +212,28 @@ def _map_head_split(model, arrays):
     return out
 
 
-def _check_relative_tables(model, arrays, path):
-    """Raises, naming both grids' table sizes, where BEiT's relative position tables of the file are laid out for
-    another grid than the model's (timm resizes them by a geometric interpolation keras-vit does not have yet)."""
-    key = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/relative_position_bias_table"
-    block = find_vit(model).blocks[0]
-    grid = getattr(block, "relative_bias_grid", None)
-    if key not in arrays or grid is None:
-        return
-    rows = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3
-    if arrays[key].shape[0] != rows:
-        raise ValueError(f"{path}: its relative position tables (BEiT's) hold {arrays[key].shape[0]} offsets, laid out "
-                         f"for its own grid; model {model.name!r} has a {grid[0]}x{grid[1]} grid, {rows} offsets. Build "
-                         "at the file's image size (leave out image_size); resizing the tables to another grid is not "
-                         "yet; the model's weights were left unchanged")
+def _relative_tables_to_grid(model, arrays, arch, source, path):
+    """`arrays` with BEiT's relative position tables laid out for the model's grid where the file's are for another
+    (`resize_relative_position_bias`): by transformers' rule for a Hugging Face folder (bilinear, as its
+    `interpolate_pos_encoding`), else by timm's (geometric). The file's grid is the model's where the table has its
+    size, else the square its table implies, else the one its config names; a ValueError naming both where none fits."""
+    grid = getattr(find_vit(model).blocks[0], "relative_bias_grid", None)
+    tables = [k for k in arrays if k.endswith("relative_position_bias_table")]
+    if grid is None or not tables:
+        return arrays
+    rows = arrays[tables[0]].shape[0]
+    side = (math.isqrt(rows - 3) + 1) // 2 if rows > 3 else 0
+    named = [tuple(grid), (side, side)]  # the model's own first: a table of its size is laid out for it
+    if arch.get("image_size") and arch.get("patch_size"):
+        (h, w), (ph, pw) = pair(arch["image_size"], "image_size"), pair(arch["patch_size"], "patch_size")
+        named.append((h // ph, w // pw))
+    old = next((g for g in named if (2 * g[0] - 1) * (2 * g[1] - 1) + 3 == rows), None)
+    if old is None:
+        raise ValueError(f"{path}: its relative position tables (BEiT's) hold {rows} offsets, of no square grid nor "
+                         f"of the grid its config names; model {model.name!r} has a {grid[0]}x{grid[1]} grid. Build at "
+                         "the file's image size (leave out image_size); the model's weights were left unchanged")
+    method = "bilinear" if source == "Hugging Face" else "geometric"
+    return {**arrays, **{k: resize_relative_position_bias(arrays[k], old, grid, method) for k in tables}}
 
 
 def load_foreign(model, path):
@@ -245,7 +254,7 @@ def load_foreign(model, path):
         kernel = arrays.get(f"{layer}/kernel")
         if kernel is not None and f"{layer}/bias" not in arrays:
             arrays[f"{layer}/bias"] = np.zeros(kernel.shape[-1], kernel.dtype)
-    _check_relative_tables(model, arrays, path)
+    arrays = _relative_tables_to_grid(model, arrays, arch, source, path)
     arrays = _map_head_split(model, arrays)
     if unmapped:
         raise ValueError(f"{path}: {len(unmapped)} {source} keys that the ViT has no place for: "
