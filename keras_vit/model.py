@@ -149,9 +149,10 @@ def build_vit(
         patch_size: P, the side of the square patches.
         hidden_size, mlp_dim, num_heads, num_layers: D, MLP width, heads and depth of the encoder.
         classes: width of the classification head.
-        classifier: "token" (the [class] token's output, paper Eq. 4), "gap" (mean of all tokens,
-            no class token) or "map" (SigLIP: multihead attention pooling, a learned probe
-            attending over the patch tokens then a residual MLP; no class token).
+        classifier: "token" (the [class] token's output, paper Eq. 4), "gap" (mean of all tokens, no class
+            token), "map" (SigLIP: multihead attention pooling, a learned probe attending over the patch tokens
+            then a residual MLP; no class token) or "token_gap" (DINOv2's linear heads: the class token and the
+            patch tokens' mean side by side, 2 x hidden_size wide).
         representation_size: None, or the width of the pre-logits Dense + tanh layer.
         resnet: None, or a dict `{"num_layers": (3, 4, 9), "width_factor": 1}` for a hybrid (`"numerics": "timm"`:
             timm's weight standardisation and GroupNorm epsilons, for its hybrids' files).
@@ -368,8 +369,8 @@ def _embed(config, images, grid, runtime):
 
 def _encoder(config, x, posembed, grid, images=None):
     """The blocks (position embeddings again before each but the first, for the every_layer placements)
-    and the final LayerNorm, unless fc_norm moves it after pooling. Rotary blocks read the grid off
-    `images` where given (a model that takes any size), else are laid out on `grid`."""
+    and the final LayerNorm, unless fc_norm moves it after pooling. Rotary blocks read the grid off `images` where
+    given (a model that takes any size), else are laid out on `grid`."""
     block = L.RelativeTransformerBlock if config.position_embedding == "relative" else L.TransformerBlock
     if config.parallel_branches > 1:
         block = functools.partial(L.ParallelBranchesBlock, branches=config.parallel_branches)
@@ -377,8 +378,8 @@ def _encoder(config, x, posembed, grid, images=None):
     rope = None if config.rope is None else {
         **config.rope, "num_prefix_tokens": config.num_prefix_tokens,
         **({"grid_size": None, "stride": config.stride} if images is not None else {"grid_size": grid, "stride": None})}
-    on_images = {"images": images} if rope is not None and images is not None else {}
-    on_images.update(L.rotary_augment_inputs(config.rope, x))  # DINOv3's training-time draw, one a forward
+    on_images = {**({"images": images} if rope is not None and images is not None else {}),
+                 **L.rotary_augment_inputs(config.rope, x)}  # with DINOv3's training-time draw, one a forward
     for i in range(config.num_layers):
         if i and config.position_placement == "every_layer_shared":
             x = posembed(x)
@@ -423,8 +424,7 @@ def _pool(config, x, images, grid, runtime):
     elif config.pooling == "representation":
         x = L.SequencePooling(config.classifier, num_prefix_tokens=prefix, name="pool")(x)
     else:
-        x = L.SequencePooling("token" if config.pooling == "token" else "gap", num_prefix_tokens=prefix,
-                              name="pool")(x)
+        x = L.SequencePooling("token" if config.pooling == "token" else "gap", num_prefix_tokens=prefix, name="pool")(x)
     if config.fc_norm:
         x = _norm(config, "fc_norm")(x)
     if config.representation_size is not None:

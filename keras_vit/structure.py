@@ -95,6 +95,7 @@ class ViTParts:
             differential_attention=getattr(block, "differential", None) is not None,
             # None: a feature-map model (pooling=None) has no pooling to tell
             classifier="map" if "map_head" in names else None if not names & {"pool", "pool_average"}
+            else "token_gap" if "pool" in names and self.container.get_layer("pool").method == "token_gap"
             else "token" if self.cls is not None else "gap")
 
     @property

@@ -14,7 +14,8 @@ from keras_vit.layers.resnet import check_numerics
 from keras_vit.layers.rotary import check_rope, check_rope_head_dim
 from keras_vit.preprocessing import NORMALIZATIONS
 
-CLASSIFIERS = ("token", "gap", "map")
+CLASSIFIERS = ("token", "gap", "map", "token_gap")
+CLASS_TOKEN_CLASSIFIERS = ("token", "token_gap")  # those that read a class token
 POOLINGS = ("representation", None, "token", "avg")
 # paper appendix D.4 / Table 8: what encodes position, and where it is added; "factorized": NaViT's
 # per-axis tables (timm's NaFlex "parfac" models)
@@ -123,7 +124,7 @@ class ViTConfig:
     def has_class_token(self):
         """Whether the model has a class token: the "token" classifier's, or one `class_token=True` puts beside
         another (Perception Encoder's, pooled by attention or average)."""
-        return self.classifier == "token" if self.class_token is None else bool(self.class_token)
+        return self.classifier in CLASS_TOKEN_CLASSIFIERS if self.class_token is None else bool(self.class_token)
 
     @property
     def num_prefix_tokens(self):
@@ -260,8 +261,9 @@ def _check_class_token_and_map(c):
     """A class token beside another classifier, and the attention-pool head's own options."""
     if c.class_token is not None and not isinstance(c.class_token, bool):
         raise ValueError(f"class_token must be None (as the classifier says), True or False, got {c.class_token!r}")
-    if c.class_token is False and c.classifier == "token":
-        raise ValueError("class_token=False: classifier='token' reads the class token; use classifier='gap' or 'map'")
+    if c.class_token is False and c.classifier in CLASS_TOKEN_CLASSIFIERS:
+        raise ValueError(f"class_token=False: classifier={c.classifier!r} reads the class token; use classifier='gap' "
+                         "or 'map'")
     heads = c.map_num_heads
     if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1
                               or c.hidden_size % heads):

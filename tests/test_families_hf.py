@@ -110,6 +110,27 @@ def test_dinov2_with_registers_equals_transformers(tmp_path):
     _close(_ours(features, x).reshape(2, 16, 32), out.last_hidden_state[:, 4:], "dinov2_with_registers patch tokens")
 
 
+@pytest.mark.parametrize("registers", [False, pytest.param(True, marks=pytest.mark.backend_independent)],
+                         ids=["dinov2", "with_registers"])
+def test_dinov2_classifiers_read_the_class_token_and_the_patch_mean_side_by_side(registers, tmp_path):
+    """Dinov2ForImageClassification (and, on torch's lane, its registers twin) read by from_huggingface with no
+    argument: the classifier's logits over the class token and the mean of the patch tokens (the registers left
+    out) side by side (`classifier="token_gap"`), reloaded in safe mode; include_top=False gives the 2 x hidden
+    representation the classifier reads."""
+    cls, config = ((transformers.Dinov2WithRegistersForImageClassification, transformers.Dinov2WithRegistersConfig)
+                   if registers else (transformers.Dinov2ForImageClassification, transformers.Dinov2Config))
+    ref, folder = _save(tmp_path, cls, config(**SIZE, mlp_ratio=2, num_labels=3))
+    model = keras_vit.from_huggingface(folder, classifier_activation=None)
+    x = _images()
+    _close(_ours(model, x), _theirs(ref, x).logits, f"{cls.__name__} logits")
+    model.save(tmp_path / "m.keras")
+    _close(_ours(keras.saving.load_model(tmp_path / "m.keras", safe_mode=True), x), _ours(model, x), "reloaded")
+    features = keras_vit.from_huggingface(folder, include_top=False)
+    tokens = _theirs(ref.base_model, x).last_hidden_state.numpy()
+    prefix = 1 + (ref.config.num_register_tokens if registers else 0)
+    _close(_ours(features, x), np.concatenate([tokens[:, 0], tokens[:, prefix:].mean(1)], -1), "the representation")
+
+
 def test_clip_vision_tower_and_projection_equal_transformers(tmp_path):
     ref, folder = _save(tmp_path, transformers.CLIPVisionModel, transformers.CLIPVisionConfig(**TOWER))
     model, arch = _build(folder, include_top=False, pooling="representation")
@@ -306,8 +327,6 @@ def test_configs_the_builder_cannot_make_are_refused_by_name(config, match, tmp_
 @pytest.mark.backend_independent
 def test_heads_the_builder_cannot_make_and_missing_towers_are_refused(tmp_path):
     for cls, config, match in (
-        (transformers.Dinov2ForImageClassification, transformers.Dinov2Config(**SIZE, mlp_ratio=2, num_labels=3),
-         "Dinov2ForImageClassification"),
         (transformers.CLIPForImageClassification,
          transformers.CLIPConfig(vision_config=TOWER, text_config=TEXT, num_labels=3), "CLIPForImageClassification"),
     ):

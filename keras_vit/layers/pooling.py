@@ -1,17 +1,19 @@
-"""Sequence pooling: the [class] token (`classifier="token"`) or the mean of the tokens ("gap")."""
+"""Sequence pooling: the [class] token (`classifier="token"`), the mean of the tokens ("gap"), or both side by
+side ("token_gap": DINOv2's linear classifiers, transformers' `Dinov2ForImageClassification`)."""
 
 import keras
 from keras import ops
 
-POOLING_METHODS = ("token", "gap")
+POOLING_METHODS = ("token", "gap", "token_gap")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class SequencePooling(keras.layers.Layer):
-    """(B, T, D) -> (B, D): token 0 for "token", the mean over tokens for "gap".
+    """(B, T, D) -> (B, D): token 0 for "token", the mean over tokens for "gap"; (B, 2D) for "token_gap", the
+    token and the mean concatenated.
 
     Args:
-        method: "token" or "gap".
+        method: "token", "gap" or "token_gap".
         num_prefix_tokens: tokens "gap" leaves out of the mean (1 to average only the patch tokens
             of a class-token model).
         token_index: the token "token" takes (1: DeiT's distillation token).
@@ -33,6 +35,11 @@ class SequencePooling(keras.layers.Layer):
     def call(self, tokens, valid=None):
         if self.method == "token":
             return tokens[:, self.token_index]
+        if self.method == "token_gap":
+            return ops.concatenate([tokens[:, self.token_index], self._mean(tokens, valid)], axis=-1)
+        return self._mean(tokens, valid)
+
+    def _mean(self, tokens, valid):
         tokens = tokens[:, self.num_prefix_tokens:]
         if valid is None:
             return ops.mean(tokens, axis=1)
@@ -41,7 +48,7 @@ class SequencePooling(keras.layers.Layer):
         return total / ops.maximum(ops.sum(ops.cast(valid, tokens.dtype), axis=1), 1)
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], input_shape[2])
+        return (input_shape[0], input_shape[2] * (2 if self.method == "token_gap" else 1))
 
     def get_config(self):
         return {**super().get_config(), "method": self.method, "num_prefix_tokens": self.num_prefix_tokens,

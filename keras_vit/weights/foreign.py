@@ -12,6 +12,7 @@ from keras_vit.configs import FAMILY_DEFAULTS, family_name, pair
 from keras_vit.layers.relative_position_bias import resize_relative_position_bias
 from keras_vit.layers.rotary import check_rope, without_augmentation
 from keras_vit.structure import find_vit
+from keras_vit.vit_config import CLASS_TOKEN_CLASSIFIERS
 from keras_vit.weights import hf, keras_hub, timm
 from keras_vit.weights.npz import load_arrays
 from keras_vit.weights.tensors import TORCH_SUFFIXES, read_tensors
@@ -99,7 +100,7 @@ def file_image_size(arch, stride):
         return arch["image_size"]
     if not arch.get("tokens"):
         return None
-    covered = int(arch["classifier"] == "token") + int(arch.get("distillation_token", False)) + (
+    covered = int(arch["classifier"] in CLASS_TOKEN_CLASSIFIERS) + int(arch.get("distillation_token", False)) + (
         arch.get("num_register_tokens", 0) if arch.get("register_position_embedding") else 0)
     grid = arch["tokens"] - (covered if arch.get("prefix_position_embedding", True) else 0)
     side = math.isqrt(grid)
@@ -148,7 +149,7 @@ def settle_layout(arch, grid):
     own = arch.get("image_size")
     if own and arch.get("resnet") is None and arch.get("patch_size"):
         grid = tuple(side // arch["patch_size"] for side in pair(own, "image_size"))
-    prefix = int(arch["classifier"] == "token") + int(arch.get("distillation_token", False))
+    prefix = int(arch["classifier"] in CLASS_TOKEN_CLASSIFIERS) + int(arch.get("distillation_token", False))
     if arch.get("tokens") and prefix and grid:
         exact = timm.covers_prefix(arch["tokens"], prefix, arch.get("num_register_tokens", 0), grid=grid[0] * grid[1])
         if exact is not None:

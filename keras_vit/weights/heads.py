@@ -19,6 +19,8 @@ HEADS = {
     ("transformers", "DeiTForImageClassificationWithTeacher"): CLASSIFIER,
     ("transformers", "Dinov2Model"): BACKBONE,
     ("transformers", "Dinov2Backbone"): BACKBONE,
+    ("transformers", "Dinov2ForImageClassification"): CLASSIFIER,
+    ("transformers", "Dinov2WithRegistersForImageClassification"): CLASSIFIER,
     ("transformers", "Dinov2WithRegistersModel"): BACKBONE,
     ("transformers", "Dinov2WithRegistersBackbone"): BACKBONE,
     ("transformers", "CLIPVisionModel"): BACKBONE,

@@ -324,11 +324,9 @@ def architecture(config, tensors):
         # DeiTForImageClassification's head reads the class token alone while the distillation token
         # stays in the sequence: no builder head; its backbone is the distillation model's
         arch.update(distillation_token=True, classes=None if teacher is None else int(teacher.shape[0]))
-    elif dinov2:
-        if head is not None:
-            raise ValueError(f"{name}: Dinov2ForImageClassification's head reads the class token and the mean "
-                             "of the patch tokens side by side (2 x hidden); the builder has no such head. "
-                             "Save its Dinov2Model (model.dinov2) to load the backbone")
+    elif dinov2:  # its classifier reads the class token and the patch tokens' mean side by side
+        arch.update(classifier="token" if head is None else "token_gap",
+                    classes=None if head is None else int(head.shape[0]))
         registers = local.get("embeddings.register_tokens")
         arch.update(layer_scale=float(cfg["layerscale_value"]), drop_path_rate=_drop_path_rate(cfg, name),
                     num_register_tokens=0 if kind == "dinov2" else int(
