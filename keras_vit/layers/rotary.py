@@ -29,6 +29,7 @@ ROPE_KINDS = ("dinov3", "eva", "mixed")
 ROPE_DEFAULTS = {"dinov3": {"temperature": 100.0, "shift": None, "jitter": None, "rescale": None},
                  "eva": {"temperature": 10000.0, "reference_grid": None, "offset": 0.0, "axes": "ij"},
                  "mixed": {"temperature": 10.0, "axes": "xy"}}
+AUGMENTATION_KEYS = ("shift", "jitter", "rescale")  # a "dinov3" rope's training-time ones, in the sources' order
 
 
 def _number(value, what, positive=True):
@@ -56,7 +57,7 @@ def check_rope(rope, what="rope"):
     if kind in ("eva", "mixed") and out["axes"] not in ("ij", "xy"):
         raise ValueError(f"{what}: axes must be 'ij' (rows first) or 'xy' (columns first), got {out['axes']!r}")
     if kind == "dinov3":
-        for key, least in (("shift", 0.0), ("jitter", 1.0), ("rescale", 1.0)):
+        for key, least in zip(AUGMENTATION_KEYS, (0.0, 1.0, 1.0)):
             value = out[key]
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not least <= value < math.inf):
@@ -86,13 +87,13 @@ def check_rope_head_dim(head_dim):
 def rope_augmented(rope):
     """Whether `rope` (`check_rope`'s dict, or None) moves its coordinates in training (DINOv3's shift, jitter or
     rescale)."""
-    return rope is not None and any(rope.get(key) is not None for key in ("shift", "jitter", "rescale"))
+    return rope is not None and any(rope.get(key) is not None for key in AUGMENTATION_KEYS)
 
 
 def without_augmentation(rope):
     """`rope` (`check_rope`'s dict, or None) without its training-time augmentation: what a model computes in
     evaluation, and so what its weights are for."""
-    return None if rope is None else {k: v for k, v in rope.items() if k not in ("shift", "jitter", "rescale")}
+    return None if rope is None else {k: v for k, v in rope.items() if k not in AUGMENTATION_KEYS}
 
 
 def _axis(n, rope, reference=None, moved=None):

@@ -9,7 +9,7 @@ import math
 import keras
 from keras import ops
 
-from keras_vit.layers.rotary import check_rope, rope_augmented
+from keras_vit.layers.rotary import AUGMENTATION_KEYS, check_rope, rope_augmented
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -65,4 +65,4 @@ def rotary_augment_inputs(rope, x):
     tokens are `x`: {} without an augmentation, else {"rope_augment": a `RotaryAugment` layer's draw}."""
     if not rope_augmented(rope):
         return {}
-    return {"rope_augment": RotaryAugment(rope["shift"], rope["jitter"], rope["rescale"], name="rope_augment")(x)}
+    return {"rope_augment": RotaryAugment(*(rope[k] for k in AUGMENTATION_KEYS), name="rope_augment")(x)}
