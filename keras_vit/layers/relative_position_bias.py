@@ -7,7 +7,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit.interpolation import geometric_resize_matrix, linear_resize_matrix
+from keras_vit.interpolation import geometric_resize_matrix, resize_2d
 from keras_vit.layers.attention import MultiHeadDotProductAttention
 
 RELATIVE_RESIZES = ("geometric", "bilinear")
@@ -51,16 +51,13 @@ def resize_relative_position_bias(table, old_grid, new_grid, method="geometric")
                          f"(offsets and the class token's 3) and one column a head, got shape {table.shape}")
     if (h, w) == (new_h, new_w):
         return table.astype(np.float32)
-    plane = table[:-3].astype(np.float64)
+    plane, size = table[:-3].astype(np.float64), (2 * new_h - 1, 2 * new_w - 1)
     if method == "geometric":
-        plane, rows, cols = plane.reshape(2 * h - 1, 2 * w - 1, -1), geometric_resize_matrix(2 * h - 1, 2 * new_h - 1), \
-            geometric_resize_matrix(2 * w - 1, 2 * new_w - 1)
-    else:
-        plane, rows, cols = plane.reshape(2 * w - 1, 2 * h - 1, -1), \
-            linear_resize_matrix(2 * w - 1, 2 * new_h - 1, align_corners=False), \
-            linear_resize_matrix(2 * h - 1, 2 * new_w - 1, align_corners=False)
-    resized = np.einsum("ih,hwk,jw->ijk", rows, plane, cols).reshape(-1, table.shape[1])
-    return np.concatenate([resized, table[-3:]]).astype(np.float32)
+        rows, cols = (geometric_resize_matrix(n, m) for n, m in zip((2 * h - 1, 2 * w - 1), size))
+        resized = np.einsum("ih,hwk,jw->ijk", rows, plane.reshape(2 * h - 1, 2 * w - 1, -1), cols)
+    else:  # transformers reads the plane's rows as 2w - 1 long
+        resized = resize_2d(plane.reshape(2 * w - 1, 2 * h - 1, -1), size, method="bilinear_half_pixel")
+    return np.concatenate([resized.reshape(-1, table.shape[1]), table[-3:]]).astype(np.float32)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

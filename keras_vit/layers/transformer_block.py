@@ -196,6 +196,7 @@ class TransformerBlock(keras.layers.Layer):
         self.normalization = check_normalization(normalization)
         self.mlp_norm, self.attention_norm = bool(mlp_norm), bool(attention_norm)
         self.rope = _check_block_rope(rope)
+        self.rope_moves = rope_augmented(self.rope)  # set once: read on every call
         self.drop_path_rate = check_drop_path_rate(drop_path_rate, f"{type(self).__name__}: drop_path_rate")
         self.mlp_activation = check_mlp_activation(mlp_activation)
         if layer_scale is not None and (isinstance(layer_scale, bool) or not isinstance(layer_scale, (int, float))):
@@ -282,7 +283,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def call(self, x, training=None, return_attention=False, valid=None, images=None, rope_augment=None):
         x = _cotangent_barrier(x)
-        moved = rope_augment if training and rope_augmented(self.rope) else None
+        moved = rope_augment if training and self.rope_moves else None
         tables = self._tables(images, moved)
         paths = self._path_masks(x) if training else ()  # drawn once: a recomputation reuses them
         if self.remat and training and not return_attention:
