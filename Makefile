@@ -43,13 +43,14 @@ venv: python $(VENV)/.installed
 # torch runs every test; the other backends deselect the backend-independent ones (tables, numpy math, argument
 # errors) and the one_backend script runs (examples/benchmarks end to end, whose layers are tested per backend):
 # torch runs them fastest (eager, nothing to compile for the tiny models; docs/contributing.md has the figures).
-# A backend's suite is mostly one core's work, so on the default three backends two lanes run side by side,
-# each with parts of every backend's test files ("jax-KofN": the K-th of N parts of the test files, balanced by the
-# file times of tests/durations.json, tests/conftest.py), paired so that their measured times balance (LANES below;
-# docs/contributing.md),
-# each into .test-logs/NAME.log, printed in order once all have ended; BACKENDS=... runs the backends named, one
-# after the other, whole. TESTS=... picks test
-# files (a part that TESTS leaves without a test passes: pytest's exit status 5). The run ends with each lane's time against LANE_BUDGET_MIN and the ten slowest tests
+# A backend's suite is mostly one core's work, so on the default three backends two lanes run side by side:
+# tensorflow then jax-1of2 | torch then jax-2of2. "jax-KofN" is the K-th of N processes that share the backend's
+# test files: each takes, whole, the next file (longest first by tests/durations.json) that no other has taken
+# (tests/_claims.py), so a lane whose first backend ends early takes more of the shared files and the lanes end
+# together whatever the machine's speed that day.
+# Each run writes .test-logs/NAME.log, printed in order once all have ended; BACKENDS=... runs the backends named,
+# one after the other, whole. TESTS=... picks test files (a run that TESTS leaves without a test passes: pytest's
+# exit status 5). The run ends with each lane's time against LANE_BUDGET_MIN and the ten slowest tests
 # (tests/_lane_report.py); a lane over it is said, not failed (docs/contributing.md, "Keeping the suite fast").
 # XLA compiles the test runs (JAX's, and TensorFlow's jit-compiled fit and predict) without LLVM's optimisations
 # and with its classic fusion code instead of the newer MLIR fusion emitters: most of the jax runs' time was
@@ -67,7 +68,7 @@ LANE_THREADS_XLA ?= --xla_cpu_multi_thread_eigen=false
 # reads the package's compiled modules, and pytest's rewritten test modules are compiled once, not in every run.
 TESTS ?= tests
 LANE_BUDGET_MIN ?= 25
-LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),tensorflow+jax-2of2 jax-1of2+torch)
+LANES ?= $(if $(filter command line environment,$(origin BACKENDS)),$(subst $(eval) ,+,$(strip $(BACKENDS))),tensorflow+jax-1of2 torch+jax-2of2)
 test: python venv
 	@rm -rf .test-logs && mkdir .test-logs; \
 	echo "=== pytest, lanes side by side: $(LANES) (logs in .test-logs/) ==="; \
@@ -80,11 +81,11 @@ test: python venv
 	      start=$$(date +%s); \
 	      ( if [ -n "$$xla" ]; then export XLA_FLAGS="$$xla"; fi; \
 	        $(if $(word 2,$(LANES)),export $(LANE_THREADS_ENV);) unset PYTHONDONTWRITEBYTECODE; \
-	        KERAS_BACKEND=$$b KERAS_VIT_TEST_SHARD=$$shard KERAS_VIT_TEST_LANES="$(LANES)" exec $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
+	        KERAS_BACKEND=$$b KERAS_VIT_TEST_SHARD=$$shard KERAS_VIT_TEST_CLAIMS=$(CURDIR)/.test-logs/$$b.claims exec $(PY) -m pytest -q -p no:cacheprovider --durations=15 \
 	        --junitxml=.test-logs/$$run.xml -m "$$only" $(TESTS) ) > .test-logs/$$run.log 2>&1; code=$$?; \
 	      if [ $$code = 5 ] && [ -n "$$shard" ]; then code=0; fi; \
 	      if [ $$code != 0 ]; then touch .test-logs/$$run.failed; break; fi; \
-	      echo "=== KERAS_BACKEND=$$b $${shard:+(part $$shard of the test files) }passed in $$(( ($$(date +%s) - start) / 60 )) min ==="; \
+	      echo "=== KERAS_BACKEND=$$b $${shard:+(process $$shard of those sharing its test files) }passed in $$(( ($$(date +%s) - start) / 60 )) min ==="; \
 	    done; echo $$(( $$(date +%s) - lane_start )) > .test-logs/$$lane.seconds ) & \
 	done; wait; \
 	for run in $$(echo $(LANES) | tr + ' '); do echo "=== pytest: $$run ==="; cat .test-logs/$$run.log; done; \

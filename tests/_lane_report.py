@@ -6,8 +6,8 @@ LOGS is the folder `make test` writes (.test-logs): LANE.seconds, the lane's wal
 JUnit report of each backend of the lane (a lane is backends joined by "+", e.g. tensorflow+torch). A lane over
 its budget is said in one line; the exit status is 0 whatever the times (a loaded machine must not fail a run
 by chance): the budget is a rule for people (docs/contributing.md), not a test. It writes LOGS/durations.json, each
-backend's seconds per test file in this run: copied to tests/durations.json, it is what the parts of a backend
-("jax-1of2") are balanced by (tests/conftest.py's `shard_files`).
+backend's seconds per test file in this run: copied to tests/durations.json, it is the order, longest first, in which
+the processes that share a backend's files ("jax-1of2", "jax-2of2") take them (tests/_claims.py).
 """
 
 import collections

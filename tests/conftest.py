@@ -14,6 +14,7 @@ import threading
 
 import numpy as np
 import pytest
+from _claims import pytest_collection_modifyitems, pytest_runtest_protocol  # noqa: F401 (the hooks, _claims.py)
 
 DATA = pathlib.Path(__file__).parent / "data"
 OFFICIAL = DATA / "official"
@@ -61,59 +62,6 @@ def _exact_float32():
     import keras_vit
 
     keras_vit.exact_float32()
-
-
-DURATIONS = pathlib.Path(__file__).with_name("durations.json")  # backend -> test file -> seconds, of a CI run
-
-
-def shard_files(files, k, n, seconds, starts=None):
-    """The K-th of N parts of the test `files` (paths): dealt out longest first, each to the part with the
-    least time so far, by `seconds` (file stem -> seconds; a file not there counts as their median), ties by
-    name, so that the parts take about the same time; `starts`: the seconds each part starts with (`lane_starts`;
-    None: none)."""
-    known = sorted(seconds.values())
-    default = known[len(known) // 2] if known else 1.0
-    parts = [[start, i, []] for i, start in enumerate(starts or [0.0] * n)]
-    for path in sorted(files, key=lambda p: (-seconds.get(p.stem, default), p.name)):
-        part = min(parts)
-        part[0] += seconds.get(path.stem, default)
-        part[2].append(path)
-    return parts[k - 1][2]
-
-
-def lane_starts(lanes, name, n, recorded):
-    """For each of the N parts of backend `name`, the recorded seconds of the other runs of its lane in `lanes`
-    (the Makefile's LANES, e.g. "tensorflow+jax-2of2 jax-1of2+torch"; a part of another backend counts as its
-    share), so that the lanes, not only the parts, take about the same time; `recorded`: backend -> file stem ->
-    seconds (tests/durations.json)."""
-    starts = [0.0] * n
-    for lane in lanes.split():
-        runs = lane.split("+")
-        for k in range(1, n + 1):
-            if f"{name}-{k}of{n}" in runs:
-                for run in runs:
-                    other, _, part = run.partition("-")
-                    share = int(part.partition("of")[2]) if part else 1
-                    starts[k - 1] += sum(recorded.get(other, {}).values()) / share if other != name else 0.0
-    return starts
-
-
-def pytest_collection_modifyitems(config, items):
-    """KERAS_VIT_TEST_SHARD=K/N (the Makefile's "BACKEND-KofN" runs): this process runs the K-th of N parts of the
-    collected test files (whole files: their module fixtures built once), balanced by the backend's file times in
-    tests/durations.json (`shard_files`) with the rest of each part's lane (KERAS_VIT_TEST_LANES, the Makefile's
-    LANES: `lane_starts`); the other parts' tests are deselected, run by the processes given the other K."""
-    shard = os.environ.get("KERAS_VIT_TEST_SHARD")
-    if not shard:
-        return
-    k, n = (int(v) for v in shard.split("/"))
-    if not 1 <= k <= n:
-        raise pytest.UsageError(f"KERAS_VIT_TEST_SHARD={shard}: expected K/N with 1 <= K <= N")
-    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    starts = lane_starts(os.environ.get("KERAS_VIT_TEST_LANES", ""), backend(), n, recorded)
-    mine = set(shard_files({item.path for item in items}, k, n, recorded.get(backend(), {}), starts))
-    config.hook.pytest_deselected(items=[item for item in items if item.path not in mine])
-    items[:] = [item for item in items if item.path in mine]
 
 
 def pytest_collection_finish(session):

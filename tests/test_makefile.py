@@ -53,28 +53,64 @@ def test_only_an_old_python_is_refused_by_name(tmp_path):
     assert "keras-vit needs Python >= 3.10; found Python 3.9.2" in done.stdout
 
 
+SHARED_TEST = """import os, pathlib, time
+
+
+def test_one():
+    with open(os.environ["LOG"], "a") as log:
+        log.write(f"{pathlib.Path(__file__).stem} {os.getpid()}\\n")
+    if pathlib.Path(__file__).stem == "test_a":  # the first file: held until the other process has taken one
+        deadline = time.monotonic() + 60
+        while len(os.listdir(os.environ["KERAS_VIT_TEST_CLAIMS"])) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def test_two():
+    with open(os.environ["LOG"], "a") as log:
+        log.write(f"{pathlib.Path(__file__).stem} {os.getpid()}\\n")
+"""
+
+
 @pytest.mark.backend_independent
-def test_the_parts_of_a_backend_are_balanced_by_the_recorded_file_times(tmp_path):
-    """`make test`'s "jax-KofN" parts: every file in exactly one part, the parts' recorded seconds dealt longest
-    first to the lighter part, a file not recorded counted as the median; the lane report writes the times
-    of its run (every test file there, 0 where none of its tests ran) for the next runs to be dealt by."""
-    from conftest import lane_starts, shard_files
+def test_the_processes_sharing_a_backend_take_each_file_once_whole_longest_first(tmp_path):
+    """`make test`'s "jax-KofN" processes (tests/_claims.py): two pytest processes on six test files, the first
+    file held until the other process has taken one: every test ran once, each file's tests in one process, both
+    processes took files, and each reported only its own; the order is the recorded seconds', longest first, a
+    file not recorded counted as the median; the lane report writes the times of its run (every test file there,
+    0 where none of its tests ran) for the next runs to be ordered by."""
+    from _claims import longest_first
 
     sys.path.insert(0, str(ROOT / "tests"))
     import _lane_report
 
     seconds = {"test_a": 100.0, "test_b": 60.0, "test_c": 50.0, "test_d": 30.0, "test_e": 20.0, "test_f": 0.0}
-    files = [tmp_path / f"{stem}.py" for stem in [*seconds, "test_new"]]
-    parts = [shard_files(set(files), k, 2, seconds) for k in (1, 2)]
-    assert sorted(parts[0] + parts[1]) == sorted(files)
-    totals = [sum(seconds.get(p.stem, 50.0) for p in part) for part in parts]  # test_new: the median, 50 s
-    assert sorted(totals) == [150.0, 160.0]  # of 310 s; every other file in name order: 220 | 90
-    recorded = {"jax": seconds, "tensorflow": {"test_a": 40.0, "test_b": 20.0}, "torch": {"test_a": 120.0}}
-    starts = lane_starts("tensorflow+jax-2of2 jax-1of2+torch", "jax", 2, recorded)
-    assert starts == [120.0, 60.0] and lane_starts("", "jax", 2, recorded) == [0.0, 0.0]
-    parts = [shard_files(set(files), k, 2, seconds, starts) for k in (1, 2)]
-    totals = [sum(seconds.get(p.stem, 50.0) for p in part) + start for part, start in zip(parts, starts)]
-    assert sorted(parts[0] + parts[1]) == sorted(files) and max(totals) - min(totals) <= 10.0, totals  # lanes even
+    files = [tmp_path / f"{stem}.py" for stem in ["test_new", *seconds]]
+    order = [p.stem for p in longest_first(set(files), seconds)]
+    assert order == ["test_a", "test_b", "test_c", "test_new", "test_d", "test_e", "test_f"]  # test_new: 50 s
+
+    tree, log = tmp_path / "tree", tmp_path / "log.txt"
+    tree.mkdir()
+    for stem in "abcdef":
+        (tree / f"test_{stem}.py").write_text(SHARED_TEST)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests"), "LOG": str(log), "KERAS_BACKEND": "not-recorded",
+           "KERAS_VIT_TEST_CLAIMS": str(tmp_path / "claims")}
+    runs = [subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "_claims", "-p", "no:cacheprovider",
+                              "--rootdir", str(tree), str(tree)], cwd=tree, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env={**env, "KERAS_VIT_TEST_SHARD": f"{k}/2"})
+            for k in (1, 2)]
+    outs = [run.communicate(timeout=120)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outs
+    ran = [line.split() for line in log.read_text().splitlines()]
+    assert sorted(stem for stem, _ in ran) == sorted(f"test_{s}" for s in "abcdef" for _ in range(2))
+    by_file = {stem: {pid for s, pid in ran if s == stem} for stem, _ in ran}
+    assert all(len(pids) == 1 for pids in by_file.values()), by_file
+    assert len({pid for _, pid in ran}) == 2, by_file
+    counts = sorted(int(out.split(" passed")[0].split()[-1]) for out in outs)
+    assert sum(counts) == 12 and counts[0] >= 2, outs
+    bad = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "_claims", str(tree)], cwd=tree, text=True,
+                         capture_output=True, env={**env, "KERAS_VIT_TEST_SHARD": "3/2"}, timeout=120)
+    assert "KERAS_VIT_TEST_SHARD=3/2: expected K/N with 1 <= K <= N" in bad.stdout + bad.stderr
+
     logs, tests = tmp_path / "logs", tmp_path / "tests"
     logs.mkdir()
     tests.mkdir()
