@@ -13,6 +13,12 @@ against the model's input first, and a Python generator's batches as they are dr
 message on every backend naming what the model takes and what came (TensorFlow would otherwise
 trace the step with relaxed shapes and fail deep in the graph). A `keras.utils.PyDataset` is not
 checked ahead: a bad batch fails inside the step, and the weights are still kept.
+
+`TracesOnce` (which `KeepsStateOnError` brings): on TensorFlow, Keras builds the optimizer and the
+compiled metrics and loss from the first batch before tracing the step only under a distribution
+strategy; without one it builds them inside the step's first trace, and a `tf.function` whose first
+trace makes variables is traced again, whole. They are built first here as under a strategy, so the
+step is traced once (benchmarks/README.md has the figures).
 """
 
 import inspect
@@ -167,9 +173,28 @@ def _restore(model, before):
         model.reset_metrics()
 
 
-class KeepsStateOnError:
+class TracesOnce:
+    """Mixin for a `keras.Model`: on TensorFlow without a distribution strategy, `fit`, `evaluate` and their
+    `*_on_batch` forms build the optimizer, the compiled metrics and the loss from the first batch before
+    the step is traced (see the module's docstring), as Keras does under a strategy; elsewhere, Keras' own
+    build."""
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if keras.backend.backend() != "tensorflow" or self._distribute_strategy is not None:
+            return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+        import tensorflow as tf
+
+        self._distribute_strategy = tf.distribute.get_strategy()  # the default one: what the step runs under
+        try:
+            return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+        finally:
+            self._distribute_strategy = None
+
+
+class KeepsStateOnError(TracesOnce):
     """Mixin for a `keras.Model`: its images are checked before the loop, and a call that raises
-    (KeyboardInterrupt included) leaves the variables as they were."""
+    (KeyboardInterrupt included) leaves the variables as they were; its step is traced once on TensorFlow
+    (`TracesOnce`)."""
 
     def fit(self, x=None, *args, **kwargs):
         return self._keeping_state(super().fit, x, *args, **kwargs)
@@ -203,4 +228,4 @@ class KeepsStateOnError:
             raise
 
 
-__all__ = ["KeepsStateOnError", "check_images", "check_naflex_batch"]
+__all__ = ["KeepsStateOnError", "TracesOnce", "check_images", "check_naflex_batch"]

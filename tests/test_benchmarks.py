@@ -2,12 +2,13 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import keras
 import pytest
-from conftest import once_on_tensorflow
+from conftest import TINY, once_on_tensorflow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -283,3 +284,16 @@ def test_naflex_benchmark_quick_run_trains_both_ways_on_one_token_budget(tmp_pat
         assert 0 <= phase["accuracy"] <= 1 and phase["loss"] > 0 and phase["train_images_per_s"] > 0
         assert result["inference_images_per_s"] > 0 and result["host_ms_per_image"] > 0
         assert len(report["feature_probe"][way]["scores"]) == 2
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's traces of the step")
+def test_tf_first_fit_times_the_step_traced_once_and_as_keras_alone(tmp_path):
+    """benchmarks/tf_first_fit.py, one round on the tiny configuration: both modes timed, in fresh processes."""
+    model = json.dumps({k: v for k, v in TINY.items() if k not in ("image_size", "classes")})
+    done = subprocess.run([sys.executable, "benchmarks/tf_first_fit.py", "--model", model, "--image-size", "32",
+                           "--batch", "4", "--rounds", "1"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rounds = re.findall(r"^round 1 +(once|keras): first fit +([\d.]+) s", done.stdout, re.M)
+    assert [mode for mode, _ in rounds] == ["once", "keras"] and all(float(s) > 0 for _, s in rounds), done.stdout
+    assert re.search(r"first fit [\d.]+ s traced once, [\d.]+ s as Keras alone traces it \([\d.]+x\)$",
+                     done.stdout.strip()), done.stdout

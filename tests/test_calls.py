@@ -154,3 +154,46 @@ def test_any_size_model_names_a_size_that_does_not_tile():
                                          r"shape \(1, 36, 32, 3\): the height 36 is not a multiple of 8 pixels"):
         model.predict(np.zeros((1, 36, 32, 3), "float32"), verbose=0)
     assert model.predict(np.zeros((1, 40, 32, 3), "float32"), verbose=0).shape == (1, TINY["classes"])
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's tf.function traces")
+@pytest.mark.parametrize("data", ["dataset", "on_batch"])
+def test_the_step_is_traced_once_on_tensorflow_and_trains_as_keras_alone(data, monkeypatch):
+    """keras_vit.calls.TracesOnce: fit and evaluate trace their steps once (Keras alone, without a distribution
+    strategy, builds the optimizer and the metrics inside the first trace, and TensorFlow traces again), and the
+    run is the one Keras makes alone: the same losses, metrics and weights."""
+    import tensorflow as tf
+
+    from keras_vit.calls import TracesOnce
+
+    def run():
+        keras.utils.set_random_seed(3)
+        model = keras_vit.VisionTransformer(**{**TINY, "dropout_rate": 0.1})
+        model.compile(optimizer=keras.optimizers.AdamW(1e-2), loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+        traces = {"train": 0, "test": 0}
+        for kind in traces:
+            step = getattr(model, f"{kind}_step")
+
+            def counted(batch, kind=kind, step=step):
+                traces[kind] += 1
+                return step(batch)
+
+            setattr(model, f"{kind}_step", counted)
+        if data == "on_batch":  # evaluation first: Keras alone makes the metrics' variables in its first trace
+            out = [model.test_on_batch(X, Y), model.train_on_batch(X, Y), model.train_on_batch(X, Y)]
+        else:
+            feed = (X, Y) if data == "arrays" else (tf.data.Dataset.from_tensor_slices((X, Y)).batch(3),)
+            out = [model.evaluate(*feed, verbose=0),
+                   model.fit(*feed, epochs=2, batch_size=3 if data == "arrays" else None, verbose=0).history["loss"],
+                   model.evaluate(*feed, verbose=0)]
+        return traces, out, _weights(model)
+
+    traces, out, weights = run()
+    monkeypatch.delattr(TracesOnce, "_maybe_symbolic_build")
+    keras_traces, keras_out, keras_weights = run()
+    assert traces == {"train": 1, "test": 1} and keras_traces == {"train": 2, "test": 2}, (traces, keras_traces)
+    for ours, theirs in zip(out, keras_out):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    for ours, theirs in zip(weights, keras_weights):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)

@@ -37,6 +37,7 @@ import os
 import keras
 from keras import ops
 
+from keras_vit.calls import TracesOnce
 from keras_vit.preprocessing import NORMALIZATIONS, input_scaling
 from keras_vit.structure import output_kind
 
@@ -182,7 +183,7 @@ def hard_distillation(dist_logits, teacher):
 # --------------------------------------------------------------------------
 # the trainer
 # --------------------------------------------------------------------------
-class Distiller(keras.Model):
+class Distiller(TracesOnce, keras.Model):
     """Trains `student`'s two heads with DeiT's distillation (see the module's docstring): `fit` it
     and save `student`, which shares its weights and keeps averaging its heads.
 
