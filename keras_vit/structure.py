@@ -93,10 +93,22 @@ class ViTParts:
             post_norm=getattr(block, "post_norm", False), qk_norm=getattr(block, "qk_norm", False),
             parallel_blocks=getattr(block, "parallel", False), parallel_branches=getattr(block, "branches", 1),
             differential_attention=getattr(block, "differential", None) is not None,
-            # None: a feature-map model (pooling=None) has no pooling to tell
-            classifier="map" if "map_head" in names else None if not names & {"pool", "pool_average"}
-            else "token_gap" if "pool" in names and self.container.get_layer("pool").method == "token_gap"
-            else "token" if self.cls is not None else "gap")
+            classifier=self._classifier(names))
+
+    def _classifier(self, names):
+        """The classifier the pooling of a model whose direct layers are `names` tells; None where it cannot be told:
+        a feature-map model (pooling=None), or a class token beside a mean of the patch tokens (the "gap" classifier
+        of CLIPForImageClassification, or a "token" model pooled by "gap": the same weights)."""
+        if "map_head" in names:
+            return "map"
+        if not names & {"pool", "pool_average"}:
+            return None
+        method = self.container.get_layer("pool").method if "pool" in names else None
+        if method == "token_gap":
+            return method
+        if self.cls is None:
+            return "gap"
+        return None if method == "gap" else "token"
 
     @property
     def num_layers(self):

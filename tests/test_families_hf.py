@@ -145,6 +145,19 @@ def test_clip_vision_tower_and_projection_equal_transformers(tmp_path):
     _close(_ours(model, x), _theirs(ref, x).image_embeds, "CLIPVisionModelWithProjection image_embeds")
 
 
+def test_clip_classifier_reads_the_patch_mean_before_the_final_norm(tmp_path, caplog):
+    """CLIPForImageClassification: the class token in the sequence, the patch tokens' mean without the final
+    norm (whose weights, read only by the pooler, are not loaded, logged) into the classifier."""
+    config = transformers.CLIPConfig(vision_config=TOWER, text_config=TEXT, num_labels=3)
+    ref, folder = _save(tmp_path, transformers.CLIPForImageClassification, config)
+    with caplog.at_level(logging.INFO, logger="keras_vit"):
+        model, arch = _build(folder, include_top=True)
+    assert (arch["classifier"], arch["class_token"], arch["encoder_norm"], arch["classes"]) == ("gap", True, False, 3)
+    assert arch["source_head"] == "classifier" and "post_layernorm (2 arrays)" in caplog.text
+    x = _images()
+    _close(_ours(model, x), _theirs(ref, x).logits, "CLIPForImageClassification logits")
+
+
 def test_a_whole_clip_model_folder_loads_its_vision_tower(tmp_path, caplog):
     config = transformers.CLIPConfig(vision_config=TOWER, text_config=TEXT, projection_dim=16)
     ref, folder = _save(tmp_path, transformers.CLIPModel, config)
@@ -325,18 +338,7 @@ def test_configs_the_builder_cannot_make_are_refused_by_name(config, match, tmp_
 
 
 @pytest.mark.backend_independent
-def test_heads_the_builder_cannot_make_and_missing_towers_are_refused(tmp_path):
-    for cls, config, match in (
-        (transformers.CLIPForImageClassification,
-         transformers.CLIPConfig(vision_config=TOWER, text_config=TEXT, num_labels=3), "CLIPForImageClassification"),
-    ):
-        _, folder = _save(tmp_path, cls, config)
-        with pytest.raises(ValueError, match=match):
-            hf.architecture(*hf.read_folder(folder))
-        model = keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2,
-                                            num_layers=2)
-        with pytest.raises(ValueError, match=match):
-            keras_vit.load_weights(model, folder)
+def test_a_folder_without_a_vision_tower_is_refused():
     text_only = {"text_model.embeddings.token_embedding.weight": np.zeros((4, 32)), "logit_scale": np.zeros(())}
     with pytest.raises(ValueError, match="no vision tower"):
         hf.architecture({"model_type": "clip", "vision_config": TOWER}, text_only)

@@ -26,6 +26,7 @@ HEADS = {
     ("transformers", "CLIPVisionModel"): BACKBONE,
     ("transformers", "CLIPVisionModelWithProjection"): PROJECTION,
     ("transformers", "CLIPModel"): PROJECTION,
+    ("transformers", "CLIPForImageClassification"): CLASSIFIER,
     ("transformers", "SiglipVisionModel"): BACKBONE,
     ("transformers", "SiglipModel"): BACKBONE,
     ("transformers", "SiglipForImageClassification"): CLASSIFIER,

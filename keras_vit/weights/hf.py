@@ -349,11 +349,11 @@ def architecture(config, tensors):
         pooled = "head.cls_token" in local
         arch.update(normalization="rms_norm", embed_norm=True, classifier="map" if pooled else "gap",
                     map_mlp_dim=0 if pooled else None, classes=None if projection is None else int(projection.shape[0]))
+    elif kind == "clip_vision_model" and head is not None:
+        # CLIPForImageClassification: its classifier reads the mean of the patch tokens before the final
+        # norm (post_layernorm, which only its pooler reads: not used, `hf_keys.to_official`)
+        arch.update(pre_norm=True, classifier="gap", class_token=True, encoder_norm=False, classes=int(head.shape[0]))
     elif kind == "clip_vision_model":
-        if head is not None:
-            raise ValueError(f"{name}: CLIPForImageClassification's head reads the mean of the patch tokens "
-                             "beside a class token; the builder has no such head. Save its vision_model "
-                             "(CLIPVisionModel) to load the tower")
         projection = local.get("visual_projection.weight")
         arch.update(pre_norm=True, classes=None if projection is None else int(projection.shape[0]))
     elif kind == "siglip2_vision_model":
@@ -362,8 +362,8 @@ def architecture(config, tensors):
         pooled = "map" if "head.probe" in local else "gap"
         arch.update(classifier="gap" if head is not None else pooled,
                     classes=None if head is None else int(head.shape[0]))
-    built = None if arch["classes"] is None else PROJECTION if kind in ("clip_vision_model", "aimv2_vision_model") \
-        else CLASSIFIER
+    built = None if arch["classes"] is None else CLASSIFIER if head is not None \
+        else PROJECTION if kind in ("clip_vision_model", "aimv2_vision_model") else CLASSIFIER
     arch["source_head"] = hf_head((config.get("architectures") or [None])[0], built)
     return arch
 

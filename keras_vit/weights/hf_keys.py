@@ -115,7 +115,8 @@ def to_official(tensors, num_heads):
     """(official arrays, HF keys no rule maps) of a Hugging Face state dict of the ViT family.
 
     The text tower of a CLIP / SigLIP model is dropped (logged); so is the unused MAP head of a
-    SiglipForImageClassification, whose classifier reads the mean of the tokens.
+    SiglipForImageClassification, whose classifier reads the mean of the tokens, and the unused final norm
+    of a CLIPForImageClassification, whose classifier reads the mean of the patch tokens before it.
     """
     text = sorted(k for k in tensors if _TEXT.match(k))
     local = vision_tensors(tensors)
@@ -124,6 +125,10 @@ def to_official(tensors, num_heads):
         drop = {k for k in local if k.startswith("head.")}
         logger.info("keras_vit: SiglipForImageClassification classifies the mean of the tokens; its vision "
                     "tower's attention-pooling head (%d arrays) is not used", len(drop))
+    if "classifier.weight" in local and "pre_layrnorm.weight" in local:  # CLIPForImageClassification
+        drop |= {k for k in local if k.startswith("post_layernorm.")}
+        logger.info("keras_vit: CLIPForImageClassification classifies the mean of the patch tokens before the "
+                    "final norm; its post_layernorm (%d arrays), which only its pooler reads, is not used", len(drop))
     if text:
         logger.info("keras_vit: dropped the text tower of a two-tower model (%d arrays: %s); keras_vit builds the "
                     "vision tower", len(text), ", ".join(sorted({k.split(".")[0] for k in text})))
