@@ -30,6 +30,7 @@ HEADS = {
     ("transformers", "SiglipVisionModel"): BACKBONE,
     ("transformers", "SiglipModel"): BACKBONE,
     ("transformers", "SiglipForImageClassification"): CLASSIFIER,
+    ("transformers", "Siglip2ForImageClassification"): CLASSIFIER,
     ("transformers", "ViTMSNModel"): BACKBONE,
     ("transformers", "ViTMSNForImageClassification"): CLASSIFIER,
     ("transformers", "IJepaModel"): BACKBONE,

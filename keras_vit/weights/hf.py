@@ -237,10 +237,9 @@ def _pair(size):
 
 def _siglip2(cfg, local, name):
     """The builder arguments of a SigLIP 2 tower beyond the SigLIP ones: a NaFlex model whose learned
-    table of `num_patches` positions is a square grid, `image_size` that grid in pixels."""
-    if "classifier.weight" in local:
-        raise ValueError(f"{name}: Siglip2ForImageClassification's classifier reads the mean of the valid tokens; "
-                         "keras_vit loads its tower: save its vision_model (Siglip2VisionModel), or the Siglip2Model")
+    table of `num_patches` positions is a square grid, `image_size` that grid in pixels; with a classifier
+    (Siglip2ForImageClassification), the mean of the valid tokens into it ("gap": a NaFlex model pools its
+    valid tokens)."""
     patch = int(_pair(cfg["patch_size"])[0])
     table = local.get("embeddings.position_embedding.weight")
     positions = int(cfg["num_patches"] if table is None else table.shape[0])
@@ -252,7 +251,9 @@ def _siglip2(cfg, local, name):
     if kernel.ndim != 2 or kernel.shape[1] != patch * patch * 3:
         raise ValueError(f"{name}: a patch embedding of shape {list(kernel.shape)}; SigLIP 2's is a Linear "
                          f"(hidden_size, {patch} * {patch} * 3) for patch_size {patch}")
-    return dict(classifier="map" if "head.probe" in local else "gap", image_size=(side * patch, side * patch),
+    head = local.get("classifier.weight")  # Siglip2ForImageClassification's: the mean of the valid tokens
+    return dict(classifier="map" if "head.probe" in local and head is None else "gap",
+                classes=None if head is None else int(head.shape[0]), image_size=(side * patch, side * patch),
                 naflex=True)
 
 
