@@ -31,7 +31,9 @@ MODULES = ("vit", "deit", "dinov2", "dinov2_with_registers", "dinov3_vit", "clip
            "data2vec", "aimv2", "vit_mae", "vit_msn", "ijepa")
 TOLERANCE = 1e-5  # of the output's scale (at least 1), the project's float32 standard
 VISION = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
-              patch_size=8, num_patches=16, num_labels=3, projection_dim=24, use_relative_position_bias=True)
+              patch_size=8, num_patches=16, num_labels=3, projection_dim=24, use_relative_position_bias=True,
+              mask_ratio=0.0, decoder_hidden_size=16, decoder_num_hidden_layers=1, decoder_num_attention_heads=2,
+              decoder_intermediate_size=32)
 TEXT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=64,
             bos_token_id=0, eos_token_id=1, pad_token_id=1)
 SKIPPED = ("PreTrainedModel", "Text", "Audio", "ForMaskedImageModeling", "ForSemanticSegmentation")
@@ -84,6 +86,10 @@ def _theirs(ref, x, naflex):
                       spatial_shapes=torch.tensor([[4, 4]] * len(x)))
     else:
         kwargs = dict(pixel_values=torch.from_numpy(x).permute(0, 3, 1, 2))
+    if type(ref).__name__.startswith("ViTMAE"):  # its forward masks at random: no token masked (mask_ratio 0), in order
+        ref = getattr(ref, "vit", ref)  # ViTMAEForPreTraining: its encoder (the decoder reconstructs pixels)
+        kwargs["noise"] = torch.arange(x.shape[1] * x.shape[2] // VISION["patch_size"] ** 2,
+                                       dtype=torch.float32).expand(len(x), -1)
     with torch.no_grad():
         if hasattr(ref, "get_image_features"):  # a two-tower model: its image embedding
             out = ref.get_image_features(**kwargs)

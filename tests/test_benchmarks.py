@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -183,18 +184,30 @@ def test_timm_coverage_loads_deit_exactly_and_names_why_a_file_is_refused(tmp_pa
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="transformers' models beside keras-vit's: torch's lane")
-def test_hf_coverage_loads_beit_exactly_and_names_what_vit_mae_is(tmp_path, capsys):
-    """benchmarks/hf_coverage.py on two classes: transformers' BeitModel made small, saved, read by from_huggingface
-    and equal to its pooler output; ViTMAEModel refused with the reason (not the folder's place), which the table
-    lists; the JSON rows are the returned ones."""
-    rows = hf_coverage.main(["--modules", "beit", "vit_mae", "--names", "BeitModel", "ViTMAEModel", "--json",
-                             str(tmp_path / "c.json")])
-    beit, mae = rows
+def test_hf_coverage_loads_exactly_says_why_a_class_differs_and_names_a_refusal(tmp_path, capsys, monkeypatch):
+    """benchmarks/hf_coverage.py on three classes: transformers' BeitModel made small, saved, read by from_huggingface
+    and equal to its pooler output; DeiTModel different on purpose, with the documented reason; ViTMAEModel refused
+    by a reader made to refuse it, with the reason (not the folder's place), which the table lists; the JSON rows
+    are the returned ones."""
+    import keras_vit
+
+    real = keras_vit.from_huggingface
+
+    def refusing(folder, **kwargs):
+        if json.loads((pathlib.Path(folder) / "config.json").read_text())["architectures"] == ["ViTMAEModel"]:
+            raise ValueError(f"{folder}: a reader made to refuse it")
+        return real(folder, **kwargs)
+
+    monkeypatch.setattr(keras_vit, "from_huggingface", refusing)
+    rows = hf_coverage.main(["--modules", "beit", "deit", "vit_mae", "--names", "BeitModel", "DeiTModel", "ViTMAEModel",
+                             "--json", str(tmp_path / "c.json")])
+    beit, deit, mae = rows
     assert (beit["name"], beit["status"]) == ("BeitModel", "exact") and beit["error"] <= 1e-5 * max(1, beit["scale"])
-    assert (mae["name"], mae["status"]) == ("ViTMAEModel", "refused") and "a ViT-MAE" in mae["why"]
+    assert (deit["name"], deit["status"], deit["why"]) == ("DeiTModel", "differs", hf_coverage.DOCUMENTED["DeiTModel"])
+    assert (mae["name"], mae["status"]) == ("ViTMAEModel", "refused") and "a reader made to refuse it" in mae["why"]
     assert "/tmp" not in mae["why"] and json.loads((tmp_path / "c.json").read_text())["rows"] == rows
     printed = capsys.readouterr().out
-    assert "| beit | 1 | 1 | 0 | 0 | 0 |" in printed and "| **all** | **1** | 2 | 0 | 1 | 0 |" in printed
+    assert "| beit | 1 | 1 | 0 | 0 | 0 |" in printed and "| **all** | **1** | 3 | 1 | 1 | 0 |" in printed
 
 
 @pytest.mark.backend_independent

@@ -158,6 +158,27 @@ def test_clip_classifier_reads_the_patch_mean_before_the_final_norm(tmp_path, ca
     _close(_ours(model, x), _theirs(ref, x).logits, "CLIPForImageClassification logits")
 
 
+def test_vit_mae_encoder_gives_the_whole_images_tokens(tmp_path, caplog):
+    """ViT-MAE (ViTMAEModel, and the encoder of a ViTMAEForPreTraining, its decoder dropped and logged): the tokens of
+    the whole image, as transformers' encoder gives them with no token masked (mask_ratio 0, the noise that keeps
+    the tokens in order); the representation is the class token after the final norm."""
+    config = transformers.ViTMAEConfig(**TOWER, mask_ratio=0.0, decoder_hidden_size=16, decoder_num_hidden_layers=1,
+                                       decoder_num_attention_heads=2, decoder_intermediate_size=32)
+    x = _images()
+    in_order = torch.arange(16, dtype=torch.float32).expand(2, 16)
+    for cls, seed in ((transformers.ViTMAEModel, 0), (transformers.ViTMAEForPreTraining, 1)):
+        ref, folder = _save(tmp_path, cls, config, seed=seed)
+        tokens = _theirs(lambda **kw: getattr(ref, "vit", ref)(**kw, noise=in_order), x).last_hidden_state
+        with caplog.at_level(logging.INFO, logger="keras_vit"):
+            model, arch = _build(folder, include_top=False)
+        assert (arch["classifier"], arch["classes"], arch["source_head"], arch["input_mode"]) == (
+            "token", None, "backbone", "imagenet")
+        _close(_ours(model, x), tokens[:, 0], f"{cls.__name__} class token")
+        features, _ = _build(folder, include_top=False, pooling=None)
+        _close(_ours(features, x).reshape(2, 16, 32), tokens[:, 1:], f"{cls.__name__} patch tokens")
+    assert "dropped the decoder of a ViT-MAE pre-training model" in caplog.text
+
+
 def test_a_whole_clip_model_folder_loads_its_vision_tower(tmp_path, caplog):
     config = transformers.CLIPConfig(vision_config=TOWER, text_config=TEXT, projection_dim=16)
     ref, folder = _save(tmp_path, transformers.CLIPModel, config)

@@ -31,6 +31,8 @@ HEADS = {
     ("transformers", "SiglipModel"): BACKBONE,
     ("transformers", "SiglipForImageClassification"): CLASSIFIER,
     ("transformers", "Siglip2ForImageClassification"): CLASSIFIER,
+    ("transformers", "ViTMAEModel"): BACKBONE,
+    ("transformers", "ViTMAEForPreTraining"): BACKBONE,  # its encoder (the decoder dropped, logged)
     ("transformers", "ViTMSNModel"): BACKBONE,
     ("transformers", "ViTMSNForImageClassification"): CLASSIFIER,
     ("transformers", "IJepaModel"): BACKBONE,

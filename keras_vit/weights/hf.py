@@ -97,6 +97,9 @@ FAMILIES = {
     "vit": Family("a ViT", _VIT, "bicubic"),
     "deit": Family("a DeiT (class and distillation tokens)", _VIT, "bicubic", input_mode="imagenet"),
     "vit_msn": Family("a ViT-MSN", {**_VIT, "layer_norm_eps": 1e-6}, "bicubic"),
+    # its encoder, the whole image's tokens: the random masking of pre-training is an input of its forward (noise,
+    # mask_ratio), the decoder of a ViTMAEForPreTraining is dropped (logged)
+    "vit_mae": Family("a ViT-MAE encoder", {**_VIT, "mask_ratio": 0.75}, "bicubic", input_mode="imagenet"),
     "ijepa": Family("an I-JEPA ViT (no class token)", _VIT, "bicubic"),
     "dinov2": Family("a DINOv2 ViT (layer scale)", _DINOV2, "bicubic", input_mode="imagenet"),
     "dinov2_with_registers": Family("a DINOv2 ViT with registers",
@@ -129,7 +132,6 @@ OTHERS = {
     "clip_text_model": "a CLIP text tower (no vision tower)",
     "siglip_text_model": "a SigLIP text tower (no vision tower)",
     "siglip2_text_model": "a SigLIP 2 text tower (no vision tower)",
-    "vit_mae": "a ViT-MAE (masked autoencoder with a decoder)",
     "vit_hybrid": "a hybrid ViT with a BiT backbone",
 }
 
@@ -318,7 +320,7 @@ def architecture(config, tensors):
     head = local.get("classifier.weight")
     if kind == "ijepa":  # its classifier reads the mean of the tokens
         arch.update(classifier="gap", classes=None if head is None else int(head.shape[0]))
-    elif kind in ("vit", "vit_msn"):
+    elif kind in ("vit", "vit_msn", "vit_mae"):
         arch.update(classes=None if head is None else int(head.shape[0]), pre_logits="pooler.dense.weight" in local)
     elif kind == "deit":
         teacher = local.get("cls_classifier.weight")

@@ -20,6 +20,8 @@ _PREFIX = re.compile(r"^(?:vit|deit|dinov2|dinov2_with_registers|vision_model|be
 VISION_MODEL = re.compile(r"^vision_model\.")
 # the other tower of a CLIP / SigLIP model and its contrastive scalars
 _TEXT = re.compile(r"^(?:text_model\.|text_projection\.|logit_scale$|logit_bias$)")
+# ViTMAEForPreTraining's decoder (its pixel reconstruction): keras-vit builds the encoder
+_DECODER = re.compile(r"^decoder\.")
 # in the files but no parameter of the ViT: DINOv2/DeiT/ViT's masked-image-modelling token, the
 # position_ids buffer that older transformers saved
 _IGNORED = re.compile(r"^embeddings\.(?:mask_token|position_ids)$|relative_position_index$")
@@ -116,7 +118,8 @@ def to_official(tensors, num_heads):
 
     The text tower of a CLIP / SigLIP model is dropped (logged); so is the unused MAP head of a
     SiglipForImageClassification, whose classifier reads the mean of the tokens, and the unused final norm
-    of a CLIPForImageClassification, whose classifier reads the mean of the patch tokens before it.
+    of a CLIPForImageClassification, whose classifier reads the mean of the patch tokens before it, and the
+    decoder of a ViTMAEForPreTraining.
     """
     text = sorted(k for k in tensors if _TEXT.match(k))
     local = vision_tensors(tensors)
@@ -132,6 +135,11 @@ def to_official(tensors, num_heads):
     if text:
         logger.info("keras_vit: dropped the text tower of a two-tower model (%d arrays: %s); keras_vit builds the "
                     "vision tower", len(text), ", ".join(sorted({k.split(".")[0] for k in text})))
+    decoder = {k for k in local if _DECODER.match(k)}
+    if decoder:
+        drop |= decoder
+        logger.info("keras_vit: dropped the decoder of a ViT-MAE pre-training model (%d arrays); keras_vit builds "
+                    "its encoder", len(decoder))
     if "classifier.weight" in local and "embeddings.distillation_token" in local:
         logger.info("keras_vit: DeiTForImageClassification's classifier reads the class token alone beside the "
                     "distillation token; the builder has no such head: build with distillation_token=True, "
