@@ -129,9 +129,10 @@ def to_official(tensors, num_heads):
         logger.info("keras_vit: SiglipForImageClassification classifies the mean of the tokens; its vision "
                     "tower's attention-pooling head (%d arrays) is not used", len(drop))
     if "classifier.weight" in local and "pre_layrnorm.weight" in local:  # CLIPForImageClassification
-        drop |= {k for k in local if k.startswith("post_layernorm.")}
+        unused = {k for k in local if k.startswith("post_layernorm.")}
+        drop |= unused
         logger.info("keras_vit: CLIPForImageClassification classifies the mean of the patch tokens before the "
-                    "final norm; its post_layernorm (%d arrays), which only its pooler reads, is not used", len(drop))
+                    "final norm; its post_layernorm (%d arrays), which only its pooler reads, is not used", len(unused))
     if text:
         logger.info("keras_vit: dropped the text tower of a two-tower model (%d arrays: %s); keras_vit builds the "
                     "vision tower", len(text), ", ".join(sorted({k.split(".")[0] for k in text})))
