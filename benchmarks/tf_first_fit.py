@@ -1,4 +1,4 @@
-"""The first `fit` and `evaluate` of a model on the TensorFlow backend, with the step traced once
+"""The first `fit` of a model on the TensorFlow backend (and a second one after it), with the step traced once
 (`keras_vit.calls.TracesOnce`, the package's default) and as Keras alone traces it (twice: the optimizer's
 and the metrics' variables made inside the first trace), each in a fresh process, the two in turn.
 

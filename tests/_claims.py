@@ -10,6 +10,7 @@ by a fifth from one run to the next, and not alike for every backend).
 conftest.py imports the two hooks; `python -m pytest -p _claims` (tests/ on the path) loads them alone.
 """
 
+import functools
 import json
 import os
 import pathlib
@@ -27,8 +28,10 @@ def longest_first(files, seconds):
     return sorted(files, key=lambda path: (-seconds.get(path.stem, default), path.name))
 
 
+@functools.cache
 def _shared():
-    """(K, N, the claims folder) of this process, or None outside the processes that share a backend."""
+    """(K, N, the claims folder) of this process, or None outside the processes that share a backend (read once:
+    the environment of a test run does not change)."""
     shard = os.environ.get("KERAS_VIT_TEST_SHARD")
     if not shard:
         return None

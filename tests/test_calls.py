@@ -183,10 +183,9 @@ def test_the_step_is_traced_once_on_tensorflow_and_trains_as_keras_alone(data, m
         if data == "on_batch":  # evaluation first: Keras alone makes the metrics' variables in its first trace
             out = [model.test_on_batch(X, Y), model.train_on_batch(X, Y), model.train_on_batch(X, Y)]
         else:
-            feed = (X, Y) if data == "arrays" else (tf.data.Dataset.from_tensor_slices((X, Y)).batch(3),)
-            out = [model.evaluate(*feed, verbose=0),
-                   model.fit(*feed, epochs=2, batch_size=3 if data == "arrays" else None, verbose=0).history["loss"],
-                   model.evaluate(*feed, verbose=0)]
+            feed = tf.data.Dataset.from_tensor_slices((X, Y)).batch(3)
+            out = [model.evaluate(feed, verbose=0), model.fit(feed, epochs=2, verbose=0).history["loss"],
+                   model.evaluate(feed, verbose=0)]
         return traces, out, _weights(model)
 
     traces, out, weights = run()

@@ -237,11 +237,11 @@ def _pair(size):
     return tuple(size) if isinstance(size, (list, tuple)) else (size, size)
 
 
-def _siglip2(cfg, local, name):
+def _siglip2(cfg, local, name, head):
     """The builder arguments of a SigLIP 2 tower beyond the SigLIP ones: a NaFlex model whose learned
     table of `num_patches` positions is a square grid, `image_size` that grid in pixels; with a classifier
-    (Siglip2ForImageClassification), the mean of the valid tokens into it ("gap": a NaFlex model pools its
-    valid tokens)."""
+    `head` (Siglip2ForImageClassification's), the mean of the valid tokens into it ("gap": a NaFlex model pools
+    its valid tokens)."""
     patch = int(_pair(cfg["patch_size"])[0])
     table = local.get("embeddings.position_embedding.weight")
     positions = int(cfg["num_patches"] if table is None else table.shape[0])
@@ -253,7 +253,6 @@ def _siglip2(cfg, local, name):
     if kernel.ndim != 2 or kernel.shape[1] != patch * patch * 3:
         raise ValueError(f"{name}: a patch embedding of shape {list(kernel.shape)}; SigLIP 2's is a Linear "
                          f"(hidden_size, {patch} * {patch} * 3) for patch_size {patch}")
-    head = local.get("classifier.weight")  # Siglip2ForImageClassification's: the mean of the valid tokens
     return dict(classifier="map" if "head.probe" in local and head is None else "gap",
                 classes=None if head is None else int(head.shape[0]), image_size=(side * patch, side * patch),
                 naflex=True)
@@ -360,7 +359,7 @@ def architecture(config, tensors):
         projection = local.get("visual_projection.weight")
         arch.update(pre_norm=True, classes=None if projection is None else int(projection.shape[0]))
     elif kind == "siglip2_vision_model":
-        arch.update(_siglip2(cfg, local, name))
+        arch.update(_siglip2(cfg, local, name, head))
     else:  # siglip_vision_model
         pooled = "map" if "head.probe" in local else "gap"
         arch.update(classifier="gap" if head is not None else pooled,
