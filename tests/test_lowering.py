@@ -1,5 +1,5 @@
 """The accelerator code paths, checked without an accelerator: the training and inference steps of a
-ViT-B/16 configuration, jitted as Keras' `fit` and `predict` jit them (the recipes' optimizers and
+ViT-B/16 configuration (two of its blocks: the blocks are alike, and each lowers the same branches), jitted as Keras' `fit` and `predict` jit them (the recipes' optimizers and
 gradient accumulation, mixed_bfloat16, dropout, stochastic depth, remat), lowered on this CPU for TPU
 and CUDA with `jax.jit(...).trace(...).lower(lowering_platforms=...)`. The computations keras-vit
 picks for a CPU (the gradient fusion barrier, the attention layout, the remat that saves something on
@@ -17,6 +17,7 @@ import pytest
 
 import keras_vit
 from keras_vit import recipes
+from keras_vit.configs import get_variant
 from keras_vit.runtime import CPU_ONLY_SCOPE, per_platform, platform_chosen_on_host
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax",
 
 ACCELERATORS = ("tpu", "cuda")
 BATCH = 2  # the images' shapes are what matters: 224 px, 197 tokens
+BLOCKS = 2  # of ViT-B/16's twelve: a block's lowering is the same at any depth (tracing twelve took 4 times as long)
 # a host callback (jax.pure_callback, io_callback, jax.debug.print) or a host transfer in lowered code
 HOST_CALLBACK = re.compile(r"custom_call @\w*callback|stablehlo\.(send|recv|infeed|outfeed)\b")
 DROP_PATH_MASK = re.compile(rf"tensor<{BATCH}x1x1xi1>")
@@ -56,7 +58,7 @@ def _abstract(variables):
 
 @pytest.fixture(scope="module", params=list(RECIPES))
 def steps(request):
-    """{"train"|"predict": (jitted step, abstract arguments)} of ViT-B/16 at 224 px compiled with a
+    """{"train"|"predict": (jitted step, abstract arguments)} of ViT-B/16 (BLOCKS blocks) at 224 px compiled with a
     recipe and built as `fit` builds it (`_symbolic_build`: shapes only)."""
     import jax
 
@@ -66,8 +68,9 @@ def steps(request):
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
         with _declared_only():
-            model = keras_vit.ViT_B16(classes=10, dropout_rate=0.1, **options)
-        assert model.get_layer("encoderblock_11").drop_path_rate == 0.1
+            arch = {**get_variant("ViT_B16").build_args(), "num_layers": BLOCKS}
+            model = keras_vit.VisionTransformer(**arch, classes=10, dropout_rate=0.1, **options)
+        assert model.get_layer(f"encoderblock_{BLOCKS - 1}").drop_path_rate == 0.1
         compile_recipe(model, total_steps=10_000, batch_size=2 * BATCH, device_batch_size=BATCH)
         with _declared_only():
             model._symbolic_build(data_batch=(keras.KerasTensor(images.shape, "float32"),
