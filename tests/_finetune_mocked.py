@@ -1,6 +1,7 @@
 """The fine-tuning recipe on mocked TFDS cifar10 (12 examples), for tests/test_multiprocess.py to start
-through keras_vit.launch. argv: the recipe's flags. PAUSE_AT=k with KILL_PROCESS=i: process i kills itself
-with SIGKILL at its k-th train batch (0-based, counted from the start of this process)."""
+through keras_vit.launch. argv: the recipe's flags, after an optional `--kill i k`: process i kills itself with
+SIGKILL at its k-th train batch (0-based, counted from the start of this process). (An argument, not a variable:
+a launcher in a thread of the test takes the test process's environment, which another run beside it shares.)"""
 
 import os
 import signal
@@ -24,6 +25,10 @@ class KillAt(keras.callbacks.Callback):
         self.seen += 1
 
 
-kill = "PAUSE_AT" in os.environ and os.environ.get("KILL_PROCESS") == os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID")
+argv, callbacks = sys.argv[1:], []
+if argv[:1] == ["--kill"]:
+    if argv[1] == os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID"):
+        callbacks.append(KillAt(int(argv[2])))
+    argv = argv[3:]
 with tfds.testing.mock_data(num_examples=12):
-    finetune.main("cifar10", sys.argv[1:], callbacks=[KillAt(int(os.environ["PAUSE_AT"]))] if kill else [])
+    finetune.main("cifar10", argv, callbacks=callbacks)

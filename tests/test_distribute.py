@@ -1,6 +1,7 @@
 """Scale-out: JAX data and model parallelism on 8 virtual CPU devices (one subprocess,
-tests/_distribute_jax.py), TensorFlow MirroredStrategy on 2 logical CPU devices, the choice of
-tf.distribute strategy, and the refusals."""
+tests/_distribute_jax.py), the choice of tf.distribute strategy, and the refusals. (TensorFlow's
+MirroredStrategy on 2 logical CPU devices against one device is the reference run of
+tests/test_multiprocess.py's two workers, which checks it too.)"""
 
 import json
 import os
@@ -8,7 +9,6 @@ import pathlib
 import re
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -160,55 +160,6 @@ def test_backup_resumes_under_model_parallel(jax8):
     assert jax8["backup_done"] == 4
     assert jax8["backup_equal"]
     assert jax8["backup_sharded"] == "P(None, 'model')"
-
-
-TF_SCRIPT = textwrap.dedent("""
-    import sys
-    import numpy as np
-    import tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    import keras
-    import keras_vit
-    from keras_vit import distribute, recipes
-
-    def train(strategy):
-        keras.utils.set_random_seed(0)
-        with strategy.scope():
-            replicas = distribute.num_replicas()
-            model = keras_vit.VisionTransformer(image_size=16, patch_size=8, hidden_size=16, mlp_dim=32,
-                                                num_heads=2, num_layers=1, classes=3, classifier_activation=None)
-            # the recipe clips at global norm 1 (base_lr 0.1 makes it bind): the norm must be the
-            # summed gradient's on every replica
-            recipes.compile_for_finetuning(model, total_steps=4, base_lr=0.1, warmup_steps=1, batch_size=16)
-        rng = np.random.default_rng(0)
-        x = rng.uniform(-1, 1, (64, 16, 16, 3)).astype("float32")
-        y = rng.integers(0, 3, 64)
-        loss = model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0).history["loss"]
-        return replicas, loss, model.get_weights()
-
-    one = train(distribute.tf_strategy(distribute.Machine(tpu=None, gpus=0, tf_config=None)))
-    two = train(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
-    np.savez(sys.argv[1], replicas=[one[0], two[0]], loss=[one[1], two[1]],
-             max_rel=max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(two[2], one[2])
-                         if np.abs(b).max() > 1e-6),
-             allclose=all(np.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(two[2], one[2])))
-""")
-
-
-@pytest.mark.skipif(backend() != "tensorflow", reason="tf.distribute needs the tensorflow backend")
-def test_tf_mirrored_two_devices_matches_one_device(tmp_path):
-    script = tmp_path / "tf.py"
-    script.write_text(TF_SCRIPT)
-    env = {**os.environ, "KERAS_BACKEND": "tensorflow",
-           "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "out.npz")], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = np.load(tmp_path / "out.npz")
-    assert list(out["replicas"]) == [1, 2]
-    np.testing.assert_allclose(out["loss"][1], out["loss"][0], rtol=1e-5)
-    assert bool(out["allclose"]) and float(out["max_rel"]) <= 1e-5
 
 
 @pytest.mark.backend_independent

@@ -11,6 +11,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -71,9 +72,11 @@ def jax_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("multiprocess")
     env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
-    reference = subprocess.Popen([sys.executable, "-m", "keras_vit.launch", "-n", "1", "--cpu-devices", "4",
-                                  "--timeout", "400", "--", WORKER, str(out)], env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
+    # the reference is the worker itself on 4 virtual devices (no launcher process of its own: one import of
+    # Keras and TensorFlow less); _launch_beside bounds its time
+    reference = subprocess.Popen([sys.executable, WORKER, str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 env={**env, "XLA_FLAGS": launch.with_cpu_devices(env.get("XLA_FLAGS", ""), 4)},
+                                 text=True)
     code, lines, reference_out = _launch_beside(reference, env, [WORKER, str(out)], cpu_devices=2)
     assert code == 0, lines.text()[-6000:]
     assert reference.returncode == 0, reference_out[-6000:]
@@ -103,7 +106,7 @@ def test_two_processes_equal_one_process_over_four_devices(jax_runs, run):
 @pytest.mark.backend_independent
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_finetune_recipe_killed_on_two_processes_resumes_on_one_and_back(tmp_path, jax_env, monkeypatch):
+def test_finetune_recipe_killed_on_two_processes_resumes_on_one_and_back(tmp_path, jax_env):
     """The fine-tuning recipe (`--distribute data`, gradient accumulation, 4 epochs) through the launcher on 2
     processes x 2 devices; a second such run whose process 1 kills itself (SIGKILL) in the middle of its
     third epoch: the launcher stops process 0, left waiting in a collective, within 60 s with one message,
@@ -117,22 +120,19 @@ def test_finetune_recipe_killed_on_two_processes_resumes_on_one_and_back(tmp_pat
     flags = ["--model", TINY, "--weights", "none", "--image-size", "16", "--batch-size", "8", "--device-batch-size",
              "1", "--steps", "8", "--eval-every", "2", "--warmup-steps", "1", "--lr", "0.05", "--data-dir",
              "/nonexistent/tfds", "--verbose", "0", "--distribute", "data", "--output-dir"]
-    straight = subprocess.Popen([sys.executable, "-m", "keras_vit.launch", "-n", "2", "--cpu-devices", "2",
-                                 "--timeout", "400", "--", script, *flags, str(tmp_path / "straight")],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # the uninterrupted run's launcher in a thread of this process (one import of Keras and TensorFlow less than
+    # `python -m keras_vit.launch`), beside the run to be killed
+    straight, straight_lines = {}, Lines()
+    thread = threading.Thread(target=lambda: straight.update(code=launch.launch(
+        [script, *flags, str(tmp_path / "straight")], 2, cpu_devices=2, timeout=400, out=straight_lines)), daemon=True)
+    thread.start()
     # 4 micro-steps an epoch (2 updates of 2 accumulated steps): process 1 kills itself at its micro-step 9 of
     # 16, after the backup of epoch 2 (update 4)
-    monkeypatch.setenv("KILL_PROCESS", "1")
-    monkeypatch.setenv("PAUSE_AT", "9")
     lines = Lines()
-    try:
-        code = launch.launch([script, *flags, str(tmp_path / "run")], 2, cpu_devices=2, timeout=400, out=lines)
-        straight_out, _ = straight.communicate(timeout=420)
-    finally:
-        if straight.poll() is None:  # the launcher stops its own processes on SIGTERM
-            straight.terminate()
-            straight.wait(30)
-    assert straight.returncode == 0, straight_out[-6000:]
+    code = launch.launch([script, "--kill", "1", "9", *flags, str(tmp_path / "run")], 2, cpu_devices=2, timeout=400,
+                         out=lines)
+    thread.join(420)
+    assert straight.get("code") == 0, straight_lines.text()[-6000:]
     assert code == 1, lines.text()[-6000:]
     kill = next((t for t, line in lines.lines if line == "[1] killing process 1"), None)
     assert kill is not None, lines.text()[-6000:]
@@ -144,16 +144,12 @@ def test_finetune_recipe_killed_on_two_processes_resumes_on_one_and_back(tmp_pat
 
     # resumed on 1 process x 4 devices from update 4, killed at its micro-step 5 (epoch 4), after its backup of
     # epoch 3 (update 6)
-    monkeypatch.setenv("KILL_PROCESS", "0")
-    monkeypatch.setenv("PAUSE_AT", "5")
     written = backup.stat().st_mtime_ns
     lines = Lines()
-    assert launch.launch([script, *flags, str(tmp_path / "run")], 1, cpu_devices=4, timeout=400, out=lines) == 1, (
-        lines.text()[-6000:])
+    assert launch.launch([script, "--kill", "0", "5", *flags, str(tmp_path / "run")], 1, cpu_devices=4, timeout=400,
+                         out=lines) == 1, lines.text()[-6000:]
     assert re.search(r"resuming \S+: 4 of 8 updates done", lines.text()), lines.text()[-6000:]
     assert "killing process 0" in lines.text() and backup.stat().st_mtime_ns != written
-    monkeypatch.delenv("KILL_PROCESS")
-    monkeypatch.delenv("PAUSE_AT")
     # resumed under Open MPI's mpiexec (2 ranks x 2 devices), as on hosts of a cluster: process 0 alone says it
     code, said = mpiexec([], [script, *flags, str(tmp_path / "run")],
                          {**os.environ, "XLA_FLAGS": launch.with_cpu_devices(os.environ.get("XLA_FLAGS", ""), 2)})
@@ -181,10 +177,11 @@ def _same_run(resumed_dir, reference_dir, from_step):
 
 
 @pytest.mark.backend_independent
-def test_launcher_sets_each_process_environment_and_forwards_output(tmp_path, monkeypatch):
-    """Each process gets the coordinator, the count, its index, TF_CONFIG and the virtual devices (the launcher's
-    other XLA flags kept, its device count replaced); every line comes back prefixed with the process index; all
-    exit 0, so does the launcher."""
+def test_launcher_sets_each_process_environment_and_forwards_output(tmp_path, monkeypatch, capsys):
+    """`python -m keras_vit.launch -n 3 --cpu-devices 2 --timeout 60 -- show.py` (its `main`): each process gets
+    the coordinator, the count, its index, TF_CONFIG and the virtual devices (the launcher's other XLA flags kept,
+    its device count replaced); every line comes back prefixed with the process index; all exit 0, so does the
+    launcher."""
     monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=5")
     script = tmp_path / "show.py"
     script.write_text("import json, os\n"
@@ -192,9 +189,8 @@ def test_launcher_sets_each_process_environment_and_forwards_output(tmp_path, mo
                       "print(e['KERAS_DISTRIBUTION_PROCESS_ID'], e['KERAS_DISTRIBUTION_NUM_PROCESSES'],\n"
                       "      e['KERAS_DISTRIBUTION_JOB_ADDRESSES'], c['task']['index'], len(c['cluster']['worker']),\n"
                       "      e['XLA_FLAGS'])\n")
-    lines = Lines()
-    assert launch.launch([str(script)], 3, cpu_devices=2, timeout=60, out=lines) == 0
-    shown = sorted(line.split() for _, line in lines.lines)
+    assert launch.main(["-n", "3", "--cpu-devices", "2", "--timeout", "60", "--", str(script)]) == 0
+    shown = sorted(line.split() for line in capsys.readouterr().out.splitlines())
     assert [s[:3] for s in shown] == [["[0]", "0", "3"], ["[1]", "1", "3"], ["[2]", "2", "3"]]
     assert len({s[3] for s in shown}) == 1 and shown[0][3].startswith("127.0.0.1:")
     flags = ["--xla_backend_optimization_level=0", "--xla_force_host_platform_device_count=2"]
@@ -225,7 +221,8 @@ def test_tf_two_workers_equal_mirrored_strategy_on_one(tmp_path):
     """tf_strategy() under the launcher's TF_CONFIG (2 workers on loopback, one CPU each) is a
     MultiWorkerMirroredStrategy whose fit (4 updates of the fine-tuning recipe, clipping binding) and
     evaluate on numpy arrays give the losses, metrics and weights of a MirroredStrategy over 2 devices
-    of one process, and of one device."""
+    of one process, and of one device; the MirroredStrategy's are also one device's (its losses, and each
+    weight within 1e-5 of its largest entry)."""
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2",
            "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
     worker = str(HERE / "_multiworker_tf.py")
@@ -245,28 +242,46 @@ def test_tf_two_workers_equal_mirrored_strategy_on_one(tmp_path):
         assert len(weights) > 10 and sorted(weights) == sorted(k for k in multi.files if k.startswith("weights/"))
         for key in weights:
             np.testing.assert_allclose(multi[key], other[key], rtol=1e-6, atol=1e-7, err_msg=f"{name} {key}")
+    # the MirroredStrategy of one process against one device, directly: each weight elementwise and within 1e-5
+    # of its largest entry
+    mirrored, default = np.load(tmp_path / "mirrored.npz"), np.load(tmp_path / "default.npz")
+    np.testing.assert_allclose(mirrored["losses"], default["losses"], rtol=1e-5)
+    for key in (k for k in default.files if k.startswith("weights/")):
+        np.testing.assert_allclose(mirrored[key], default[key], rtol=1e-5, atol=1e-7, err_msg=f"mirrored {key}")
+        scale = np.abs(default[key]).max()
+        assert scale <= 1e-6 or np.abs(mirrored[key] - default[key]).max() <= 1e-5 * scale, key
 
 
 @pytest.mark.skipif(backend() != "tensorflow", reason="TensorFlow's coordination service")
 @pytest.mark.timeout(300)
-def test_tf_leader_leaves_last_so_no_worker_logs_a_lost_coordination_service():
+def test_tf_leader_leaves_last_so_no_worker_logs_a_lost_coordination_service(monkeypatch):
     """Two TensorFlow workers (tests/_leave_last.py), worker 1 staying longer at its exit than the leader, three
-    runs side by side. Awake for 6 s, heartbeat timeout 10 s: as TensorFlow leaves them, worker 1 heartbeats to
+    runs side by side. Awake for 12 s, heartbeat timeout 10 s: as TensorFlow leaves them, worker 1 heartbeats to
     the leader's service once it has gone and logs the error that ended a CI run ("Failed to send RPC to
-    coordination service ... Connection refused"); with `leave_last_at_exit` (timeout 40 s) the leader waits for
+    coordination service ... Connection refused"; 12 s, two heartbeats' time: a loaded machine can take seconds
+    to end the leader's process); awake for 6 s with `leave_last_at_exit` (timeout 40 s), the leader waits for
     it to leave and nothing is logged. Stopped for 14 s (no heartbeats, its port still taking connections, as a
     process stuck in its exit), timeout 24 s: the leader waits a quarter of the timeout, not the whole of it, so
     the service never calls the worker crashed ("The tasks have crashed", which ended a CI run). Each ends with 0."""
-    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
-    cases = {"first": ("10", "6", "first", "awake"), "last": ("40", "6", "last", "awake"),
+    cases = {"first": ("10", "12", "first", "awake"), "last": ("40", "6", "last", "awake"),
              "held": ("24", "14", "last", "stopped")}
-    runs = {case: subprocess.Popen([sys.executable, "-m", "keras_vit.launch", "-n", "2", "--timeout", "200", "--",
-                                    sys.executable, str(HERE / "_leave_last.py"), *argv],
-                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for case, argv in cases.items()}
-    said = {case: run.communicate(timeout=250)[0] for case, run in runs.items()}
-    assert all(run.returncode == 0 for run in runs.values()), said
+    # the three launchers run in threads of this process (a `python -m keras_vit.launch` would import Keras and
+    # TensorFlow again, ~10 s of CPU each, for nothing the test reads)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    lines, codes = {case: Lines() for case in cases}, {}
+
+    def run(case):
+        codes[case] = launch.launch([sys.executable, str(HERE / "_leave_last.py"), *cases[case]], 2, timeout=200,
+                                    out=lines[case])
+
+    threads = [threading.Thread(target=run, args=(case,), daemon=True) for case in cases]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(250)
+    said = {case: lines[case].text() for case in cases}
+    assert codes == dict.fromkeys(cases, 0), said
     left = {case: {int(i): float(t) for i, t in re.findall(r"^\[\d\] process (\d) leaves at ([\d.]+)$", text, re.M)}
             for case, text in said.items()}
     assert all(sorted(times) == [0, 1] for times in left.values()), said
