@@ -266,9 +266,11 @@ def test_preprocess_input_modes_are_the_sources_normalisations():
         keras_vit.preprocess_input(photo, mode="dino")
 
 
+@pytest.mark.one_backend
 def test_convert_cli_writes_a_family_model_that_reloads(tmp_path):
     """`keras-vit convert` of a DINOv2-with-registers file in a fresh interpreter: the `.keras` file
-    reloads in safe mode with the family's layers and timm's outputs."""
+    reloads in safe mode with the family's layers and timm's outputs. The command's run, once: the family's
+    layers, their parity with timm and their `.keras` reload are tested per backend above."""
     import subprocess
 
     ref = _timm("dinov2_reg4")
