@@ -15,7 +15,7 @@ import skimage.data
 from PIL import Image
 
 import keras_vit
-from conftest import photos
+from conftest import photos, tiny_variant
 from keras_vit import cli
 from keras_vit.cli.model_args import default_weights
 from keras_vit.preprocessing import decode_predictions, load_image, preprocess_input
@@ -24,9 +24,19 @@ from keras_vit.weights import save_npz
 ROOT = pathlib.Path(__file__).parents[1]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def tiny_ti16():
+    """ViT_Ti16 at TINY's depth and widths in this module: its tests check the commands' and the converter's
+    plumbing by a released model's name (the official layout key by key is test_weights.py's), not its 12 layers,
+    whose tracing was most of their time on TensorFlow and JAX."""
+    with pytest.MonkeyPatch.context() as patch:
+        tiny_variant(patch)
+        yield
+
+
 @pytest.fixture(scope="module")
-def ti16_npz(tmp_path_factory):
-    """A ViT-Ti/16 with a random non-zero head, saved in the official layout."""
+def ti16_npz(tiny_ti16, tmp_path_factory):
+    """A ViT-Ti/16 (tiny_ti16's) with a random non-zero head, saved in the official layout."""
     model = keras_vit.ViT_Ti16()
     rng = np.random.default_rng(0)
     head = model.get_layer("head")

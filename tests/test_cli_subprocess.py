@@ -1,6 +1,8 @@
-"""`keras-vit` as a user runs it: each command in a fresh interpreter (its first import is the CLI's),
-on real files. `keras-vit convert` is in test_foreign.py, beside the timm files it converts."""
+"""`keras-vit` as a user runs it: the commands in a fresh interpreter (its first import is the CLI's), on
+real files; the finetune command's Ctrl-C in a process of its own. `keras-vit convert` is in test_foreign.py,
+beside the timm files it converts."""
 
+import json
 import os
 import pathlib
 import re
@@ -23,13 +25,6 @@ ROOT = pathlib.Path(__file__).parents[1]
 SUBCOMMANDS = ("predict", "list", "inspect", "convert", "export")
 
 
-def keras_vit_cli(*argv, env=None):
-    """Runs `python -m keras_vit.cli ARGV` in a fresh interpreter on this checkout."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "keras_vit.cli", *map(str, argv)], env=env, capture_output=True,
-                          text=True, timeout=280)
-
-
 @pytest.fixture(scope="module")
 def ti16_npz(tmp_path_factory):
     """A ViT-Ti/16 with a random non-zero head, in the official layout."""
@@ -46,61 +41,99 @@ def photo(tmp_path_factory):
     return path
 
 
-@pytest.mark.backend_independent
-def test_help_of_every_subcommand_and_argument_errors():
-    script = ("import sys\nfrom keras_vit import cli\n"
-              "for argv in (['--help'], *([s, '--help'] for s in sys.argv[1:])):\n"
-              "    try:\n        cli.main(argv)\n    except SystemExit as e:\n"
-              "        assert e.code == 0, (argv, e.code)\n")
-    done = subprocess.run([sys.executable, "-c", script, *SUBCOMMANDS], env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                          capture_output=True, text=True, timeout=280)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("usage: keras-vit") == 1 + len(SUBCOMMANDS)
-    assert all(f"usage: keras-vit {sub}" in done.stdout for sub in SUBCOMMANDS)
-    bad = keras_vit_cli("predict", "x.png", "--top", "many")
-    assert bad.returncode == 2 and "invalid int value: 'many'" in bad.stderr
+# One fresh interpreter runs several commands in turn, as `python -m keras_vit.cli` runs one (the CLI's import
+# first; each command's exit status is `main`'s, or the SystemExit's argparse raises), each command's stdout and
+# stderr ended by a line END: a process start (importing Keras and its backend) is most of a command's time here.
+END = "-- end of command --"
+COMMANDS = f"""
+import json, sys
+from keras_vit import cli
+codes = []
+for argv in json.loads(sys.argv[1]):
+    try:
+        codes.append(cli.main(argv))
+    except SystemExit as exit:
+        codes.append(exit.code)
+    for stream in (sys.stdout, sys.stderr):
+        print({END!r}, file=stream, flush=True)
+print(json.dumps(codes))
+"""
 
 
-@pytest.mark.backend_independent
-def test_list():
-    done = keras_vit_cli("list", "--variant", "ViT_Ti16")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "augreg-imagenet21k" in done.stdout and all(name in done.stdout for name in keras_vit.VARIANTS)
-
-
-def test_predict_prints_the_models_top_classes_and_nothing_on_stderr(ti16_npz, photo):
-    done = keras_vit_cli("predict", photo, "--model", "ViT_Ti16", "--weights", ti16_npz, "--image-size", 64,
-                         "--top", 3)
+@pytest.fixture(scope="module")
+def commands(ti16_npz, photo, tmp_path_factory):
+    """{name: (exit status, stdout, stderr)} of the commands run one after another in one fresh interpreter:
+    predict first (its stderr then holds the imports' too), inspect, export, list, every --help, a bad argument."""
+    tmp = tmp_path_factory.mktemp("commands")
+    model = tmp / "tiny.keras"
+    keras_vit.VisionTransformer(**TINY).save(model)
+    runs = {"predict": ["predict", photo, "--model", "ViT_Ti16", "--weights", ti16_npz, "--image-size", 64, "--top", 3],
+            "inspect": ["inspect", "--model", "ViT_Ti16", "--weights", ti16_npz, "--image", photo, "--image-size", 64,
+                        "--out", tmp / "figures"],
+            "export": ["export", "--weights", model, "--format", "onnx" if backend() == "torch" else "tf_saved_model",
+                       "--out", tmp / "served", "--batch-size", 2],
+            "list": ["list", "--variant", "ViT_Ti16"],
+            "--help": ["--help"], **{f"{sub} --help": [sub, "--help"] for sub in SUBCOMMANDS},
+            "bad": ["predict", "x.png", "--top", "many"]}
+    argv = json.dumps([[str(a) for a in v] for v in runs.values()])
+    done = subprocess.run([sys.executable, "-c", COMMANDS, argv], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
+    *outs, last = done.stdout.split(END + "\n")
+    errs = done.stderr.split(END + "\n")[:-1]
+    codes = json.loads(last)
+    assert len(outs) == len(errs) == len(codes) == len(runs), (done.stdout[-3000:], done.stderr[-3000:])
+    return {"tmp": tmp, **{name: r for name, r in zip(runs, zip(codes, outs, errs))}}
+
+
+@pytest.mark.backend_independent
+@pytest.mark.timeout(600)  # the first test of the torch runs: it waits for every command of the fixture
+def test_help_of_every_subcommand_and_argument_errors(commands):
+    for name in ("--help", *(f"{sub} --help" for sub in SUBCOMMANDS)):
+        code, out, err = commands[name]
+        assert code == 0, (name, code, err[-2000:])
+        assert out.count("usage: keras-vit") == 1, name
+    assert all(f"usage: keras-vit {sub}" in commands[f"{sub} --help"][1] for sub in SUBCOMMANDS)
+    code, _, err = commands["bad"]
+    assert code == 2 and "invalid int value: 'many'" in err
+
+
+@pytest.mark.backend_independent
+def test_list(commands):
+    code, out, err = commands["list"]
+    assert code == 0, err[-2000:]
+    assert "augreg-imagenet21k" in out and all(name in out for name in keras_vit.VARIANTS)
+
+
+@pytest.mark.timeout(600)  # the first test of the tensorflow and jax runs: it waits for every command of the fixture
+def test_predict_prints_the_models_top_classes_and_nothing_on_stderr(ti16_npz, photo, commands):
+    code, out, err = commands["predict"]
+    assert code == 0, err[-3000:]
     model = keras_vit.ViT_Ti16(weights=ti16_npz, image_size=64)
     expected = decode_predictions(model.predict(preprocess_input(load_image(photo, 64)[None]), verbose=0), top=3)[0]
-    lines = done.stdout.splitlines()
+    lines = out.splitlines()
     assert lines[0] == str(photo) and len(lines) == 4
     assert [re.search(r"\((\w+)\)$", line).group(1) for line in lines[1:]] == [synset for synset, _, _ in expected]
     if backend() == "jax":  # TensorFlow prints its own lines when it is imported
-        assert done.stderr == ""
+        assert err == ""  # the process's first command: the imports' lines too
 
 
-def test_inspect_writes_the_four_figures(ti16_npz, photo, tmp_path):
-    out = tmp_path / "figures"
-    done = keras_vit_cli("inspect", "--model", "ViT_Ti16", "--weights", ti16_npz, "--image", photo,
-                         "--image-size", 64, "--out", out)
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_inspect_writes_the_four_figures(commands):
+    code, _, err = commands["inspect"]
+    out = commands["tmp"] / "figures"
+    assert code == 0, err[-3000:]
     assert sorted(os.listdir(out)) == sorted(FIGURE_NAMES.values())
     for name in FIGURE_NAMES.values():
         with Image.open(out / name) as image:
             assert image.format == "PNG" and min(image.size) > 100
 
 
-def test_export_writes_a_serving_artefact(tmp_path):
-    fmt = "onnx" if backend() == "torch" else "tf_saved_model"
-    model = tmp_path / "tiny.keras"
-    keras_vit.VisionTransformer(**TINY).save(model)
-    out = tmp_path / "served"
-    done = keras_vit_cli("export", "--weights", model, "--format", fmt, "--out", out, "--batch-size", 2)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert str(out) in done.stdout
-    artefact = "model.onnx" if fmt == "onnx" else "saved_model.pb"
+def test_export_writes_a_serving_artefact(commands):
+    code, printed, err = commands["export"]
+    out = commands["tmp"] / "served"
+    assert code == 0, err[-3000:]
+    assert str(out) in printed
+    artefact = "model.onnx" if backend() == "torch" else "saved_model.pb"
     assert any(artefact in files for _, _, files in os.walk(out))
 
 
