@@ -309,7 +309,9 @@ def main(argv=None):
     p.add_argument("--check-flops", action="store_true",
                    help="compare model_flops with XLA's cost analysis of the JAX forward (per variant and size)")
     p.add_argument("--env", action="store_true", help="report each backend's devices and flash attention")
-    p.add_argument("--tiny", action="store_true", help="a seconds-long smoke run: the tiny config, the matmul peak of small products")
+    p.add_argument("--tiny", action="store_true",
+                   help="a seconds-long smoke run: the tiny config, the matmul peak of small products, one process "
+                        "per backend (its peak memory that of all its cases)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per worker process")
     p.add_argument("--out", default=None, help="JSON output file")
     p.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
@@ -389,9 +391,11 @@ def main(argv=None):
             for backend in args.backends:
                 print(f"round {k + 1}: keras-vit on {backend}", flush=True)
                 bcases = backend_cases(cases, backend)
-                for case in bcases:  # one process per case: its peak memory is its own
+                # one process per case: its peak memory is its own; --tiny's smoke run takes a backend's cases
+                # in one process (a process start is most of its time)
+                for group in [bcases] if args.tiny else [[case] for case in bcases]:
                     for name, src in [(None, None)] + sources:
-                        results += run_worker({"kind": "keras", "cases": [case], **common, "source": src,
+                        results += run_worker({"kind": "keras", "cases": group, **common, "source": src,
                                                "source_name": name, "paired": have_timm and args.timm == "paired"},
                                               backend, timeout=args.timeout)
             rounds.append(results)

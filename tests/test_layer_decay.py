@@ -42,14 +42,34 @@ def model_with_random_weights():
     return model
 
 
+_RUNS = {}
+
+
+class _EpochEnds(keras.callbacks.Callback):
+    def __init__(self, values):
+        super().__init__()
+        self.values = values
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.values.append({v.path: keras.ops.convert_to_numpy(v) for v in self.model.trainable_variables})
+
+
 def updates(compile_fn, epochs=1, **kwargs):
-    """{path: how far `model.fit` moved it} after `epochs` passes over the batch (one update each;
-    micro-batches of `device_batch_size` when given)."""
-    model = model_with_random_weights()
-    before = {v.path: keras.ops.convert_to_numpy(v) for v in model.trainable_variables}
-    compile_fn(model, total_steps=10, warmup_steps=0, global_clipnorm=None, jit_compile=False, **kwargs)
-    model.fit(X, Y, batch_size=kwargs.get("device_batch_size") or BATCH, epochs=epochs, shuffle=False, verbose=0)
-    return {v.path: keras.ops.convert_to_numpy(v) - before[v.path] for v in model.trainable_variables}
+    """[{path: how far `model.fit` had moved it}, one per epoch] over `epochs` passes over the batch (one update
+    each; micro-batches of `device_batch_size` when given); the last is after `fit` (with EMA: the averages).
+    Each run is made once per module: the epoch-1 update of a two-epoch run is the update of a one-epoch run
+    (the schedule is set by total_steps), so one fit serves the tests that compare the same run."""
+    key = (compile_fn.__name__, epochs, tuple(sorted(kwargs.items())))
+    if key not in _RUNS:
+        model = model_with_random_weights()
+        before = {v.path: keras.ops.convert_to_numpy(v) for v in model.trainable_variables}
+        compile_fn(model, total_steps=10, warmup_steps=0, global_clipnorm=None, jit_compile=False, **kwargs)
+        ends = []
+        model.fit(X, Y, batch_size=kwargs.get("device_batch_size") or BATCH, epochs=epochs, shuffle=False, verbose=0,
+                  callbacks=[_EpochEnds(ends)])
+        ends[-1] = {v.path: keras.ops.convert_to_numpy(v) for v in model.trainable_variables}
+        _RUNS[key] = [{path: values[path] - before[path] for path in before} for values in ends]
+    return _RUNS[key]
 
 
 ULP2 = 2 * float(np.spacing(np.float32(2)))
@@ -71,26 +91,31 @@ def assert_scaled(decayed, plain, decay):
 SGD = dict(base_lr=10.0, momentum=0.0)  # one update, linear in the rate: large, so that every weight moves
 
 
+def decayed_sgd():
+    """The two updates of the decayed SGD run (its first read by three tests)."""
+    return updates(recipes.compile_for_finetuning, epochs=2, layer_decay=0.5, **SGD)
+
+
 def test_finetuning_sgd_update_of_block_i_is_decay_to_the_depth_minus_i():
-    plain = updates(recipes.compile_for_finetuning, **SGD)
-    decayed = updates(recipes.compile_for_finetuning, layer_decay=0.5, **SGD)
+    (plain,) = updates(recipes.compile_for_finetuning, **SGD)
+    decayed = decayed_sgd()[0]
     assert_scaled(decayed, plain, 0.5)
 
 
 def test_pretraining_adamw_scales_the_update_and_the_weight_decay():
     kwargs = dict(base_lr=0.01, weight_decay=0.5, decay="cosine")
-    plain = updates(recipes.compile_for_pretraining, **kwargs)
-    decayed = updates(recipes.compile_for_pretraining, layer_decay=0.75, **kwargs)
+    (plain,) = updates(recipes.compile_for_pretraining, **kwargs)
+    (decayed,) = updates(recipes.compile_for_pretraining, layer_decay=0.75, **kwargs)
     assert_scaled(decayed, plain, 0.75)
 
 
 def test_with_gradient_accumulation():
     # two micro-batches of 4 make the one update, equal to the update of the batch of 8
     kwargs = dict(batch_size=BATCH, device_batch_size=BATCH // 2, **SGD)
-    plain = updates(recipes.compile_for_finetuning, **kwargs)
-    decayed = updates(recipes.compile_for_finetuning, layer_decay=0.5, **kwargs)
+    (plain,) = updates(recipes.compile_for_finetuning, **kwargs)
+    (decayed,) = updates(recipes.compile_for_finetuning, layer_decay=0.5, **kwargs)
     assert_scaled(decayed, plain, 0.5)
-    whole = updates(recipes.compile_for_finetuning, layer_decay=0.5, **SGD)
+    whole = decayed_sgd()[0]
     for path, delta in whole.items():
         np.testing.assert_allclose(decayed[path], delta, rtol=1e-4, atol=ULP2, err_msg=path)
 
@@ -98,8 +123,8 @@ def test_with_gradient_accumulation():
 def test_with_ema():
     # Keras' average starts at the weights after the first update, then average = m * average + (1 - m) * w:
     # after two updates the model holds m * w1 + (1 - m) * w2 of the decayed run without EMA
-    one, two = (updates(recipes.compile_for_finetuning, epochs=n, layer_decay=0.5, **SGD) for n in (1, 2))
-    ema = updates(recipes.compile_for_finetuning, epochs=2, layer_decay=0.5, ema=True, ema_momentum=0.25, **SGD)
+    one, two = decayed_sgd()
+    ema = updates(recipes.compile_for_finetuning, epochs=2, layer_decay=0.5, ema=True, ema_momentum=0.25, **SGD)[-1]
     for path, delta in ema.items():
         assert path.endswith("key/bias") or np.abs(two[path] - one[path]).max() > 1e-4, path
         np.testing.assert_allclose(delta, 0.25 * one[path] + 0.75 * two[path], rtol=1e-4, atol=4 * ULP2,
@@ -107,8 +132,8 @@ def test_with_ema():
 
 
 def test_one_decay_is_the_plain_recipe():
-    plain = updates(recipes.compile_for_finetuning, **SGD)
-    one = updates(recipes.compile_for_finetuning, layer_decay=1.0, **SGD)
+    (plain,) = updates(recipes.compile_for_finetuning, **SGD)
+    (one,) = updates(recipes.compile_for_finetuning, layer_decay=1.0, **SGD)
     for path, delta in plain.items():
         np.testing.assert_allclose(one[path], delta, rtol=1e-6, atol=ULP2)
 
