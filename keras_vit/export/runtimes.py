@@ -1,5 +1,8 @@
 """Running an artefact in its own runtime (TensorFlow, onnxruntime, LiteRT), and comparing it with Keras."""
 
+import collections
+import os
+
 import numpy as np
 
 from keras_vit.export.formats import FORMATS
@@ -10,7 +13,8 @@ from keras_vit.extras import require
 def run(path, format, images):
     """Runs the artefact at `path` in its own runtime (TensorFlow's loader, onnxruntime, the LiteRT
     interpreter) on uint8 `images`, or on the NaFlex batch an artefact of a NaFlex model takes;
-    returns {output name: numpy array}.
+    returns {output name: numpy array}. The artefact is loaded once while its files are unchanged: the two
+    run last stay loaded, so that `run` in a loop over batches loads it once.
 
     Args:
         path: the artefact, as `export` returns it (a SavedModel folder, a .onnx or a .tflite file).
@@ -37,24 +41,49 @@ def run(path, format, images):
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] != 3:
         raise ValueError(f"an artefact takes uint8 images (N, h, w, 3) with values 0-255, got {images.dtype} of shape "
                          f"{images.shape}; e.g. np.clip(x * 255, 0, 255).round().astype(np.uint8) for floats in [0, 1]")
+    loaded = _loaded(path, format)
     if format == "tf_saved_model":
-        import tensorflow as tf
-
-        loaded = tf.saved_model.load(path)  # kept alive while its outputs are read
         outputs = loaded.serve(images)
         if not isinstance(outputs, dict):
             outputs = {"probabilities": outputs}
         return {k: v.numpy() for k, v in outputs.items()}
     if format == "onnx":
+        names = [o.name for o in loaded.get_outputs()]
+        return dict(zip(names, loaded.run(None, {loaded.get_inputs()[0].name: images})))
+    return dict(loaded.get_signature_runner()(images=images))
+
+
+_LOADED = collections.OrderedDict()  # (format, path, files' stats) -> the loaded artefact, the latest last
+_KEEP_LOADED = 2
+
+
+def _loaded(path, format):
+    """The artefact at `path` loaded in its runtime (a SavedModel, an onnxruntime session, a LiteRT interpreter):
+    the same object while its files are unchanged, so that `run` in a loop loads it once. The two artefacts run
+    last are kept; a file rewritten since (another size, mtime or inode) is loaded again."""
+    files = ([os.path.join(d, f) for d, _, names in sorted(os.walk(path)) for f in sorted(names)]
+             if os.path.isdir(path) else [path])
+    key = (format, os.path.realpath(path),
+           tuple((f, s.st_size, s.st_mtime_ns, s.st_ino) for f in files for s in [os.stat(f)]))
+    if key in _LOADED:
+        _LOADED.move_to_end(key)
+        return _LOADED[key]
+    if format == "tf_saved_model":
+        import tensorflow as tf
+
+        loaded = tf.saved_model.load(path)
+    elif format == "onnx":
         import onnxruntime as ort
 
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        return dict(zip(names, session.run(None, {session.get_inputs()[0].name: images})))
-    from ai_edge_litert.interpreter import Interpreter
+        loaded = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    else:
+        from ai_edge_litert.interpreter import Interpreter
 
-    runner = Interpreter(model_path=path).get_signature_runner()
-    return dict(runner(images=images))
+        loaded = Interpreter(model_path=path)
+    _LOADED[key] = loaded
+    while len(_LOADED) > _KEEP_LOADED:
+        _LOADED.popitem(last=False)
+    return loaded
 
 
 def _run_naflex(path, format, batch):
@@ -89,14 +118,10 @@ def _run_naflex(path, format, batch):
 
 def _naflex_runner(path, format):
     """({input name: (shape, dtype name)}, a function of the input dict to the outputs) of the artefact."""
+    loaded = _loaded(path, format)
     if format == "tf_saved_model":
-        import tensorflow as tf
-
-        loaded = tf.saved_model.load(path)  # kept alive by the function below while it runs
         return _saved_model_inputs(loaded), lambda inputs: loaded.serve(inputs)
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    session = loaded
     specs = {i.name: (i.shape, {"tensor(float)": "float32"}.get(i.type, i.type[len("tensor("):-1]))
              for i in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]
