@@ -253,5 +253,7 @@ def output_kind(model):
         return None
     layer = outputs[0]._keras_history.operation
     if layer.name == "predictions":
-        return "probabilities" if layer.get_config().get("activation") == "softmax" else "scores"
+        # the function, not get_config(): serializing an activation imports TensorFlow on every backend
+        activation = getattr(getattr(layer, "activation", None), "__name__", None)
+        return "probabilities" if activation == "softmax" else "scores"
     return OUTPUT_LAYERS.get(layer.name)

@@ -60,3 +60,20 @@ def test_launch_help_starts_quietly():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("usage: python -m keras_vit.launch"), done.stderr[-2000:]
     assert done.stderr == ""
+
+
+def test_what_a_model_outputs_is_read_without_tensorflow_on_jax():
+    """`keras_vit.structure.output_kind` (which `keras-vit predict` and the exports ask) reads the head's
+    activation function: serializing it (`get_config`) imported TensorFlow into every jax or torch process."""
+    import keras
+
+    if keras.backend.backend() != "jax":
+        pytest.skip("the fact is a process of a backend other than TensorFlow's; jax starts one fastest")
+    code = ("import sys, keras_vit\nfrom keras_vit.structure import output_kind\n"
+            "tiny = dict(image_size=16, patch_size=8, hidden_size=8, mlp_dim=8, num_heads=1, num_layers=1, classes=3)\n"
+            "kinds = [output_kind(keras_vit.VisionTransformer(**tiny, classifier_activation=a)) for a in "
+            "('softmax', 'sigmoid')]\nprint(*kinds, 'tensorflow' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["probabilities", "scores", "False"], done.stdout
