@@ -46,20 +46,26 @@ BAD = {
 }
 
 
-@pytest.mark.parametrize("bad", BAD)
-def test_a_bad_batch_is_refused_by_every_call_with_what_the_model_takes(bad):
-    shape, match = BAD[bad]
+@pytest.fixture(scope="module")
+def refusing():
+    """A compiled model, its outputs on X and its weights, shared by the tests of batches refused as they come (no
+    step runs on them): each test asserts the model as it was, so a call that left it changed fails there."""
     model = _compiled()
-    outputs, weights = model.predict(X, verbose=0), _weights(model)
+    return model, model.predict(X, verbose=0), _weights(model)
+
+
+@pytest.mark.parametrize("bad", BAD)
+def test_a_bad_batch_is_refused_by_every_call_with_what_the_model_takes(bad, refusing):
+    shape, match = BAD[bad]
+    model, outputs, weights = refusing
     for name, call in CALLS.items():
         with pytest.raises(ValueError, match=match):
             call(model, np.zeros(shape, "float32"))
         _assert_unchanged(model, weights, outputs)
 
 
-def test_a_bad_batch_from_a_generator_is_named_as_it_is_drawn():
-    model = _compiled()
-    outputs, weights = model.predict(X, verbose=0), _weights(model)
+def test_a_bad_batch_from_a_generator_is_named_as_it_is_drawn(refusing):
+    model, outputs, weights = refusing
 
     def batches():
         yield (X[:2],)

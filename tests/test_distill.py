@@ -65,19 +65,28 @@ def _deit_loss(cls, dist, teacher, y, mode, tau, alpha):
     return base * (1 - alpha) + extra * alpha
 
 
+@pytest.fixture(scope="module")
+def pair_and_heads(photos):
+    """A student and a teacher (random weights, neither changed by a Distiller's loss) and, on the photographs,
+    the student's two heads' logits and the teacher's logits by plain models of their layers (float64)."""
+    images, _ = photos
+    student, teacher = _student(), _teacher()
+    cls, dist = (np.asarray(a, np.float64) for a in two_heads(student).predict(images, verbose=0))
+    logits = np.asarray(keras.Model(teacher.inputs, teacher.get_layer("head").output).predict(images, verbose=0),
+                        np.float64)
+    return student, teacher, (cls, dist, logits)
+
+
 @pytest.mark.parametrize("mode,tau,alpha,smoothing,soft_targets", [
     ("hard", 1.0, 0.5, 0.0, False), ("hard", 1.0, 0.3, 0.1, True), ("soft", 3.0, 0.7, 0.0, False),
     ("soft", 0.5, 0.5, 0.1, True)])
-def test_the_loss_equals_deits_formula(photos, mode, tau, alpha, smoothing, soft_targets):
+def test_the_loss_equals_deits_formula(photos, pair_and_heads, mode, tau, alpha, smoothing, soft_targets):
     images, labels = photos
-    student, teacher = _student(), _teacher()
+    student, teacher, (cls, dist, logits) = pair_and_heads
     distiller = Distiller(student, teacher, mode, tau=tau, alpha=alpha, label_smoothing=smoothing)
     onehot = np.eye(3, dtype="float32")[labels]
     y = 0.6 * onehot + 0.4 * onehot[::-1] if soft_targets else labels  # MixUp's targets of a reversed batch
     loss = distiller.compute_loss(images, y, distiller(images, training=True), training=True)
-    cls, dist = (np.asarray(a, np.float64) for a in two_heads(student).predict(images, verbose=0))
-    logits = np.asarray(keras.Model(teacher.inputs, teacher.get_layer("head").output).predict(images, verbose=0),
-                        np.float64)
     target = (onehot if not soft_targets else y) * (1 - smoothing) + smoothing / 3
     expected = _deit_loss(cls, dist, logits, target, mode, tau, alpha)
     np.testing.assert_allclose(float(keras.ops.convert_to_numpy(loss)), expected, rtol=1e-5, atol=1e-6)

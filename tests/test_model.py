@@ -3,7 +3,7 @@
 import keras
 import numpy as np
 import pytest
-from conftest import OFFICIAL, TINY, case_config, shapes_only
+from conftest import OFFICIAL, TINY, case_config, shapes_only, tiny_variant
 from reference import layer_norm
 
 import keras_vit
@@ -78,6 +78,19 @@ def test_unknown_variant_raises():
         get_variant("ViT_X16")
 
 
+def _outputs(model, x):
+    """The model's outputs on `x` as numpy, the cheaper way on this backend: an eager call on TensorFlow and torch
+    (TensorFlow's predict would trace and compile a step for each model), predict on JAX (eager JAX compiles each
+    operation on its own, predict the one program)."""
+    return model.predict(x, verbose=0) if keras.backend.backend() == "jax" else _np(model(x))
+
+
+def _set_loss(model, loss, x, y):
+    """The mean `loss` of the compiled `model` over the whole set: evaluate on JAX, one eager call elsewhere (as
+    `_outputs`; equal batches, so the same mean)."""
+    return model.evaluate(x, y, verbose=0) if keras.backend.backend() == "jax" else float(loss(y, model(x)))
+
+
 def test_input_tensor(tmp_path):
     inputs = keras.Input((32, 32, 3))
     model = keras_vit.VisionTransformer(**TINY, input_tensor=inputs)
@@ -93,7 +106,7 @@ def test_no_lambda_layers_and_keras_file_reloads_in_safe_mode(tmp_path):
     x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
     model.save(tmp_path / "m.keras")
     clone = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
-    np.testing.assert_array_equal(clone.predict(x, verbose=0), model.predict(x, verbose=0))
+    np.testing.assert_array_equal(_outputs(clone, x), _outputs(model, x))
     assert clone.get_layer("encoderblock_1").get_config() == model.get_layer("encoderblock_1").get_config()
 
 
@@ -103,7 +116,7 @@ def test_hybrid_keras_file_round_trip(tmp_path):
     x = np.random.default_rng(0).uniform(-1, 1, (1, 16, 16, 3)).astype("float32")
     model.save(tmp_path / "h.keras")
     clone = keras.saving.load_model(tmp_path / "h.keras")
-    np.testing.assert_array_equal(clone.predict(x, verbose=0), model.predict(x, verbose=0))
+    np.testing.assert_array_equal(_outputs(clone, x), _outputs(model, x))
 
 
 def test_mixed_bfloat16_is_float32_up_to_bfloat16_rounding_with_float32_norms_and_head():
@@ -113,7 +126,7 @@ def test_mixed_bfloat16_is_float32_up_to_bfloat16_rounding_with_float32_norms_an
     name = "vit_tiny_token"
     x = np.load(OFFICIAL / f"{name}.expected.npz", allow_pickle=False)["x"]
     build = lambda **kw: keras_vit.VisionTransformer(**case_config(name), weights=OFFICIAL / f"{name}.npz", **kw)  # noqa: E731
-    ref = build(classifier_activation=None).predict(x, verbose=0)
+    ref = _outputs(build(classifier_activation=None), x)
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
         model, backbone = build(classifier_activation=None), build(include_top=False)
@@ -145,10 +158,11 @@ def test_fit_reduces_loss_on_a_learnable_task():
     x = rng.uniform(-1, 1, (64, 32, 32, 3)).astype("float32")
     y = (x[..., 0].mean((1, 2)) > 0).astype("int32")
     model = keras_vit.VisionTransformer(**{**TINY, "classes": 2}, classifier_activation=None)
-    model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    first = model.evaluate(x, y, verbose=0)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(keras.optimizers.Adam(1e-3), loss)
+    first = _set_loss(model, loss, x, y)
     model.fit(x, y, epochs=8, batch_size=16, verbose=0)
-    assert model.evaluate(x, y, verbose=0) < 0.8 * first
+    assert _set_loss(model, loss, x, y) < 0.8 * first
 
 
 def test_exact_float32_switches_the_backend_off_tf32():
@@ -173,33 +187,15 @@ def _one_sgd_step(model, x, y):
     return float(loss), [keras.ops.convert_to_numpy(w) for w in model.weights]
 
 
-def test_remat_trains_like_the_plain_model():
-    rng = np.random.default_rng(0)
-    x = rng.uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
-    y = np.array([0, 1, 2, 3])
-    plain = keras_vit.VisionTransformer(**TINY, classifier_activation=None)
-    remat = keras_vit.VisionTransformer(**TINY, classifier_activation=None, remat=True)
-    assert remat.get_layer("encoderblock_0").remat and not plain.get_layer("encoderblock_0").remat
-    # a non-zero head, so that the step changes every weight, the encoder's included
-    plain.get_layer("head").kernel.assign(rng.normal(0, 0.5, (32, 10)).astype("float32"))
-    remat.set_weights(plain.get_weights())
-    before = [w.copy() for w in plain.get_weights()]
-    loss_plain, after_plain = _one_sgd_step(plain, x, y)
-    loss_remat, after_remat = _one_sgd_step(remat, x, y)
-    np.testing.assert_allclose(loss_remat, loss_plain, rtol=1e-6)
-    moved = [not np.allclose(a, b) for a, b in zip(after_plain, before)]
-    assert sum(moved) > len(moved) // 2
-    for a, b in zip(after_remat, after_plain):  # float32 rounding of a recomputation, relative to weights up to ~12
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-
-
-def test_remat_reaches_the_factories_and_survives_saving(tmp_path):
+def test_remat_reaches_the_factories_and_survives_saving(tmp_path, monkeypatch):
+    tiny_variant(monkeypatch)  # the factory's path, at TINY's depth and widths: the fact is not ViT-Ti's 12 blocks
     model = keras_vit.ViT_Ti16(image_size=32, classes=3, remat=True)
-    assert all(model.get_layer(f"encoderblock_{i}").remat for i in range(12))
+    last = TINY["num_layers"] - 1
+    assert all(model.get_layer(f"encoderblock_{i}").remat for i in range(last + 1))
     path = str(tmp_path / "m.keras")
     model.save(path)
     again = keras.saving.load_model(path)
-    assert again.get_layer("encoderblock_11").remat
+    assert again.get_layer(f"encoderblock_{last}").remat
 
 
 def _count_block_forwards(monkeypatch):
@@ -215,19 +211,43 @@ def _count_block_forwards(monkeypatch):
     return calls
 
 
-def test_remat_recomputes_each_block_in_the_backward_pass(monkeypatch):
-    """With remat a training step runs each block's forward once more than without (again for the
-    gradient: keras.remat on TF/torch, the custom gradient on JAX-on-CPU)."""
+@pytest.fixture(scope="module")
+def remat_steps():
+    """One SGD step of the plain model and of the same model with remat, from the same weights and a non-zero head
+    (so that the step changes every weight, the encoder's included), counting the blocks' forward calls of each:
+    {remat: (weights before, loss, weights after, sorted block names of the calls)}."""
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
-    counts = {}
-    for remat in (False, True):
-        model = keras_vit.VisionTransformer(**TINY, classifier_activation=None, remat=remat)
-        model.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        calls = _count_block_forwards(monkeypatch)
-        model.train_on_batch(x, np.array([0, 1, 2, 3]))
-        counts[remat] = sorted(calls)
-        monkeypatch.undo()
+    y = np.array([0, 1, 2, 3])
+    plain = keras_vit.VisionTransformer(**TINY, classifier_activation=None)
+    remat = keras_vit.VisionTransformer(**TINY, classifier_activation=None, remat=True)
+    assert remat.get_layer("encoderblock_0").remat and not plain.get_layer("encoderblock_0").remat
+    plain.get_layer("head").kernel.assign(rng.normal(0, 0.5, (32, 10)).astype("float32"))
+    remat.set_weights(plain.get_weights())
+    steps = {}
+    for flag, model in ((False, plain), (True, remat)):
+        before = [w.copy() for w in model.get_weights()]
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            calls = _count_block_forwards(monkeypatch)
+            loss, after = _one_sgd_step(model, x, y)
+        steps[flag] = (before, loss, after, sorted(calls))
+    return steps
+
+
+def test_remat_trains_like_the_plain_model(remat_steps):
+    before, loss_plain, after_plain, _ = remat_steps[False]
+    _, loss_remat, after_remat, _ = remat_steps[True]
+    np.testing.assert_allclose(loss_remat, loss_plain, rtol=1e-6)
+    moved = [not np.allclose(a, b) for a, b in zip(after_plain, before)]
+    assert sum(moved) > len(moved) // 2
+    for a, b in zip(after_remat, after_plain):  # float32 rounding of a recomputation, relative to weights up to ~12
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_remat_recomputes_each_block_in_the_backward_pass(remat_steps):
+    """With remat a training step runs each block's forward once more than without (again for the
+    gradient: keras.remat on TF/torch, the custom gradient on JAX-on-CPU)."""
+    counts = {remat: step[3] for remat, step in remat_steps.items()}
     blocks = {"encoderblock_0", "encoderblock_1"}
     assert set(counts[False]) == blocks
     # per block: the plain step's calls (traces) plus at least one recomputation
@@ -246,9 +266,9 @@ def test_remat_step_with_dropout_equals_the_plain_step_under_the_same_masks(monk
     init = keras_vit.VisionTransformer(**config).get_weights()
     init[-2] = rng.normal(0, 0.5, init[-2].shape).astype("float32")  # a non-zero head: every weight moves
 
-    def step(recompute, dropout_rate=0.3):
+    def step(recompute):
         keras.utils.set_random_seed(7)
-        model = keras_vit.VisionTransformer(**{**config, "dropout_rate": dropout_rate})
+        model = keras_vit.VisionTransformer(**config)
         model.set_weights(init)
         if not recompute:
             monkeypatch.setattr(keras, "remat", lambda fn: fn)
@@ -260,7 +280,10 @@ def test_remat_step_with_dropout_equals_the_plain_step_under_the_same_masks(monk
 
     (loss_remat, after_remat), n_remat = step(True)
     (loss_plain, after_plain), n_plain = step(False)
-    (loss_nodrop, _), _ = step(False, dropout_rate=0.0)
+    # the dropout-free loss of the same weights: the loss a step reports is its forward's, so an eager call gives it
+    nodrop = keras_vit.VisionTransformer(**{**config, "dropout_rate": 0.0})
+    nodrop.set_weights(init)
+    loss_nodrop = float(keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, nodrop(x, training=True)))
     assert n_remat > n_plain  # the first step did recompute, the second did not
     assert abs(loss_plain - loss_nodrop) > 1e-3 * abs(loss_nodrop)
     np.testing.assert_allclose(loss_remat, loss_plain, rtol=1e-6)
