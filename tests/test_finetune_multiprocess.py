@@ -12,7 +12,6 @@ import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -44,10 +43,9 @@ def runs(start, tmp_path_factory):
     runs' plumbing, not a released model's 12 layers, is what they show) fine-tuned 2 epochs of one update of 8
     images by `keras-vit finetune` on 2 processes (runs/two) whose process 0 kills itself (SIGKILL) after the backup of the first
     epoch; then the same 2-process command with --resume, whose process 1 says as it exits whether process 0's
-    report is written, and at the same time the command on one process (runs/one, the reference: it runs beside
-    the resumed run, whose processes wait on each other for a while). On TensorFlow, process 1 of the resumed
-    run is stopped for 15 s after its epoch, as a loaded machine can hold a process up (CI's lanes run side by
-    side)."""
+    report is written, and the command on one process (runs/one, the reference, run in this process). On
+    TensorFlow, process 1 of the resumed run is stopped for 15 s after its epoch, as a loaded machine can hold a
+    process up (CI's lanes run side by side)."""
     root = tmp_path_factory.mktemp("finetune_multiprocess")
     photos = photo_folder(root / "photos", per_class=3, size=(40, 48))
     killed = Lines()
@@ -59,10 +57,10 @@ def runs(start, tmp_path_factory):
     killed.left = sorted(path.relative_to(root / "two").as_posix() for path in (root / "two").rglob("*"))
     held_up = {"STOP_PROCESS": "1", "STOP_S": "15"} if backend() == "tensorflow" else {}
 
-    def argv(out):  # runs/two resumes the killed run; runs/one is the reference
-        return [FAULTS, *_flags(photos, out, start), *(["--resume"] if out.name == "two" else [])]
+    def args(out):  # runs/two resumes the killed run; runs/one is the reference
+        return [*_flags(photos, out, start), *(["--resume"] if out.name == "two" else [])]
 
-    resumed = run_beside(argv, root, SAY_LEAVING="1", **held_up)
+    resumed = run_against_one(args, root, [FAULTS], SAY_LEAVING="1", **held_up)
     return root, killed, resumed
 
 
@@ -101,23 +99,17 @@ def two_processes(argv, lines, **more_env):
     return code
 
 
-def run_beside(argv, root, fails=False, **more_env):
-    """Runs the command `argv(out)` (after python) on one process into root/one and, at the same time, on 2
-    (`two_processes`) into root/two, on this lane's backend (`more_env`: more variables for both); returns the
-    2-process run's Lines once the one-process run ended with 0 and the 2-process one with 0, or with another
-    status if it `fails` (the package's launcher's 1, mpiexec's that of the rank that died)."""
-    one = subprocess.Popen([sys.executable, *argv(root / "one")], env=lane_env_of(**more_env),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def run_against_one(args, root, two=(*CLI, "finetune"), fails=False, **more_env):
+    """Runs `keras-vit finetune *args(out)` on 2 processes (`two_processes`: python `two`, then the arguments)
+    into root/two, on this lane's backend (`more_env`: more variables), then on one process into root/one: in this
+    process, as `cli.main` (the reference: a process of its own would import Keras and its backend again, its
+    fresh interpreter no part of what it shows). Returns the 2-process run's Lines once it ended with 0, or with
+    another status if it `fails` (the package's launcher's 1, mpiexec's that of the rank that died), and the
+    one-process run with 0."""
     lines = Lines()
-    try:
-        status = two_processes(argv(root / "two"), lines, **more_env)
-        one_out, _ = one.communicate(timeout=420)
-    finally:
-        if one.poll() is None:
-            one.kill()
-            one.wait(30)
+    status = two_processes([*two, *args(root / "two")], lines, **more_env)
     assert (status != 0) == fails, lines.text()[-6000:]
-    assert one.returncode == 0, one_out[-6000:]
+    assert cli.main(["finetune", *args(root / "one")]) == 0
     return lines
 
 

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 from conftest import TINY, assert_resumed_equals_whole, photo_folder
-from test_finetune_multiprocess import CLI, run_beside, same_model, several
+from test_finetune_multiprocess import run_against_one, same_model, several
 
 from keras_vit import cli
 from keras_vit.data import rand_augment
@@ -225,17 +225,17 @@ def test_two_processes_train_on_shards_to_the_one_process_model(start, tmp_path)
     """`keras-vit finetune SHARDS ...` on 2 processes (`mpiexec -n 2` on JAX, `python -m keras_vit.launch -n 2
     --cpu-devices 1 --` on TensorFlow; 3 training shards, so that each process could read its own) with RandAugment and random erasing: process 0 alone reads the shards'
     info, says the schedule and writes --out; each process trains its rows of the one-process run's batches,
-    which the same command on one process, run beside it, ends with."""
+    which the same command on one process (in the test's process) ends with."""
     folder = scan(photo_folder(tmp_path / "photos", per_class=3, size=(40, 48)), validation_split=0.2, seed=0)
     train = write_shards(folder, str(tmp_path / "shards" / "train-%06d.tar"), shard_size=2)
     held_out = write_shards(folder, str(tmp_path / "shards" / "val-%06d.tar"), shard_size=2, part="validation")
     assert len(S.shard_paths(train)) == 3 and len(folder.validation) == 3
 
-    def argv(out):
-        return [*CLI, "finetune", train, "--validation-shards", held_out, "--weights", start, "--image-size", "32",
-                "--steps", "2", "--lr", "0.05", *FLAGS[:4], "--quiet", "--out", str(out)]
+    def args(out):
+        return [train, "--validation-shards", held_out, "--weights", start, "--image-size", "32", "--steps", "2",
+                "--lr", "0.05", *FLAGS[:4], "--quiet", "--out", str(out)]
 
-    lines = run_beside(argv, tmp_path)
+    lines = run_against_one(args, tmp_path)
     said = [line for _, line in lines.lines if "[Gloo]" not in line]
     for opening in ("reading ", "batch 8 (1 x 8 on the devices of 2 processes), 2 epochs of 1 updates"):
         assert [line[:4] for line in said if line.partition(" ")[2].startswith(opening)] == ["[0] "], lines.text()

@@ -107,13 +107,15 @@ def test_two_processes_equal_one_process_over_four_devices(jax_runs, run):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_finetune_recipe_killed_on_two_processes_resumes_on_one_and_back(tmp_path, jax_env):
-    """The fine-tuning recipe (`--distribute data`, gradient accumulation, 4 epochs) through the launcher on 2
-    processes x 2 devices; a second such run whose process 1 kills itself (SIGKILL) in the middle of its
-    third epoch: the launcher stops process 0, left waiting in a collective, within 60 s with one message,
-    the backup of the second epoch is there. That run goes on from it on 1 process x 4 devices, which kills
-    itself in the fourth epoch in turn, after its own backup of the third; and it ends resumed from that one
-    on 2 processes under Open MPI's `mpiexec`, with the uninterrupted run's history, test metrics and weights.
-    (One chain: each resumption starts a run of its own, the processes' start is most of each run's time.)"""
+    """The fine-tuning recipe (`--distribute data`, gradient accumulation, 4 epochs) through the launcher
+    uninterrupted on 1 process x 4 devices, and on 2 processes x 2 devices a run whose process 1 kills itself
+    (SIGKILL) in the middle of its third epoch: the launcher stops process 0, left waiting in a collective,
+    within 60 s with one message, the backup of the second epoch is there. That run goes on from it on 1
+    process x 4 devices, which kills itself in the fourth epoch in turn, after its own backup of the third; and
+    it ends resumed from that one on 2 processes under Open MPI's `mpiexec`, with the uninterrupted run's
+    history, test metrics and weights. (One chain: each resumption starts a run of its own, the processes'
+    start is most of each run's time; the uninterrupted run on one process, a process start less: 2 processes
+    x 2 devices equal 1 x 4, which the chain's resumptions rely on and the test above shows.)"""
     from test_examples import TINY
 
     script = str(HERE / "_finetune_mocked.py")
@@ -124,7 +126,7 @@ def test_finetune_recipe_killed_on_two_processes_resumes_on_one_and_back(tmp_pat
     # `python -m keras_vit.launch`), beside the run to be killed
     straight, straight_lines = {}, Lines()
     thread = threading.Thread(target=lambda: straight.update(code=launch.launch(
-        [script, *flags, str(tmp_path / "straight")], 2, cpu_devices=2, timeout=400, out=straight_lines)), daemon=True)
+        [script, *flags, str(tmp_path / "straight")], 1, cpu_devices=4, timeout=400, out=straight_lines)), daemon=True)
     thread.start()
     # 4 micro-steps an epoch (2 updates of 2 accumulated steps): process 1 kills itself at its micro-step 9 of
     # 16, after the backup of epoch 2 (update 4)
