@@ -21,6 +21,7 @@ OFFICIAL = DATA / "official"
 CASES = json.loads((OFFICIAL / "cases.json").read_text())["cases"]
 
 TINY = dict(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2, classes=10)
+TINY_WIDTHS = {k: TINY[k] for k in ("hidden_size", "mlp_dim", "num_heads", "num_layers")}  # tiny_variant's
 
 
 def _in_ci():
@@ -176,8 +177,7 @@ def tiny_variant(monkeypatch, name="ViT_Ti16"):
 
     from keras_vit.configs import VARIANTS
 
-    tiny = {k: TINY[k] for k in ("hidden_size", "mlp_dim", "num_heads", "num_layers")}
-    monkeypatch.setitem(VARIANTS, name, dataclasses.replace(VARIANTS[name], **tiny))
+    monkeypatch.setitem(VARIANTS, name, dataclasses.replace(VARIANTS[name], **TINY_WIDTHS))
 
 
 def backend():

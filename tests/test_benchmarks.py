@@ -53,14 +53,6 @@ def test_gemm_shapes_and_flops():
         gemm.shapes("R50_ViT_B16", 8, 224)
 
 
-def _run(args, tmp_path):
-    out = tmp_path / "out.json"
-    proc = subprocess.run([sys.executable, *args, "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
-
-
 @once_on_tensorflow("the script's workers (the layers they time are tested per backend)")
 def test_benchmark_tiny_run_measures_every_mode(tmp_path):
     backend = keras.backend.backend()
@@ -78,7 +70,9 @@ def test_benchmark_tiny_run_measures_every_mode(tmp_path):
 
 @pytest.mark.backend_independent
 def test_gemm_script_measures_every_library(tmp_path):
-    report = _run(["benchmarks/gemm.py", "--variant", "tiny", "--batch", "2", "--repeats", "2"], tmp_path)
+    # in this process: the script's own would import the same three libraries (seconds of CPU) and no more
+    gemm.main(["--variant", "tiny", "--batch", "2", "--repeats", "2", "--out", str(tmp_path / "out.json")])
+    report = json.loads((tmp_path / "out.json").read_text())
     assert len(report["rows"]) == 8
     for row in report["rows"]:
         for lib in ("torch", "jax", "tensorflow", "tensorflow_xla"):
@@ -234,14 +228,15 @@ def test_torch_compile_times_timm_eager_and_compiled_and_ratios_each():
     assert "0.50 (0.25 compiled)" in row
 
 
-@pytest.mark.one_backend
-def test_folder_feed_quick_run_measures_the_keras_vit_feeds_and_says_why_timm_did_not_run():
-    backend = keras.backend.backend()
-    proc = subprocess.run([sys.executable, "benchmarks/folder_feed.py", "--quick", "--backends", backend], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+@once_on_tensorflow("the command times its feeds on TensorFlow (its __main__ sets it) whichever backend the suite "
+                    "runs: its main runs in this process, its fit part in a torch process as the torch lane's did")
+def test_folder_feed_quick_run_measures_the_keras_vit_feeds_and_says_why_timm_did_not_run(capsys):
+    backend = "torch"  # the fit part's process: a backend that takes its batch outside the compiled step
+    capsys.readouterr()
+    folder_feed.main(["--quick", "--backends", backend])
+    printed = capsys.readouterr().out
     rows = {}
-    for line in proc.stdout.splitlines():
+    for line in printed.splitlines():
         if line.startswith("| ") and not line.startswith("| pipeline") and not line.startswith("| backend"):
             cells = [c.strip() for c in line.strip("|").split("|")]
             rows[cells[0]] = cells[1:]
@@ -253,9 +248,8 @@ def test_folder_feed_quick_run_measures_the_keras_vit_feeds_and_says_why_timm_di
     # seconds a step printed to 1 ms (a tiny step on a quiet machine reads 0.000), ratios to the in-memory step
     assert len(fit) == 6 and all(float(fit[i]) >= 0 for i in (0, 1, 3)), fit
     assert all(fit[i].endswith("x") and float(fit[i][:-1]) > 0 for i in (2, 4)), fit
-    if backend != "tensorflow":  # TensorFlow takes the batch inside its compiled step
-        assert all(float(ms) >= 0 for ms in fit[5].split("; ")), fit
-    assert proc.stdout.startswith("CPU: ") and "load average" in proc.stdout
+    assert all(float(ms) >= 0 for ms in fit[5].split("; ")), fit  # TensorFlow's would be inside its step
+    assert printed.startswith("CPU: ") and "load average" in printed
 
 
 @pytest.mark.backend_independent
@@ -291,7 +285,11 @@ def test_naflex_benchmark_quick_run_trains_both_ways_on_one_token_budget(tmp_pat
     """benchmarks/naflex.py --quick: square and NaFlex fine-tuned on the same batches, each measured."""
     pytest.importorskip("skimage")
     pytest.importorskip("sklearn")
-    report = _run(["benchmarks/naflex.py", "--quick", "--quiet"], tmp_path)
+    import naflex
+
+    # in this process: the script's own would import what this one has (Keras, its backend, TensorFlow: seconds of CPU)
+    naflex.main(["--quick", "--quiet", "--out", str(tmp_path / "out.json")])
+    report = json.loads((tmp_path / "out.json").read_text())
     assert report["backend"] == keras.backend.backend() and report["cpu"]
     assert 0.5 < report["naflex_valid_token_fraction"] <= 1  # each image fills most of the 16 tokens, none more
     for way in ("square", "NaFlex"):

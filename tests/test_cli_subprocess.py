@@ -16,7 +16,7 @@ import skimage.data
 from PIL import Image
 
 import keras_vit
-from conftest import TINY, backend
+from conftest import TINY, TINY_WIDTHS, backend, tiny_variant
 from keras_vit.inspection import FIGURE_NAMES
 from keras_vit.preprocessing import decode_predictions, load_image, preprocess_input
 from keras_vit.weights import save_npz
@@ -25,9 +25,19 @@ ROOT = pathlib.Path(__file__).parents[1]
 SUBCOMMANDS = ("predict", "list", "inspect", "convert", "export")
 
 
+# ViT_Ti16 is built at TINY's depth and widths, here and in the commands' process (which sets it after its first
+# import, the CLI's): the fact is each command's plumbing by a released model's name, not its 12 layers, whose
+# builds and compiles were most of the commands' time
+@pytest.fixture(scope="module", autouse=True)
+def _tiny_ti16():
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        tiny_variant(monkeypatch)
+        yield
+
+
 @pytest.fixture(scope="module")
 def ti16_npz(tmp_path_factory):
-    """A ViT-Ti/16 with a random non-zero head, in the official layout."""
+    """A ViT-Ti/16 (TINY's widths) with a random non-zero head, in the official layout."""
     model = keras_vit.ViT_Ti16()
     head = model.get_layer("head")
     head.kernel.assign(np.random.default_rng(0).normal(scale=0.5, size=head.kernel.shape))
@@ -46,8 +56,10 @@ def photo(tmp_path_factory):
 # stderr ended by a line END: a process start (importing Keras and its backend) is most of a command's time here.
 END = "-- end of command --"
 COMMANDS = f"""
-import json, sys
+import dataclasses, json, sys
 from keras_vit import cli
+from keras_vit.configs import VARIANTS
+VARIANTS["ViT_Ti16"] = dataclasses.replace(VARIANTS["ViT_Ti16"], **json.loads(sys.argv[2]))
 codes = []
 for argv in json.loads(sys.argv[1]):
     try:
@@ -76,8 +88,8 @@ def commands(ti16_npz, photo, tmp_path_factory):
             "--help": ["--help"], **{f"{sub} --help": [sub, "--help"] for sub in SUBCOMMANDS},
             "bad": ["predict", "x.png", "--top", "many"]}
     argv = json.dumps([[str(a) for a in v] for v in runs.values()])
-    done = subprocess.run([sys.executable, "-c", COMMANDS, argv], env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                          capture_output=True, text=True, timeout=400)
+    done = subprocess.run([sys.executable, "-c", COMMANDS, argv, json.dumps(TINY_WIDTHS)],
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     *outs, last = done.stdout.split(END + "\n")
     errs = done.stderr.split(END + "\n")[:-1]

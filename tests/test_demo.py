@@ -1,10 +1,12 @@
-"""The offline demo (examples/demo.py) end to end, in --quick mode, on the current backend."""
+"""The offline demo (examples/demo.py) end to end, in --quick mode, on the current backend. The demo's and
+examples/lora_digits.py's `main` run in this process: their own processes would only import what this one has
+(a start of Keras and its backend: seconds of CPU), and what is checked is their outputs, not the interpreter."""
 
+import contextlib
 import importlib.util
+import io
 import json
-import os
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
@@ -14,12 +16,6 @@ from conftest import backend
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "demo.py"
-
-
-def _run_demo(*args, timeout=600):
-    env = dict(os.environ, KERAS_BACKEND=backend(), PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, str(DEMO), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def _load_demo_module(path=DEMO, name="keras_vit_demo"):
@@ -33,16 +29,17 @@ def _load_demo_module(path=DEMO, name="keras_vit_demo"):
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    """One --quick run of the demo in a fresh folder, shared by the tests below."""
+    """One --quick run of the demo in a fresh folder, shared by the tests below: (its folder, what it printed)."""
     out = tmp_path_factory.mktemp("demo") / "run"
-    result = _run_demo("--quick", "--verbose", "2", "--out", str(out))
-    assert result.returncode == 0, f"demo failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
-    return out, result
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        _load_demo_module().main(["--quick", "--verbose", "2", "--out", str(out)])
+    return out, printed.getvalue()
 
 
 @pytest.mark.slow
 def test_quick_demo_writes_metrics(quick_run):
-    out, result = quick_run
+    out, printed = quick_run
     metrics = json.loads((out / "metrics.json").read_text())
     for key in ("test_accuracy", "few_shot_accuracy"):
         assert isinstance(metrics[key], float) and 0.0 <= metrics[key] <= 1.0, (key, metrics[key])
@@ -58,7 +55,7 @@ def test_quick_demo_writes_metrics(quick_run):
     # one history entry per epoch, train and test
     curves = metrics["curves"]["finetune"]
     assert len(curves["loss"]) == len(curves["val_accuracy"]) == metrics["finetune"]["epochs"]
-    assert f"{metrics['test_accuracy']:.4f}" in result.stdout
+    assert f"{metrics['test_accuracy']:.4f}" in printed
     # no staging folder left behind next to the output
     assert not [p for p in out.parent.iterdir() if ".partial-" in p.name or ".old-" in p.name]
 
@@ -109,19 +106,19 @@ def test_three_ways_example_from_the_demo_checkpoint(quick_run, tmp_path, capsys
     """examples/lora_digits.py on the quick demo's checkpoint: full, layer-decayed and LoRA fine-tuning
     with one budget; LoRA trains fewer weights and its adapter file reloads to the same predictions."""
     out, _ = quick_run
-    env = dict(os.environ, KERAS_BACKEND=backend(), PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "lora_digits.py"), "--quick", "--verbose", "0",
-                             "--pretrained", str(out / "pretrained.npz"), "--out", str(tmp_path / "lora")],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    arms = json.loads((tmp_path / "lora" / "metrics.json").read_text())["arms"]
+    lora_digits = _load_demo_module(ROOT / "examples" / "lora_digits.py", "keras_vit_lora_digits")
+    returned = lora_digits.main(["--quick", "--verbose", "0", "--pretrained", str(out / "pretrained.npz"),
+                                 "--out", str(tmp_path / "lora")])
+    written = json.loads((tmp_path / "lora" / "metrics.json").read_text())
+    assert written == json.loads(json.dumps(returned))
+    arms = written["arms"]
     assert set(arms) == {"full", "layer_decay", "lora"}
     assert all(0 <= a["test_accuracy"] <= 1 and a["updates"] == arms["full"]["updates"] for a in arms.values())
     assert arms["lora"]["trainable_parameters"] < arms["full"]["trainable_parameters"] / 2
     assert arms["lora"]["adapter_reload_max_abs_difference"] <= 1e-5
     assert arms["lora"]["adapter_file_bytes"] == (tmp_path / "lora" / "adapters.npz").stat().st_size
-    # a missing checkpoint is refused before anything runs (here, not in another process)
-    lora_digits = _load_demo_module(ROOT / "examples" / "lora_digits.py", "keras_vit_lora_digits")
+    # a missing checkpoint is refused before anything runs
+    capsys.readouterr()
     with pytest.raises(SystemExit) as missing:
         lora_digits.main(["--pretrained", str(tmp_path / "none.npz")])
     assert missing.value.code == 2 and "make demo" in capsys.readouterr().err

@@ -1,13 +1,14 @@
 """The feed benchmarks of issues 45 and 46 at a tiny size: benchmarks/augmented_feed.py (the folder feed with
 RandAugment, random erasing and MixUp/CutMix) and benchmarks/shard_throughput.py (tar shards beside the
-folder), each run as its command runs, its table read back."""
+folder), each run as its command runs, its table read back. A command times its feeds on the TensorFlow backend
+whatever KERAS_BACKEND says (its `__main__` sets it), and its fit part in processes of the backends it is given:
+its `main` runs in the tensorflow lane's process (no start of TensorFlow and Keras), its fits on torch as before."""
 
 import os
-import subprocess
 import sys
 
-import keras
 import pytest
+from conftest import once_on_tensorflow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -25,19 +26,23 @@ def _rows(stdout):
     return rows
 
 
-def _run(script, *args):
-    proc = subprocess.run([sys.executable, f"benchmarks/{script}", "--quick", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.startswith("CPU: ") and "load average" in proc.stdout
-    return _rows(proc.stdout)
+def _run(capsys, script, *args):
+    """The rows `script`'s main printed run with --quick and `args`."""
+    capsys.readouterr()
+    script.main(["--quick", *args])
+    printed = capsys.readouterr().out
+    assert printed.startswith("CPU: ") and "load average" in printed
+    return _rows(printed)
 
 
-@pytest.mark.one_backend
-def test_augmented_feed_quick_run_times_the_mixed_feeds_and_fits_on_them():
-    backend = keras.backend.backend()
+ON_TENSORFLOW = once_on_tensorflow("the command times its feeds on TensorFlow whichever backend the suite runs")
+
+
+@ON_TENSORFLOW
+def test_augmented_feed_quick_run_times_the_mixed_feeds_and_fits_on_them(capsys):
+    backend = "torch"  # the fit part's process (the lane that ran this command in a process of its own)
     # one round of one timed batch (--quick's are 2 of 2): each of the six pipelines still times its batches
-    rows = _run("augmented_feed.py", "--backends", backend, "--repeats", "1", "--batches", "1")
+    rows = _run(capsys, augmented_feed, "--backends", backend, "--repeats", "1", "--batches", "1")
     names = [template.format(dtype) for dtype in augmented_feed.DTYPES
              for template in (augmented_feed.TF, augmented_feed.PY, augmented_feed.PY_THREADS)]
     for name in names:
@@ -51,9 +56,11 @@ def test_augmented_feed_quick_run_times_the_mixed_feeds_and_fits_on_them():
     assert all(fit[i].endswith("x") and float(fit[i][:-1]) > 0 for i in (2, 4)), fit
 
 
-@pytest.mark.backend_independent
-def test_shard_throughput_quick_run_times_the_folder_and_the_shards():
-    rows = _run("shard_throughput.py")
+@ON_TENSORFLOW
+def test_shard_throughput_quick_run_times_the_folder_and_the_shards(capsys, tmp_path, monkeypatch):
+    # the scan cache's home: main's setdefault would leave this process's KERAS_HOME at its deleted temporary folder
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
+    rows = _run(capsys, shard_throughput)
     for name in (shard_throughput.FOLDER_TF, shard_throughput.FOLDER_PY, shard_throughput.SHARDS_TF,
                  shard_throughput.SHARDS_PY):
         rate, _, ratio = rows[name]
