@@ -220,6 +220,17 @@ def mpiexec(options, argv, env, timeout=400):
     return done.returncode, done.stdout
 
 
+def outputs_of(model, x):
+    """`model` on `x` as numpy, the cheaper way on this backend: on JAX one compiled call a shape
+    (`predict_on_batch`: an eager call compiles each op at each new shape), elsewhere the eager call
+    (TensorFlow's `predict` would trace a step again for each model and shape)."""
+    import keras
+
+    if keras.backend.backend() == "jax":
+        return model.predict_on_batch(x)
+    return keras.tree.map_structure(keras.ops.convert_to_numpy, model(x))
+
+
 def once_on_tensorflow(why):
     """The mark of a test that runs once, on the tensorflow lane of `make test` (the torch runs carry the
     backend_independent and one_backend tests): `why` the other lanes need not run it."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from conftest import TINY, tensorflows_file
+from conftest import TINY, outputs_of, tensorflows_file
 from keras_vit.export import FORMATS, export, read_class_names, run, serving_model, takes_any_size
 
 BACKEND = keras.backend.backend()
@@ -49,17 +49,8 @@ def _images(hw, n=2, seed=0):
     return np.random.default_rng(seed).integers(0, 256, (n, *hw, 3), dtype=np.uint8)
 
 
-def _call(model, x):
-    """The Keras model on `x`: on JAX one compiled call a shape (an eager call compiles each of the model's
-    ops at each new size); elsewhere the eager call, which TensorFlow runs faster than it would trace
-    `predict` again for each size."""
-    if BACKEND == "jax":
-        return model.predict_on_batch(x)
-    return keras.tree.map_structure(keras.ops.convert_to_numpy, model(x))
-
-
 def _keras(model, images):
-    return _call(model, keras_vit.preprocess_input(images.astype("float32")))
+    return outputs_of(model, keras_vit.preprocess_input(images.astype("float32")))
 
 
 def _check_sizes(model, path, format, name, sizes, atol):
@@ -201,7 +192,7 @@ def test_resize_to_takes_any_image_and_equals_keras(any_size, tmp_path):
     serving = serving_model(model, resize_to=resize_to)
     for i, hw in enumerate([(32, 32), (5, 9), (24, 48), (300, 200)]):
         images = _images(hw, seed=i)
-        expected = _call(serving, images)["probabilities"]
+        expected = outputs_of(serving, images)["probabilities"]
         np.testing.assert_allclose(run(path, "onnx", images)["probabilities"], expected, atol=1e-5, rtol=0)
     from keras_vit.layers import ResizeImages  # the serving model is the resize, then preprocess_input and the model
 

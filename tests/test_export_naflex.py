@@ -10,7 +10,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from conftest import once_on_tensorflow, tensorflows_file
+from conftest import once_on_tensorflow, outputs_of, tensorflows_file
 
 from keras_vit.export import (NAFLEX_REFUSED, THROUGH_TENSORFLOW_NAFLEX, check_format, compare, export,
                               read_class_names, run, writer)
@@ -56,15 +56,6 @@ def _batch(sizes, seq_len, dtype, seed=0):
     return {k: np.stack(v) for k, v in batch.items()}
 
 
-def _keras(flex, batch):
-    """The Keras model on a NaFlex batch: on JAX one compiled call (an eager call compiles each op at each
-    shape); elsewhere the eager call, where TensorFlow would trace `predict` again for each shape (`compare`
-    then traces it once)."""
-    if BACKEND == "jax":
-        return flex.predict_on_batch(batch)
-    return keras.ops.convert_to_numpy(flex(batch))
-
-
 def _writes_or_skip(format, config):
     pytest.importorskip(RUNTIMES[format])
     if tensorflows_file(format, naflex=True):
@@ -87,7 +78,7 @@ def test_naflex_artefact_equals_keras_at_two_batch_and_sequence_lengths(format, 
     assert read_class_names(path) == flex.class_names == tuple(f"class {i}" for i in range(5))
     for i, (sizes, seq_len) in enumerate(BATCHES):
         batch = _batch(sizes, seq_len, dtype, seed=i)
-        expected = _keras(flex, batch)
+        expected = outputs_of(flex, batch)
         got = run(path, format, batch)
         assert sorted(got) == ["probabilities", "top_k_classes", "top_k_scores"]
         np.testing.assert_allclose(got["probabilities"], expected, atol=1e-5, rtol=0, err_msg=f"{sizes}, {seq_len}")

@@ -3,7 +3,7 @@
 import keras
 import numpy as np
 import pytest
-from conftest import OFFICIAL, TINY, case_config, shapes_only, tiny_variant
+from conftest import OFFICIAL, TINY, case_config, outputs_of, shapes_only, tiny_variant
 from reference import layer_norm
 
 import keras_vit
@@ -78,16 +78,9 @@ def test_unknown_variant_raises():
         get_variant("ViT_X16")
 
 
-def _outputs(model, x):
-    """The model's outputs on `x` as numpy, the cheaper way on this backend: an eager call on TensorFlow and torch
-    (TensorFlow's predict would trace and compile a step for each model), predict on JAX (eager JAX compiles each
-    operation on its own, predict the one program)."""
-    return model.predict(x, verbose=0) if keras.backend.backend() == "jax" else _np(model(x))
-
-
 def _set_loss(model, loss, x, y):
     """The mean `loss` of the compiled `model` over the whole set: evaluate on JAX, one eager call elsewhere (as
-    `_outputs`; equal batches, so the same mean)."""
+    `conftest.outputs_of`; equal batches, so the same mean)."""
     return model.evaluate(x, y, verbose=0) if keras.backend.backend() == "jax" else float(loss(y, model(x)))
 
 
@@ -106,7 +99,7 @@ def test_no_lambda_layers_and_keras_file_reloads_in_safe_mode(tmp_path):
     x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
     model.save(tmp_path / "m.keras")
     clone = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
-    np.testing.assert_array_equal(_outputs(clone, x), _outputs(model, x))
+    np.testing.assert_array_equal(outputs_of(clone, x), outputs_of(model, x))
     assert clone.get_layer("encoderblock_1").get_config() == model.get_layer("encoderblock_1").get_config()
 
 
@@ -116,7 +109,7 @@ def test_hybrid_keras_file_round_trip(tmp_path):
     x = np.random.default_rng(0).uniform(-1, 1, (1, 16, 16, 3)).astype("float32")
     model.save(tmp_path / "h.keras")
     clone = keras.saving.load_model(tmp_path / "h.keras")
-    np.testing.assert_array_equal(_outputs(clone, x), _outputs(model, x))
+    np.testing.assert_array_equal(outputs_of(clone, x), outputs_of(model, x))
 
 
 def test_mixed_bfloat16_is_float32_up_to_bfloat16_rounding_with_float32_norms_and_head():
@@ -126,7 +119,7 @@ def test_mixed_bfloat16_is_float32_up_to_bfloat16_rounding_with_float32_norms_an
     name = "vit_tiny_token"
     x = np.load(OFFICIAL / f"{name}.expected.npz", allow_pickle=False)["x"]
     build = lambda **kw: keras_vit.VisionTransformer(**case_config(name), weights=OFFICIAL / f"{name}.npz", **kw)  # noqa: E731
-    ref = _outputs(build(classifier_activation=None), x)
+    ref = outputs_of(build(classifier_activation=None), x)
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
         model, backbone = build(classifier_activation=None), build(include_top=False)

@@ -9,6 +9,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+from conftest import outputs_of
 
 import keras_vit
 
@@ -16,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors.torch")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from timm_files import close, images, jitted_on_jax, nchw, timm_file, to_numpy  # noqa: E402
+from timm_files import close, images, nchw, timm_file, to_numpy  # noqa: E402
 from timm_peer import import_timm  # noqa: E402
 
 timm = import_timm()
@@ -50,7 +51,7 @@ def test_timm_hybrid_files_equal_timm(arch, tmp_path):
     stem = model.get_layer("resnet")
     assert (stem.num_layers, stem.numerics) == ({"vit_small_r26_s32_224": (2, 2, 2, 2), "vit_base_r50_s16_224": (3, 4, 9),
                                                  "vit_tiny_r_s16_p8_224": ()}[arch], "timm")
-    close(to_numpy(jitted_on_jax(model, x)), expected, arch)
+    close(outputs_of(model, x), expected, arch)
 
 
 @pytest.mark.backend_independent

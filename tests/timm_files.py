@@ -7,6 +7,7 @@ import sys
 import keras
 import numpy as np
 import torch
+from conftest import outputs_of
 from safetensors.torch import save_file
 
 
@@ -49,12 +50,6 @@ def to_numpy(y):
     return keras.ops.convert_to_numpy(y)
 
 
-def jitted_on_jax(model, x):
-    """`model` on `x`: on JAX one jitted call (XLA compiles the model once, where an eager call compiles each op at
-    each new shape: these files' tests took a fifth less CPU), elsewhere the eager call."""
-    return model.predict_on_batch(x) if keras.backend.backend() == "jax" else model(x)
-
-
 def close(got, expected, what):
     """Equal up to float32 rounding: 1e-5 of the output's scale."""
     scale = float(np.abs(expected).max())
@@ -74,5 +69,5 @@ def equal_to_timm_at(ref, sizes, what, path=None, model=None):
         with torch.no_grad():
             expected = ref(nchw(x)).numpy()
         ours = model if model is not None else keras_vit.from_timm(path, image_size=(h, w), classifier_activation=None)
-        close(to_numpy(jitted_on_jax(ours, x)), expected, f"{what} at {h}x{w}")
+        close(outputs_of(ours, x), expected, f"{what} at {h}x{w}")
     return x, expected
