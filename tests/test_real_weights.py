@@ -141,10 +141,10 @@ def test_mixed_bfloat16_agrees_with_float32(folder, backbone_pooled):
 
 
 @functools.cache
-def _crops(size=224):
-    """16 images: the left and right halves of each photograph, each resized to `size`."""
-    wide = real_dinov2.photos((size, 2 * size))
-    return np.concatenate([wide[:, :, :size], wide[:, :, size:]])
+def _crops(hw=(224, 224)):
+    """16 images (h, w) = `hw`: the left and right halves of each photograph resized to (h, 2 w)."""
+    wide = real_dinov2.photos((hw[0], 2 * hw[1]))
+    return np.concatenate([wide[:, :, :hw[1]], wide[:, :, hw[1]:]])
 
 
 @pytest.fixture(scope="module")
@@ -424,8 +424,7 @@ def any_size_crops(any_size_tokens):
     """{(h, w): (8 crops of the photographs at that size, Keras' patch features of them)}, once for both int8 files."""
     crops = {}
     for hw in SIZES_INT8:
-        wide = real_dinov2.photos((hw[0], 2 * hw[1]))
-        images = np.concatenate([wide[:, :, :hw[1]], wide[:, :, hw[1]:]])[::2]
+        images = _crops(hw)[::2]
         crops[hw] = images, keras.ops.convert_to_numpy(any_size_tokens(keras_vit.preprocess_input(images, "imagenet")))
     return crops
 
