@@ -179,6 +179,29 @@ def test_a_failed_export_through_tensorflow_names_the_cause_and_leaves_no_folder
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf2onnx converts the TensorFlow backend's graph")
+def test_tf2onnx_optimizes_in_place_and_an_optimizer_that_raises_is_skipped_as_before(tmp_path, monkeypatch):
+    """The ONNX export on TensorFlow runs tf2onnx's optimizers on the graph itself (catch_errors False: no
+    copy of the graph before each); where one of them raises there, the file is written again as tf2onnx
+    writes it by default (that optimizer skipped), equal to Keras, and the variable that asked for it is
+    gone again."""
+    optimizer = pytest.importorskip("tf2onnx.optimizer")
+    optimize_graph, asked = optimizer.optimize_graph, []
+
+    def raising_in_place(graph, catch_errors=True, optimizers=None):
+        asked.append(catch_errors)
+        if not catch_errors:
+            raise RuntimeError("an optimizer that fails on this graph")
+        return optimize_graph(graph, catch_errors, optimizers=optimizers)
+
+    monkeypatch.setattr(optimizer, "optimize_graph", raising_in_place)
+    photos, model = _photos((TINY["image_size"], TINY["image_size"])), keras_vit.VisionTransformer(**TINY)
+    path = export(model, tmp_path / "out", "onnx")
+    assert asked == [False, True] and "TF2ONNX_CATCH_ERRORS" not in os.environ
+    expected = keras.ops.convert_to_numpy(model(keras_vit.preprocess_input(photos.astype("float32"))))
+    np.testing.assert_allclose(run(path, "onnx", photos)["probabilities"], expected, atol=1e-4, rtol=0)
+
+
 def test_export_cli_refuses_an_unknown_format_before_building(tmp_path, capsys):
     from keras_vit.cli import main
 

@@ -1,5 +1,8 @@
 """Writing an artefact from the running backend: Keras' `model.export`, torch's ONNX exporter, litert-torch."""
 
+import logging
+import os
+
 from keras_vit.export.onnx_rewrites import _fix_onnx, _optimize_onnx
 from keras_vit.export.serving import serve
 from keras_vit.runtime import platform_chosen_on_host
@@ -21,12 +24,40 @@ def _write(model, path, format, top_k, batch_size, input_mode, served):
         # jax2onnx has no converter for a computation chosen per lowered platform (platform_index):
         # the layers' CPU/accelerator choices are made for this machine when tracing (every format,
         # so that every artefact is made the same way)
-        with platform_chosen_on_host():
-            serving.export(path, format=format, input_signature=[served.signature(serving, batch_size)],
-                           verbose=False, **kwargs)
+        def keras_export():
+            with platform_chosen_on_host():
+                serving.export(path, format=format, input_signature=[served.signature(serving, batch_size)],
+                               verbose=False, **kwargs)
+
+        if (backend, format) == ("tensorflow", "onnx"):
+            _through_tf2onnx(keras_export)
+        else:
+            keras_export()
     if format == "onnx":
         _fix_onnx(path, sorted(serving.output), _dimension_names(serving, batch_size, served))
         _optimize_onnx(path, served)
+
+
+def _through_tf2onnx(keras_export):
+    """Calls `keras_export` (Keras' ONNX export on TensorFlow, through tf2onnx) with tf2onnx's graph
+    optimizers working in place. By default tf2onnx deep-copies the whole graph, weights included, before
+    each of its optimizers (about 45 copies of a ViT), so that one that raises can be skipped: a third of
+    the export's time. Its variable TF2ONNX_CATCH_ERRORS turns the copies off (unless the user has set it);
+    an export that then fails is written again as tf2onnx writes it by default, so no graph that exported
+    before fails now."""
+    if "TF2ONNX_CATCH_ERRORS" in os.environ:
+        keras_export()
+        return
+    os.environ["TF2ONNX_CATCH_ERRORS"] = "false"
+    try:
+        keras_export()
+        return
+    except Exception as e:
+        logging.getLogger("keras_vit").info("keras_vit.export: tf2onnx failed with its optimizers in place "
+                                            "(%s); exporting again with its defaults", e)
+    finally:
+        del os.environ["TF2ONNX_CATCH_ERRORS"]
+    keras_export()
 
 
 def _dimension_names(serving, batch_size, served):
