@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 BACKENDS ?= jax tensorflow torch
 DEMO_ARGS ?= --overwrite
 
-.PHONY: python venv test demo bench docs clean
+.PHONY: python venv test rounds demo bench docs clean
 
 # The first line of every target's output: which Python runs it (an older one is refused here).
 python:
@@ -91,6 +91,10 @@ test: python venv
 	for run in $$(echo $(LANES) | tr + ' '); do echo "=== pytest: $$run ==="; cat .test-logs/$$run.log; done; \
 	$(PY) tests/_lane_report.py .test-logs $(LANE_BUDGET_MIN) $(LANES); \
 	if ls .test-logs/*.failed >/dev/null 2>&1; then echo "FAILED on: $$(cd .test-logs && ls *.failed | sed 's/.failed//')"; exit 1; fi
+
+# The tests that start several processes or depend on timing, ROUNDS times (20) under CI's load: tests/rounds.sh.
+rounds: python venv
+	PY=$(PY) XLA="$(TEST_XLA_FLAGS) $(LANE_THREADS_XLA)" ROUNDS=$${ROUNDS:-20} bash tests/rounds.sh
 
 demo: python venv
 	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) examples/demo.py $(DEMO_ARGS)
