@@ -272,7 +272,8 @@ def max_batch_search(args, peak):
     return run_worker({"kind": "jax_memory", "cases": cases}, "jax", timeout=args.timeout)
 
 
-def main(argv=None):
+def _parser():
+    """The command line's arguments."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backends", default=",".join(BACKENDS))
     p.add_argument("--variants", default="ViT_B16")
@@ -315,10 +316,12 @@ def main(argv=None):
     p.add_argument("--timeout", type=float, default=3600, help="seconds per worker process")
     p.add_argument("--out", default=None, help="JSON output file")
     p.add_argument("--worker", nargs=2, metavar=("SPEC", "OUT"), help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.worker:
-        return worker_main(*args.worker)
+    return p
 
+
+def _checked(p, args):
+    """`args` with its lists split and checked (`p.error` on a bad one), and the --source
+    packages as (name, absolute folder) pairs."""
     split = lambda s: [v for v in s.split(",") if v]  # noqa: E731
     args.backends, args.variants, args.modes = split(args.backends), split(args.variants), split(args.modes)
     args.dtypes, args.jit = split(args.dtypes), split(args.jit)
@@ -347,6 +350,56 @@ def main(argv=None):
         if not sep or not os.path.isdir(os.path.join(src, "keras_vit")):
             p.error(f"--source: expected NAME=DIR with DIR/keras_vit a package, got {item!r}")
         sources.append((name, os.path.abspath(src)))
+    return args, sources
+
+
+def _measure(args, common, peak, sources):
+    """The results of every case (timm's and each backend's keras-vit, over --rounds rounds, the
+    median round kept), with the derived figures, and their table printed."""
+    cases = build_cases(args)
+    have_timm = False
+    if args.timm != "off":
+        try:
+            import importlib.util
+
+            have_timm = importlib.util.find_spec("timm") is not None
+        except ImportError:
+            pass
+    rounds = []
+    for k in range(args.rounds):
+        results = []
+        if have_timm and args.timm == "separate" and _dedupe_timm(cases):
+            print(f"round {k + 1}: timm", flush=True)
+            results += run_worker({"kind": "timm", "cases": _dedupe_timm(cases), **common}, "torch",
+                                  timeout=args.timeout)
+        for backend in args.backends:
+            print(f"round {k + 1}: keras-vit on {backend}", flush=True)
+            bcases = backend_cases(cases, backend)
+            # one process per case: its peak memory is its own; --tiny's smoke run takes a backend's cases
+            # in one process (a process start is most of its time)
+            for group in [bcases] if args.tiny else [[case] for case in bcases]:
+                for name, src in [(None, None)] + sources:
+                    results += run_worker({"kind": "keras", "cases": group, **common, "source": src,
+                                           "source_name": name, "paired": have_timm and args.timm == "paired"},
+                                          backend, timeout=args.timeout)
+        rounds.append(results)
+    results = merge_rounds(rounds)
+    gpu = peak.get("gpu_gflops") or {}
+    peaks = ({"float32": gpu.get("cuda_float32"), "mixed_bfloat16": gpu.get("cuda_bfloat16")} if gpu
+             else peak["gflops"])
+    add_derived(results, peaks)
+    print()
+    print(table(results))
+    return results
+
+
+def main(argv=None):
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.worker:
+        return worker_main(*args.worker)
+
+    args, sources = _checked(p, args)
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     common = {"warmup": args.warmup, "repeats": args.repeats, "torch_threads": args.threads, "clock": args.clock,
               "threads": args.threads}
@@ -372,40 +425,7 @@ def main(argv=None):
                       f"{r['fixed_bytes'] / 2**20:.0f} MiB -> max batch {r['max_batch']} in "
                       f"{r['budget_bytes'] / 2**30:.1f} GiB")
     else:
-        cases = build_cases(args)
-        have_timm = False
-        if args.timm != "off":
-            try:
-                import importlib.util
-
-                have_timm = importlib.util.find_spec("timm") is not None
-            except ImportError:
-                pass
-        rounds = []
-        for k in range(args.rounds):
-            results = []
-            if have_timm and args.timm == "separate" and _dedupe_timm(cases):
-                print(f"round {k + 1}: timm", flush=True)
-                results += run_worker({"kind": "timm", "cases": _dedupe_timm(cases), **common}, "torch",
-                                      timeout=args.timeout)
-            for backend in args.backends:
-                print(f"round {k + 1}: keras-vit on {backend}", flush=True)
-                bcases = backend_cases(cases, backend)
-                # one process per case: its peak memory is its own; --tiny's smoke run takes a backend's cases
-                # in one process (a process start is most of its time)
-                for group in [bcases] if args.tiny else [[case] for case in bcases]:
-                    for name, src in [(None, None)] + sources:
-                        results += run_worker({"kind": "keras", "cases": group, **common, "source": src,
-                                               "source_name": name, "paired": have_timm and args.timm == "paired"},
-                                              backend, timeout=args.timeout)
-            rounds.append(results)
-        report["results"] = merge_rounds(rounds)
-        gpu = peak.get("gpu_gflops") or {}
-        peaks = ({"float32": gpu.get("cuda_float32"), "mixed_bfloat16": gpu.get("cuda_bfloat16")} if gpu
-                 else peak["gflops"])
-        add_derived(report["results"], peaks)
-        print()
-        print(table(report["results"]))
+        report["results"] = _measure(args, common, peak, sources)
     report["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     if args.out:
         write_json(args.out, report)
