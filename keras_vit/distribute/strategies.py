@@ -126,7 +126,7 @@ def slurm_tf_config():
     return {"cluster": cluster, "task": {"type": resolver.task_type, "index": resolver.task_id}}
 
 
-HEARTBEAT_TIMEOUT_S = 100  # JAX's default for its processes
+HEARTBEAT_TIMEOUT_S = 240  # of TensorFlow's workers; docs/scaling.md says why
 
 
 def _coordination_service():
@@ -134,8 +134,10 @@ def _coordination_service():
     by the chief or worker 0, over the chief and the workers of TF_CONFIG), but with a heartbeat timeout of
     HEARTBEAT_TIMEOUT_S: TensorFlow's default, 10 s, ends every worker's run ("The following tasks are unhealthy
     (stopped sending heartbeats) ... The tasks have crashed") when one of them is merely held up for 10 s, as a
-    loaded host or a stopped process does. A worker that did die is still seen by its peers, within that time, and
-    at once by the launcher that started it. Nothing done when the service is already configured."""
+    loaded host or a stopped process does; and a quarter of it bounds how long worker 0 waits at its exit for the
+    others to leave first (`leave_last_at_exit`), which a worker slow to exit on a loaded host can outlast. A
+    worker that did die is still seen by its peers, within that time, and at once by the launcher that started
+    it. Nothing done when the service is already configured."""
     import tensorflow as tf
     from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2  # no public way to set the timeout
     from tensorflow.python.distribute import multi_worker_util
