@@ -56,8 +56,7 @@ venv: python $(VENV)/.installed
 # and with its classic fusion code instead of the newer MLIR fusion emitters: most of the jax runs' time was
 # compiling the tiny test models (docs/contributing.md, "Keeping the suite fast", has the figures); the
 # computation is the same, its code slower to run.
-# tests/test_parity.py checks the official outputs once under XLA's default flags too; its counterpart for
-# TensorFlow's graphs, run without Grappler in the test process, is in tests/conftest.py. Set only where not empty:
+# tests/test_parity.py checks the official outputs once under XLA's default flags too. Set only where not empty:
 # XLA stops a process at once on an empty flag (XLA_FLAGS=" " ended TensorFlow's jit-compiled tests with no message).
 TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true \
                   --xla_cpu_use_fusion_emitters=false

@@ -65,17 +65,6 @@ def _exact_float32():
     keras_vit.exact_float32()
 
 
-def pytest_configure(config):
-    """On TensorFlow, the test process runs its graphs as traced, without Grappler's rewrites: the test runs'
-    counterpart of the Makefile's TEST_XLA_FLAGS, for graphs that each run once or twice (docs/contributing.md,
-    "Keeping the suite fast", has the figures). tests/test_parity.py checks the official outputs under
-    TensorFlow's default graph optimisation too, in a fresh interpreter, and every subprocess runs as a user's."""
-    if backend() == "tensorflow":
-        import tensorflow as tf
-
-        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
-
-
 def pytest_collection_finish(session):
     """What is alive once every test module is imported (the backends, keras, the test modules: about
     600k objects) lives to the end: freeze it out of the cyclic collector, whose every full pass (Python's
