@@ -6,6 +6,7 @@ import os
 from keras_vit.configs import VARIANTS, find_variant, get_variant, pair, resnet_stride
 from keras_vit.extras import require
 from keras_vit.fileio import atomic_write, check_free_space, check_writable, weights_file_bytes
+from keras_vit.layers.initial import overwritten
 from keras_vit.variants import VisionTransformer
 from keras_vit.weights.foreign import (crop_option, file_image_size, file_options, is_foreign, load_foreign, read,
                                       settle_layout, warn_assumed_gelu)
@@ -109,7 +110,8 @@ def build_from(path, variant=None, num_heads=None, image_size=None, classifier_a
     args.setdefault("head", "projection" if projection else "classifier")
     if args.get("pooling", "representation") != "representation":
         args["representation_size"] = None  # pre-logits belong to the pooled representation
-    model = VisionTransformer(**args)
+    with overwritten():  # the file replaces every initial value
+        model = VisionTransformer(**args)
     load_foreign(model, file)
     return model
 

@@ -7,6 +7,7 @@ import numpy as np
 
 from keras_vit import layers as L
 from keras_vit.calls import is_naflex
+from keras_vit.layers.initial import overwritten
 from keras_vit.structure import find_vit
 from keras_vit.vit_model import ANY_SIZE_EXPECTED, ViTModel, one_grid_only
 
@@ -78,7 +79,8 @@ def naflex(model):
             return args[0]
         return layer(*args, **kwargs)
 
-    outputs = model._run_through_graph([inputs["patches"]], operation_fn=clone, call_fn=call)
+    with overwritten():  # every weight is copied below
+        outputs = model._run_through_graph([inputs["patches"]], operation_fn=clone, call_fn=call)
     copy = ViTModel(inputs, outputs, name=model.name)
     for layer in copy.layers:
         if layer.weights:

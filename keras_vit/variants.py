@@ -6,6 +6,7 @@ import math
 import os
 
 from keras_vit.configs import VARIANTS, get_variant, pair, resnet_stride
+from keras_vit.layers.initial import overwritten
 from keras_vit.model import build_vit
 from keras_vit.weights import KERAS_SUFFIXES, fetch, get_weights, is_path, list_weights, load_weights, peek_npz
 from keras_vit.weights.foreign import (ForeignFile, crop_option, describe, file_image_size, file_options, is_foreign,
@@ -30,9 +31,11 @@ def VisionTransformer(*args, weights=None, **kwargs):
         stride = build["patch_size"] * resnet_stride(resnet and resnet["num_layers"])
         build["image_size"] = _npz_image_size(peek_npz(os.fspath(weights)), stride) or 224
         build["input_shape"] = build["input_shape"] or (None, None, 3)
-    model = build_vit(**build)
-    if weights is not None:
-        load_weights(model, weights)
+    if weights is None:
+        return build_vit(**build)
+    with overwritten():  # the weights replace every initial value
+        model = build_vit(**build)
+    load_weights(model, weights)
     return model
 
 

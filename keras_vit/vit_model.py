@@ -6,6 +6,7 @@ import keras
 
 from keras_vit import layers as L
 from keras_vit.calls import KeepsStateOnError, is_naflex
+from keras_vit.layers.initial import overwritten
 from keras_vit.preprocessing import check_class_names
 from keras_vit.structure import output_kind
 
@@ -153,7 +154,8 @@ def any_size(model):
             cropped.append(out)
         return out
 
-    copy = keras.models.clone_model(model, input_tensors=inputs, clone_function=clone, call_function=call)
+    with overwritten():  # every weight is copied below
+        copy = keras.models.clone_model(model, input_tensors=inputs, clone_function=clone, call_function=call)
     for layer in copy.layers:
         layer.set_weights(model.get_layer(layer.name).get_weights())
     if getattr(model, "class_names", None) is not None:

@@ -300,3 +300,36 @@ def test_channel_count_the_weights_cannot_take():
     with pytest.raises(ValueError, match=r"embedding/kernel: file \(4, 4, 3, 48\), model \(4, 4, 1, 48\)"):
         keras_vit.load_weights(model, str(TOKEN))
     _assert_unchanged(model, before)
+
+
+# each builder option whose layers draw random initial values of their own, at TINY
+DRAWING_OPTIONS = {
+    "plain": {},
+    "map_registers_2d": dict(classifier="map", num_register_tokens=2, position_embedding="learned_2d"),
+    "factorized": dict(position_embedding="factorized", prefix_position_embedding=False),
+    "relative_attention": dict(position_embedding="relative"),
+    "beit": dict(relative_position_bias=True, layer_scale=0.1),
+    "relative_mlp": dict(relative_position_mlp=16),
+    "differential": dict(differential_attention=True, num_heads=1),
+    "rope_mixed": dict(position_embedding="none", rope={"kind": "mixed"}),
+}
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("options", [*DRAWING_OPTIONS.values(), "hybrid_tiny"], ids=[*DRAWING_OPTIONS, "hybrid"])
+def test_a_model_built_to_be_loaded_draws_nothing_a_load_does_not_write(options):
+    """Inside `overwritten()` (a factory with weights, `from_timm`, `from_huggingface`) each weight that a layer
+    would draw at random starts at zero instead, and every one of them is a variable a load writes (or refuses):
+    no model comes out with a zero where it would have had a random value."""
+    from keras_vit.layers.initial import overwritten
+
+    config = case_config(options) if isinstance(options, str) else {**TINY, **options}
+    drawn = keras_vit.VisionTransformer(**config)
+    with overwritten():
+        skipped = keras_vit.VisionTransformer(**config)
+    written = {id(v) for v in official_variables(skipped).values()}
+    zeroed = [v for a, v in zip(drawn.weights, skipped.weights) if not np.array_equal(a.numpy(), v.numpy())]
+    assert len(zeroed) >= 2 * config["num_layers"]  # the blocks' kernels at least
+    assert all(not np.any(v.numpy()) for v in zeroed), [v.path for v in zeroed if np.any(v.numpy())]
+    assert [v.path for v in zeroed if id(v) not in written] == []
+    assert [(a.path, a.shape) for a in drawn.weights] == [(v.path, v.shape) for v in skipped.weights]

@@ -6,6 +6,7 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.layers.initial import initial
 from keras_vit.layers.norms import check_normalization, make_norm, norm_weights, normalize
 from keras_vit.layers.rotary import rotate_patches
 from keras_vit.runtime import per_platform
@@ -240,12 +241,15 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         if dim % self.num_heads:
             raise ValueError(f"hidden size {dim} is not divisible by num_heads {self.num_heads}")
         self.head_dim = dim // self.num_heads
-        proj = dict(equation="btd,dnh->btnh", output_shape=(None, self.num_heads, self.head_dim), bias_axes="nh")
+        kernel = initial("glorot_uniform")
+        proj = dict(equation="btd,dnh->btnh", output_shape=(None, self.num_heads, self.head_dim), bias_axes="nh",
+                    kernel_initializer=kernel)
         self.query = keras.layers.EinsumDense(**proj, name="query", dtype=self.dtype_policy)
         self.key = keras.layers.EinsumDense(**proj, name="key", dtype=self.dtype_policy)
         self.value = keras.layers.EinsumDense(**proj, name="value", dtype=self.dtype_policy)
         self.out = keras.layers.EinsumDense(
-            "btnh,nhd->btd", output_shape=(None, dim), bias_axes="d", name="out", dtype=self.dtype_policy
+            "btnh,nhd->btd", output_shape=(None, dim), bias_axes="d", name="out", dtype=self.dtype_policy,
+            kernel_initializer=kernel,
         )
         for layer in (self.query, self.key, self.value):
             layer.build(input_shape)

@@ -7,6 +7,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.attention import MultiHeadDotProductAttention, _fused_attention, _matmul_attention, mask_keys
+from keras_vit.layers.initial import initial
 
 SUB_NORM_EPSILON = 1e-5  # the paper's (and timm's) RMSNorm on each head's output
 
@@ -48,8 +49,9 @@ class DifferentialAttention(MultiHeadDotProductAttention):
             raise ValueError(f"{self.name}: differential attention splits each head in two, got a head size of "
                              f"{self.head_dim}")
         half = self.head_dim // 2
-        self.lambdas = [self.add_weight(name=name, shape=(half,), initializer=keras.initializers.RandomNormal(
-            stddev=0.1)) for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")]
+        init = initial(keras.initializers.RandomNormal(stddev=0.1))
+        self.lambdas = [self.add_weight(name=name, shape=(half,), initializer=init)
+                        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")]
         self.sub_norm = keras.layers.RMSNormalization(epsilon=SUB_NORM_EPSILON, name="sub_norm", dtype=self.dtype_policy)
         self.sub_norm.build((*input_shape[:-1], self.num_heads, self.head_dim))
 

@@ -6,6 +6,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.interpolation import check_interpolation, resize_matrix
+from keras_vit.layers.initial import initial
 from keras_vit.layers.position_embedding import (naflex_grids, resize_sizes, resize_weights, runtime_grid,
                                                   valid_coordinates)
 
@@ -42,7 +43,7 @@ class AddFactorizedPositionEmbs(keras.layers.Layer):
         self.aspect_preserving = bool(aspect_preserving)
 
     def build(self, tokens_shape, images_shape=None, patch_coord_shape=None, patch_valid_shape=None):
-        init = keras.initializers.RandomNormal(stddev=0.02)
+        init = initial(keras.initializers.RandomNormal(stddev=0.02))
         dim = tokens_shape[-1]
         self.pos_embed_y = self.add_weight(name="pos_embed_y", shape=(self.grid_size[0], dim), initializer=init)
         self.pos_embed_x = self.add_weight(name="pos_embed_x", shape=(self.grid_size[1], dim), initializer=init)

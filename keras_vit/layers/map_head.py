@@ -7,6 +7,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.attention import mask_keys
+from keras_vit.layers.initial import initial
 from keras_vit.layers.mlp import activate, check_mlp_activation
 from keras_vit.layers.norms import check_normalization, make_norm, norm_weights
 
@@ -50,18 +51,18 @@ class MAPHead(keras.layers.Layer):
         if dim % self.num_heads:
             raise ValueError(f"hidden size {dim} is not divisible by num_heads {self.num_heads}")
         heads, head_dim, policy = self.num_heads, dim // self.num_heads, self.dtype_policy
-        self.probe = self.add_weight(name="probe", shape=(1, 1, dim), initializer=keras.initializers.GlorotUniform())
-        proj = dict(equation="btd,dnh->btnh", output_shape=(None, heads, head_dim), bias_axes="nh", dtype=policy)
+        self.probe = self.add_weight(name="probe", shape=(1, 1, dim), initializer=initial("glorot_uniform"))
+        init = dict(kernel_initializer=initial("glorot_uniform"), dtype=policy)
+        proj = dict(equation="btd,dnh->btnh", output_shape=(None, heads, head_dim), bias_axes="nh", **init)
         self.query, self.key, self.value = (keras.layers.EinsumDense(**proj, name=n) for n in ("query", "key", "value"))
-        self.out = keras.layers.EinsumDense("btnh,nhd->btd", output_shape=(None, dim), bias_axes="d", name="out",
-                                            dtype=policy)
+        self.out = keras.layers.EinsumDense("btnh,nhd->btd", output_shape=(None, dim), bias_axes="d", name="out", **init)
         for layer in (self.query, self.key, self.value):
             layer.build((None, None, dim))
         self.out.build((None, 1, heads, head_dim))
         if self.mlp_dim:
             self.norm = make_norm(self.normalization, self.layer_norm_epsilon, "LayerNorm_0", policy)
-            self.mlp_0 = keras.layers.Dense(self.mlp_dim, name="Dense_0", dtype=policy)
-            self.mlp_1 = keras.layers.Dense(dim, name="Dense_1", dtype=policy)
+            self.mlp_0 = keras.layers.Dense(self.mlp_dim, name="Dense_0", **init)
+            self.mlp_1 = keras.layers.Dense(dim, name="Dense_1", **init)
             self.norm.build((None, 1, dim))
             self.mlp_0.build((None, 1, dim))
             self.mlp_1.build((None, 1, self.mlp_dim))

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_vit.layers.initial import initial
+
 
 def check_channels(layer, shape, channels):
     """Raises when an input batch of `shape` does not have the `channels` the layer's kernel takes."""
@@ -61,7 +63,7 @@ class PatchEncoder(keras.layers.Layer):
         if c is None:
             raise ValueError(f"PatchEncoder needs a known channel count, got input shape {tuple(input_shape)}.")
         self.kernel = self.add_weight(
-            name="kernel", shape=(p, p, c, self.hidden_size), initializer="lecun_normal"
+            name="kernel", shape=(p, p, c, self.hidden_size), initializer=initial("lecun_normal")
         )
         self.bias = self.add_weight(name="bias", shape=(self.hidden_size,), initializer="zeros")
 

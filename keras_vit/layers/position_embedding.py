@@ -7,6 +7,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.interpolation import check_interpolation, resize_2d
+from keras_vit.layers.initial import initial
 
 
 def resize_position_embeddings(posemb, new_grid, old_grid=None, num_prefix_tokens=1, method="bilinear",
@@ -214,7 +215,7 @@ class AddPositionEmbs(keras.layers.Layer):
         self.pos_embedding = self.add_weight(
             name="pos_embedding",
             shape=(1, self.num_tokens, tokens_shape[-1]),
-            initializer=keras.initializers.RandomNormal(stddev=0.02),
+            initializer=initial(keras.initializers.RandomNormal(stddev=0.02)),
         )
 
     def call(self, tokens, images=None, patch_coord=None, patch_valid=None):

@@ -5,6 +5,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.interpolation import linear_resize_matrix
+from keras_vit.layers.initial import initial
 from keras_vit.layers.position_embedding import AddPositionEmbs
 
 
@@ -27,7 +28,7 @@ class AddPositionEmbs2D(AddPositionEmbs):
         dim = input_shape[-1]
         if dim % 2:
             raise ValueError(f"AddPositionEmbs2D needs an even hidden size (D/2 per axis), got {dim}")
-        init = keras.initializers.RandomNormal(stddev=0.02)
+        init = initial(keras.initializers.RandomNormal(stddev=0.02))
         gh, gw = self.grid_size
         self.row_embedding = self.add_weight(name="row_embedding", shape=(gh, dim // 2), initializer=init)
         self.col_embedding = self.add_weight(name="col_embedding", shape=(gw, dim // 2), initializer=init)

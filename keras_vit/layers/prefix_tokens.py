@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_vit.layers.initial import initial
+
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class PrefixTokens(keras.layers.Layer):
@@ -30,7 +32,7 @@ class PrefixTokens(keras.layers.Layer):
 
     def build(self, input_shape):
         self.tokens = self.add_weight(name="tokens", shape=(1, self.num_tokens, input_shape[-1]),
-                                      initializer=keras.initializers.TruncatedNormal(stddev=0.02))
+                                      initializer=initial(keras.initializers.TruncatedNormal(stddev=0.02)))
 
     def call(self, x):
         tokens = ops.broadcast_to(ops.cast(self.tokens, x.dtype), (ops.shape(x)[0], self.num_tokens, x.shape[-1]))

@@ -6,6 +6,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.layers.attention import MultiHeadDotProductAttention
+from keras_vit.layers.initial import initial
 from keras_vit.layers.transformer_block import TransformerBlock
 
 
@@ -37,7 +38,7 @@ class RelativeMultiHeadDotProductAttention(MultiHeadDotProductAttention):
         self.rel_embedding = self.add_weight(
             name="rel_embedding",
             shape=(2 * self.num_tokens - 1, self.num_heads, self.head_dim),
-            initializer=keras.initializers.RandomNormal(stddev=0.02),
+            initializer=initial(keras.initializers.RandomNormal(stddev=0.02)),
         )
 
     def _flash_possible(self):

@@ -8,6 +8,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.layers.attention import MultiHeadDotProductAttention
+from keras_vit.layers.initial import initial
 from keras_vit.layers.relative_position_bias import relative_position_index
 
 MLP_DROPOUT = 0.125  # timm's, after the MLP's ReLU, in training
@@ -48,8 +49,9 @@ class RelativeMlpAttention(MultiHeadDotProductAttention):
         if input_shape[1] is not None and input_shape[1] != tokens:
             raise ValueError(f"{self.name}: the relative position MLP is computed for {self.num_prefix_tokens} prefix "
                              f"tokens and a {h}x{w} grid ({tokens} tokens), got {input_shape[1]} tokens")
-        self.mlp_0 = keras.layers.Dense(self.hidden_dim, name="Dense_0", dtype=self.dtype_policy)
-        self.mlp_1 = keras.layers.Dense(self.num_heads, name="Dense_1", dtype=self.dtype_policy)
+        init = dict(kernel_initializer=initial("glorot_uniform"), dtype=self.dtype_policy)
+        self.mlp_0 = keras.layers.Dense(self.hidden_dim, name="Dense_0", **init)
+        self.mlp_1 = keras.layers.Dense(self.num_heads, name="Dense_1", **init)
         self.mlp_0.build((None, 2))
         self.mlp_1.build((None, self.hidden_dim))
         self.mlp_dropout = keras.layers.Dropout(MLP_DROPOUT, dtype=self.dtype_policy)

@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_vit.configs import resnet_stride
 from keras_vit.layers.group_norm import GroupNorm
+from keras_vit.layers.initial import initial
 from keras_vit.layers.patch_encoder import check_channels
 
 GROUP_NORM_EPSILON = 1e-6
@@ -98,15 +99,16 @@ class BottleneckUnit(keras.layers.Layer):
 
     def build(self, input_shape):
         f, s, p, n = self.filters, self.strides, self.dtype_policy, self.numerics
+        init = dict(dtype=p, kernel_initializer=initial("glorot_uniform"))
         self.needs_projection = s != 1 or input_shape[-1] != 4 * f
         if self.needs_projection:
-            self.conv_proj = StdConv2D(4 * f, 1, s, numerics=n, name="conv_proj", dtype=p)
+            self.conv_proj = StdConv2D(4 * f, 1, s, numerics=n, name="conv_proj", **init)
             self.gn_proj = _group_norm("gn_proj", p, numerics=n)
-        self.conv1 = StdConv2D(f, 1, numerics=n, name="conv1", dtype=p)
+        self.conv1 = StdConv2D(f, 1, numerics=n, name="conv1", **init)
         self.gn1 = _group_norm("gn1", p, numerics=n)
-        self.conv2 = StdConv2D(f, 3, s, numerics=n, name="conv2", dtype=p)
+        self.conv2 = StdConv2D(f, 3, s, numerics=n, name="conv2", **init)
         self.gn2 = _group_norm("gn2", p, numerics=n)
-        self.conv3 = StdConv2D(4 * f, 1, numerics=n, name="conv3", dtype=p)
+        self.conv3 = StdConv2D(4 * f, 1, numerics=n, name="conv3", **init)
         self.gn3 = _group_norm("gn3", p, zero_scale=True, numerics=n)
         shape = tuple(input_shape)
         down = (shape[0], None, None, f)
@@ -181,7 +183,8 @@ class ResNetStem(keras.layers.Layer):
 
     def build(self, input_shape):
         p, width = self.dtype_policy, 64 * self.width_factor
-        self.conv_root = StdConv2D(width, 7, 2, numerics=self.numerics, name="conv_root", dtype=p)
+        self.conv_root = StdConv2D(width, 7, 2, numerics=self.numerics, name="conv_root", dtype=p,
+                                   kernel_initializer=initial("glorot_uniform"))
         self.gn_root = _group_norm("gn_root", p, numerics=self.numerics)
         self.conv_root.build(input_shape)
         self.gn_root.build((input_shape[0], None, None, width))

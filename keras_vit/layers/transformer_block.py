@@ -8,6 +8,7 @@ from keras import ops
 from keras_vit.layers.attention import MultiHeadDotProductAttention, _plain, check_attention_implementation, dense
 from keras_vit.layers.differential_attention import DifferentialAttention
 from keras_vit.layers.drop_path import check_drop_path_rate, drop_path, drop_path_keep
+from keras_vit.layers.initial import initial
 from keras_vit.layers.mlp import activate, check_mlp_activation, hidden_width
 from keras_vit.layers.norms import check_normalization, direct, make_norm, norm_weights, normalize
 from keras_vit.layers.position_embedding import runtime_grid
@@ -224,7 +225,8 @@ class TransformerBlock(keras.layers.Layer):
         self.attention = self.make_attention(input_shape)
         self.norm_2 = None if self.parallel else make_norm(self.normalization, self.layer_norm_epsilon, "LayerNorm_2",
                                                            policy)
-        init = dict(kernel_initializer="glorot_uniform", bias_initializer=keras.initializers.RandomNormal(stddev=1e-6))
+        init = dict(kernel_initializer=initial("glorot_uniform"),
+                    bias_initializer=initial(keras.initializers.RandomNormal(stddev=1e-6)))
         self.mlp_0 = keras.layers.Dense(hidden_width(self.mlp_dim, self.mlp_activation), name="Dense_0", dtype=policy,
                                         **init)
         self.mlp_1 = keras.layers.Dense(dim, name="Dense_1", dtype=policy, **init)
@@ -248,11 +250,11 @@ class TransformerBlock(keras.layers.Layer):
                 raise ValueError(f"{self.name}: its rotary tables are laid out for {self.rope['num_prefix_tokens']} "
                                  f"prefix tokens and a {grid[0]}x{grid[1]} grid, got {input_shape[1]} tokens")
             if self.rope["kind"] == "mixed":  # learned: the block's own frequencies, its tables made per call
-                self.rope_freqs = self.add_weight(name="rope_freqs", shape=(2, self.num_heads, dim // self.num_heads // 2),
-                                                  initializer="zeros")
-                self.rope_freqs.assign(mixed_rope_frequencies(
+                frequencies = lambda shape, dtype=None: mixed_rope_frequencies(  # noqa: E731
                     self.num_heads, dim // self.num_heads, self.rope["temperature"],
-                    keras.random.uniform((self.num_heads,), maxval=2 * math.pi)))
+                    keras.random.uniform((self.num_heads,), maxval=2 * math.pi))
+                self.rope_freqs = self.add_weight(name="rope_freqs", shape=(2, self.num_heads, dim // self.num_heads // 2),
+                                                  initializer=initial(frequencies))
             elif grid is not None:  # made once: a fixed grid's tables are constants
                 self.tables = rope_tables(*grid, dim // self.num_heads, self.rope)
         self.scales = ()
