@@ -2,6 +2,8 @@
 that keep the weights when they fail) and the questions asked of a built ViT that both `any_size` and
 `naflex` ask (`one_grid_only`)."""
 
+import functools
+
 import keras
 
 from keras_vit import layers as L
@@ -65,6 +67,17 @@ class ViTModel(KeepsStateOnError, keras.Model):
                                  f"most); got {tokens!r}")
         self._naflex_tokens = tokens
 
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        if keras.backend.backend() != "torch" or training or mask is not None or kwargs or not _direct_inference(self):
+            return super().call(inputs, training=training, mask=mask, **kwargs)
+        # each node's own computation, without Keras' layer call around it: a host cost per node on eager torch
+        # that an inference forward in float32 needs nothing of (no casts, no masks, no training flag to pass on)
+        flat = self._standardize_inputs(inputs)
+        if any(not isinstance(x, _torch_tensor()) or x.device.type == "meta" for x in flat):
+            return super().call(inputs, training=training, mask=mask, **kwargs)
+        outputs = self._run_through_graph(flat, operation_fn=_own_call)
+        return outputs[0] if isinstance(outputs, (list, tuple)) and len(outputs) == 1 else outputs
+
     def get_config(self):
         config = super().get_config()
         if self.class_names is not None:
@@ -82,6 +95,27 @@ class ViTModel(KeepsStateOnError, keras.Model):
         model.class_names = names
         model.naflex_tokens = tokens
         return model
+
+
+def _direct_inference(model):
+    """Whether an inference call of `model` may run its nodes' `call` directly: on torch, every layer in float32
+    and not quantized (Keras' layer call casts to a mixed policy's dtypes and dispatches a quantized kernel)."""
+    return all(layer.dtype_policy.name == "float32" and getattr(layer, "quantization_mode", None) is None
+               for layer in model._flatten_layers(include_self=False))
+
+
+def _torch_tensor():
+    import torch
+
+    return torch.Tensor
+
+
+def _own_call(op):
+    """A node's operation as an inference forward runs it: a layer's own `call` (training=False where it takes
+    the flag), any other operation as it is."""
+    if not isinstance(op, keras.layers.Layer):
+        return op
+    return functools.partial(op.call, training=False) if op._call_has_training_arg else op.call
 
 
 def one_grid_only(model, parts):

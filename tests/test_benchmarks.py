@@ -121,9 +121,11 @@ def test_torch_overhead_counts_ops_and_host_time_beside_timm(tmp_path, capsys):
         torch.set_num_threads(threads)  # the script runs on one thread; the lane's later tests on their own
     printed = capsys.readouterr().out
     (row,) = json.loads((tmp_path / "r.json").read_text())
+    # keras-vit's forward is one layer call, the model's (its nodes run their own calls: tests/test_direct_inference.py)
+    assert row["keras-vit"]["calls"] == 1 and row["timm"]["calls"] > 4, row
     for library in ("keras-vit", "timm"):
         got = row[library]
-        assert got["median_ms"] > 0 and got["ops"] > 20 and got["calls"] > 4 and 0 < got["op_ms"], (library, got)
+        assert got["median_ms"] > 0 and got["ops"] > 20 and 0 < got["op_ms"], (library, got)
         assert got["host_ms"] >= 0 and got["host_us_per_call"] == pytest.approx(1e3 * got["host_ms"] / got["calls"])
     assert row["x_timm"] == pytest.approx(row["timm"]["median_ms"] / row["keras-vit"]["median_ms"])
     assert "| tiny | 1 |" in printed and "thread(s)" in printed.splitlines()[0]
