@@ -68,7 +68,8 @@ class ViTModel(KeepsStateOnError, keras.Model):
         self._naflex_tokens = tokens
 
     def call(self, inputs, training=None, mask=None, **kwargs):
-        if keras.backend.backend() != "torch" or training or mask is not None or kwargs or not _direct_inference(self):
+        if keras.backend.backend() != "torch" or training or mask is not None or kwargs or \
+                not _direct_inference(self):
             return super().call(inputs, training=training, mask=mask, **kwargs)
         # each node's own computation, without Keras' layer call around it: a host cost per node on eager torch
         # that an inference forward in float32 needs nothing of (no casts, no masks, no training flag to pass on)
