@@ -16,7 +16,10 @@ examples, the benchmarks) with that handling, as `keras-vit` (`keras_vit.cli.mai
 Ctrl-C (`watching_ctrl_c`): Python raises the KeyboardInterrupt wherever the main thread is, and where that is a
 garbage-collection callback or a `__del__` it prints "Exception ignored in ..." and goes on, so a long
 `fit` would run on; the press is kept (`CTRL_C`), the drop not printed, and raised again at the next step of
-the training loops (`keras_vit.recipes.StopOnCtrlC`).
+the training loops (`keras_vit.recipes.StopOnCtrlC`). C code can drop it too, putting back the error it was
+handling when the signal arrived (numpy does, falling back from an `__array__` without `copy`, as torch's tensors
+have, when Ctrl-C lands in its str() of the TypeError): an error raised after a press is the press's
+(`by_ctrl_c`), and ends the block as a KeyboardInterrupt.
 
 Standard library only: it is the first thing `keras_vit/__init__.py` runs, before anything imports Keras.
 """
@@ -30,7 +33,7 @@ import sys
 import tempfile
 import threading
 
-__all__ = ["DEFAULT_LEVEL", "INTERRUPTED", "INTERRUPTED_STATUS", "filter_start_lines", "import_backend",
+__all__ = ["DEFAULT_LEVEL", "INTERRUPTED", "INTERRUPTED_STATUS", "by_ctrl_c", "filter_start_lines", "import_backend",
            "import_quietly", "interrupted", "run_main", "start_log_level", "watching_ctrl_c"]
 
 # Ctrl-C: the exit status (128 + SIGINT, as a shell's), and what is said where nothing more particular was kept
@@ -155,12 +158,24 @@ def _on_ctrl_c(signum, frame):
     raise KeyboardInterrupt
 
 
+def by_ctrl_c(err):
+    """Whether the error `err` ends the run because of Ctrl-C: a KeyboardInterrupt, or any error raised after a
+    press while `watching_ctrl_c` (C code that checks for signals can put back the error it was handling in the
+    KeyboardInterrupt's place).
+
+    Args:
+        err: the exception caught.
+    """
+    return isinstance(err, KeyboardInterrupt) or CTRL_C.is_set()
+
+
 @contextlib.contextmanager
 def watching_ctrl_c():
     """Within the block, Ctrl-C (SIGINT) raises KeyboardInterrupt as Python's own handler does and sets CTRL_C
     too, and a KeyboardInterrupt that Python drops after it (in a garbage-collection callback or a `__del__`)
     is not printed ("Exception ignored in ..."): the training loops raise it again (`StopOnCtrlC`), and the
-    one line that says what was kept stays the only one. The handler and `sys.unraisablehook` before it, and
+    one line that says what was kept stays the only one. Another error raised after a press ends the block as
+    a KeyboardInterrupt (`by_ctrl_c`), the error its cause. The handler and `sys.unraisablehook` before it, and
     CTRL_C cleared, after. Nothing changes where SIGINT is not Python's default handler (ignored, as in a
     background job, or the program's own) or off the main thread."""
     if (threading.current_thread() is not threading.main_thread()
@@ -178,6 +193,10 @@ def watching_ctrl_c():
     signal.signal(signal.SIGINT, _on_ctrl_c)
     try:
         yield
+    except Exception as err:
+        if not by_ctrl_c(err):
+            raise
+        raise KeyboardInterrupt from err
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.unraisablehook = previous_hook

@@ -122,3 +122,36 @@ def test_a_ctrl_c_that_python_drops_still_stops_fit(monkeypatch):
         signal.signal(signal.SIGINT, previous)
     assert counter.batches == 2  # stopped in the batch it was pressed in, or at its end
     assert dropped == [] and sys.unraisablehook is hook and not startup.CTRL_C.is_set()  # dropped without a word
+
+
+@pytest.mark.backend_independent
+def test_an_error_raised_after_a_ctrl_c_ends_a_script_as_the_ctrl_c(capsys, monkeypatch):
+    """C code that checks for signals can put back the error it was handling in the KeyboardInterrupt's place
+    (numpy's fallback for an `__array__` without `copy`): under `run_main` an error raised after a press ends
+    the script as Ctrl-C does; without a press the error is the error."""
+    import signal
+
+    from keras_vit import startup
+
+    def pressed_then_replaced():
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass  # dropped, as numpy drops it
+        raise TypeError("Tensor.__array__() got an unexpected keyword argument 'copy'")
+
+    def failing():
+        raise TypeError("a real error")
+
+    monkeypatch.setattr(sys, "argv", ["demo.py"])
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's; CI's lanes ignore SIGINT
+    try:
+        with pytest.raises(SystemExit) as ended:
+            startup.run_main(pressed_then_replaced)
+        with pytest.raises(TypeError, match="a real error"):
+            startup.run_main(failing)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert ended.value.code == 130
+    assert capsys.readouterr().err.splitlines() == [f"demo.py: interrupted: {INTERRUPTED}"]
+    assert not startup.CTRL_C.is_set()

@@ -101,6 +101,49 @@ def test_an_interrupted_run_resumes_to_the_weights_of_an_uninterrupted_one(photo
     assert_resumed_equals_whole(whole, tmp_path / "cut", resumed)
 
 
+@pytest.mark.one_backend  # the handling of SIGINT; the command's as a terminal sends it is in test_cli_subprocess.py
+def test_a_ctrl_c_that_a_library_replaces_with_its_error_still_ends_finetune_as_ctrl_c(photos, start, tmp_path,
+                                                                                       monkeypatch, capsys):
+    """numpy, falling back from an `__array__` without `copy` (torch's tensors'), checks for signals in its str()
+    of the TypeError, and where Ctrl-C lands there it puts the TypeError back in the KeyboardInterrupt's place:
+    pressed while the backup was written, `keras-vit finetune` once ended in that TypeError's traceback, exit
+    status 1. An error raised after a press is the press's: the one line, the resume it advises, 130."""
+    import signal
+
+    from keras_vit.recipes.callbacks import TrainingBackup
+
+    def pressed_then_replaced(self, epoch, logs=None):
+        try:
+            signal.raise_signal(signal.SIGINT)  # the handler runs at once
+        except KeyboardInterrupt:
+            pass  # dropped, as numpy drops it
+        raise TypeError("Tensor.__array__() got an unexpected keyword argument 'copy'")
+
+    monkeypatch.setattr(TrainingBackup, "on_epoch_end", pressed_then_replaced)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's; CI's lanes ignore SIGINT
+    try:
+        assert cli.main(_argv(photos, start, tmp_path / "cut")) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "keras-vit finetune: interrupted: the same command with --resume continues from the last epoch's backup "
+        f"in {tmp_path / 'cut'}"]
+
+
+@pytest.mark.one_backend  # the command's line; NonFiniteLossStop itself is tested per backend in test_recipes.py
+def test_a_loss_gone_infinite_ends_finetune_in_one_line_naming_lr(photos, start, tmp_path, monkeypatch, capsys):
+    from keras_vit import recipes
+
+    def non_finite(self, batch, logs=None):
+        raise recipes.NonFiniteLossError("the training loss is nan at step 1")
+
+    monkeypatch.setattr(recipes.NonFiniteLossStop, "on_train_batch_end", non_finite)
+    assert cli.main(_argv(photos, start, tmp_path / "run")) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "keras-vit finetune: error: the training loss is nan at step 1 (--lr 0.05: a lower --lr, then --resume or "
+        "--overwrite)"]
+
+
 @pytest.mark.one_backend  # the command's plumbing; LoRA's resume is tested per backend in test_lora.py
 def test_lora_trains_the_adapters_and_writes_a_merged_model(photos, start, tmp_path):
     out = tmp_path / "lora"

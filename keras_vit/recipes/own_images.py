@@ -45,6 +45,7 @@ from keras_vit.fileio import atomic_write, check_free_space, check_writable, wei
 from keras_vit.recipes import finetune_devices, own_images_args, own_images_processes, own_shards, presets, run_folder
 from keras_vit.recipes.folder_plan import plan
 from keras_vit.recipes.own_images_args import FLAGS
+from keras_vit.startup import by_ctrl_c
 
 MARKER, REPORT, BACKUP, SPLIT = "run.json", "report.json", "backup", "split.json"
 FIGURES_BYTES = 4 * 2**20  # about what the figures, per_class.csv, split.json and report.json take
@@ -397,11 +398,13 @@ def _fit(model, args, train, validation, backup, history, initial_epoch, sched, 
                       validation_data=validation, verbose=0 if args.quiet or not writer else 1, shuffle=False,
                       callbacks=[recipes.NonFiniteLossStop(checkpoint_hint=backup.path), recipes.StopOnCtrlC(),
                                  *([keep_history, keep_best, time_left, backup] if writer else []), *callbacks])
-        except KeyboardInterrupt:  # the CLI says it in one line, exit status 130
-            raise KeyboardInterrupt(f"the same command with --resume continues from the last epoch's backup in "
-                                    f"{out}") from None
-        except recipes.NonFiniteLossError as err:  # the CLI's one-line error; the last good backup is kept
-            raise ValueError(f"{err} (--lr {args.lr}: a lower --lr, then --resume or --overwrite)") from None
+        except BaseException as err:
+            if by_ctrl_c(err):  # the CLI says it in one line, exit status 130
+                raise KeyboardInterrupt(f"the same command with --resume continues from the last epoch's backup "
+                                        f"in {out}") from None
+            if isinstance(err, recipes.NonFiniteLossError):  # the CLI's one-line error; the last good backup kept
+                raise ValueError(f"{err} (--lr {args.lr}: a lower --lr, then --resume or --overwrite)") from None
+            raise
     return time.perf_counter() - start, best_path
 
 
