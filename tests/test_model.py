@@ -265,7 +265,7 @@ def test_remat_step_with_dropout_equals_the_plain_step_under_the_same_masks(monk
         model.set_weights(init)
         if not recompute:
             monkeypatch.setattr(keras, "remat", lambda fn: fn)
-            monkeypatch.setattr(transformer_block, "_jax_cpu_remat", lambda fn, variables, x, keep=(): fn(x, keep))
+            monkeypatch.setattr(transformer_block, "jax_cpu_remat", lambda fn, variables, x, keep=(): fn(x, keep))
         calls = _count_block_forwards(monkeypatch)
         result = _one_sgd_step(model, x, y)
         monkeypatch.undo()
