@@ -369,8 +369,8 @@ def _embed(config, images, grid, runtime):
 
 def _encoder(config, x, posembed, grid, images=None):
     """The blocks (position embeddings again before each but the first, for the every_layer placements)
-    and the final LayerNorm, unless fc_norm moves it after pooling. Rotary blocks read the grid off `images` where
-    given (a model that takes any size), else are laid out on `grid`."""
+    and the final LayerNorm, unless fc_norm moves it after pooling. Rotary and relative blocks read the grid off
+    `images` where given (a model that takes any size), else are laid out on `grid`."""
     block = L.RelativeTransformerBlock if config.position_embedding == "relative" else L.TransformerBlock
     if config.parallel_branches > 1:
         block = functools.partial(L.ParallelBranchesBlock, branches=config.parallel_branches)
@@ -378,7 +378,8 @@ def _encoder(config, x, posembed, grid, images=None):
     rope = None if config.rope is None else {
         **config.rope, "num_prefix_tokens": config.num_prefix_tokens,
         **({"grid_size": None, "stride": config.stride} if images is not None else {"grid_size": grid, "stride": None})}
-    on_images = {**({"images": images} if rope is not None and images is not None else {}),
+    relative = config.relative_position_bias or config.relative_position_mlp is not None
+    on_images = {**({"images": images} if (rope is not None or relative) and images is not None else {}),
                  **L.rotary_augment_inputs(config.rope, x)}  # with DINOv3's training-time draw, one a forward
     for i in range(config.num_layers):
         if i and config.position_placement == "every_layer_shared":
@@ -396,6 +397,7 @@ def _encoder(config, x, posembed, grid, images=None):
                   relative_mlp=None if config.relative_position_mlp is None else {
                       "grid_size": grid, "hidden_dim": config.relative_position_mlp,
                       "num_prefix_tokens": config.num_prefix_tokens},
+                  relative_stride=config.stride if relative and images is not None else None,
                   post_norm=config.post_norm, qk_norm=config.qk_norm, parallel=config.parallel_blocks,
                   differential=i if config.differential_attention else None,
                   name=f"encoderblock_{i}")(x, **on_images)

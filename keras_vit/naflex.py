@@ -9,7 +9,7 @@ from keras_vit import layers as L
 from keras_vit.calls import is_naflex
 from keras_vit.layers.initial import overwritten
 from keras_vit.structure import find_vit
-from keras_vit.vit_model import ANY_SIZE_EXPECTED, ViTModel, one_grid_only
+from keras_vit.vit_model import ANY_SIZE_EXPECTED, ViTModel, one_grid_a_batch, one_grid_only
 
 
 def naflex_inputs(patch_width, dtype="float32"):
@@ -22,7 +22,7 @@ def naflex_inputs(patch_width, dtype="float32"):
 
 def _check_convertible(model, parts):
     """Raises when `model`'s ViT cannot read a NaFlex batch (what it has instead, by name)."""
-    why = one_grid_only(model, parts)
+    why = one_grid_only(model, parts) or one_grid_a_batch(parts)
     if why is None and parts.resnet is not None:
         why = "a hybrid's ResNet stem needs whole images, not patches"
     if why is None and getattr(parts.blocks[0], "rope", None):

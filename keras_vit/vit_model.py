@@ -132,11 +132,17 @@ def one_grid_only(model, parts):
         return "its position embeddings are added before every block (position_placement)"
     if any(isinstance(b, L.RelativeTransformerBlock) for b in parts.blocks):
         return "its blocks carry relative position attention (Table 8's relative variant)"
+    return None
+
+
+def one_grid_a_batch(parts):
+    """Why the blocks of the ViT `parts` take one grid for a whole batch (a relative position bias, BEiT's table or
+    timm's MLP, is made for the grid of each call: `any_size` gives it any grid, a NaFlex batch of several grids
+    it cannot take), or None."""
     if any(getattr(b, "relative_bias_grid", None) is not None for b in parts.blocks):
-        return "its blocks carry BEiT's relative position bias, a table laid out for one grid"
+        return "its blocks carry BEiT's relative position bias, a table made for one grid a call"
     if any(getattr(b, "relative_mlp", None) is not None for b in parts.blocks):
-        return ("its blocks' relative position MLP gives its bias for the grid they were built at (build the model "
-                "at the size you need: the weights fit any grid)")
+        return "its blocks' relative position MLP gives its bias for one grid a call"
     return None
 
 
@@ -145,8 +151,9 @@ def any_size(model):
     width divisible by its token size (patch size times a hybrid's ResNet stride; any size of at least one
     patch, cut to whole patches, for a model built with `crop_to_patches=True`): the same layers
     and weights, the position embeddings kept on their grid and resized at each call by the model's
-    rule, as if built with `input_shape=(None, None, 3)`; class names kept. A model that takes any
-    size already is returned as it is.
+    rule, as if built with `input_shape=(None, None, 3)`; class names kept. Rotary tables and relative position
+    biases are made for the grid of each call (BEiT's relative tables resized as transformers'
+    `interpolate_pos_encoding` resizes them). A model that takes any size already is returned as it is.
 
     Raises:
         ValueError: a model whose position embeddings cannot be resized at call time (Table 8's
@@ -175,6 +182,8 @@ def any_size(model):
             config.update(grid_size=None, stride=stride)
         elif config.get("rope"):  # a rotary block: its tables from the grid of each call's images
             config["rope"] = {**config["rope"], "grid_size": None, "stride": stride}
+        if config.get("relative_bias_grid") is not None or config.get("relative_mlp") is not None:
+            config["relative_stride"] = stride  # its bias made for the grid of each call's images
         return layer.__class__.from_config(config)
 
     cropped = []  # with crop_to_patches, the images the layers after it see
@@ -182,7 +191,7 @@ def any_size(model):
     def call(layer, *args, **kwargs):  # the layers that read the grid off the images get them
         if layer.name in ("posembed_input", "feature_map"):
             return layer(*args, cropped[0] if cropped else inputs, **kwargs)
-        if getattr(layer, "rope", None):
+        if getattr(layer, "reads_images", False):
             return layer(*args, images=cropped[0] if cropped else inputs, **kwargs)
         out = layer(*args, **kwargs)
         if layer.name == "crop_to_patches":
@@ -198,4 +207,4 @@ def any_size(model):
     return copy
 
 
-__all__ = ["ANY_SIZE_EXPECTED", "ANY_SIZE_LAYERS", "ViTModel", "any_size", "one_grid_only"]
+__all__ = ["ANY_SIZE_EXPECTED", "ANY_SIZE_LAYERS", "ViTModel", "any_size", "one_grid_a_batch", "one_grid_only"]

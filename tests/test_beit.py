@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 import keras_vit
+from keras_vit.inspection import attention_maps
+from keras_vit.naflex import naflex
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors.torch")
@@ -48,9 +50,10 @@ def test_timm_beit_files_equal_timm(size, tmp_path):
 
 @pytest.mark.backend_independent
 def test_a_beit_model_reloads_and_what_it_refuses(tmp_path):
-    """A BEiT model reloads from `.keras` in safe mode with the same outputs; a file of a non-square grid that its
-    name does not give (timm's rule needs the file's grid) built at another, or a model made to take any size, is
-    refused in one line naming the grids."""
+    """A BEiT model, and its `any_size` copy, reload from `.keras` in safe mode with the same outputs (the copy's
+    attention maps at the model's own grid its own); a file of a
+    non-square grid that its name does not give (timm's rule needs the file's grid) built at another, or a model
+    made to take a NaFlex batch (a table for one grid a call), is refused in one line naming the grids."""
     ref = _timm((48, 80))
     path = timm_file(ref, tmp_path, ARCH)
     model = keras_vit.from_timm(path, image_size=(48, 80), classifier_activation=None)
@@ -61,8 +64,16 @@ def test_a_beit_model_reloads_and_what_it_refuses(tmp_path):
                                          r"nor of the grid its config names; model 'vit' has a 4x4 grid. Build at "
                                          r"the file's image size"):
         keras_vit.from_timm(path, image_size=(64, 64))
-    with pytest.raises(ValueError, match="BEiT's relative position bias, a table laid out for one grid"):
-        keras_vit.any_size(model)
+    copy = keras_vit.any_size(model)
+    copy.save(tmp_path / "any.keras")
+    x = images(32, 48)
+    close(to_numpy(keras.saving.load_model(tmp_path / "any.keras", safe_mode=True)(x)), to_numpy(copy(x)), "any size")
+    maps = attention_maps(copy, x)  # at another grid (2 x 3): rows of probabilities; at its own, the table itself
+    np.testing.assert_allclose(attention_maps(copy, images(48, 80))[0], attention_maps(model, images(48, 80))[0],
+                               atol=1e-6, rtol=0, err_msg="attention maps at the model's own grid")
+    assert maps[0].shape == (2, 12, 7, 7) and np.allclose(maps[-1].sum(-1), 1.0, atol=1e-5)
+    with pytest.raises(ValueError, match="BEiT's relative position bias, a table made for one grid a call"):
+        naflex(model)
     with pytest.raises(ValueError, match="relative_position_bias=True is BEiT's: laid out for a class token"):
         keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1,
                                     classifier="gap", relative_position_bias=True)
@@ -136,8 +147,9 @@ def test_transformers_beit_and_data2vec_folders_equal_transformers(case, tmp_pat
     """A folder saved by transformers' `save_pretrained`, read by `from_huggingface` with no argument: the classifier's
     logits, else the model's pooler output (the patch tokens' mean through the pooler's layernorm, or the class token
     after the final norm); each block's own relative position bias, one shared by the blocks (copied into each),
-    an absolute table. Built at another size (48 x 64 px), equal to transformers' model of the folder at that size
-    with `interpolate_pos_encoding=True` (the relative tables resized bilinearly, as it does)."""
+    an absolute table. Built at another size (48 x 64 px), and the `any_size` copy of the model called at it (its
+    tables resized in the call), equal to transformers' model of the folder at that size with
+    `interpolate_pos_encoding=True` (the relative tables resized bilinearly, as it does)."""
     import transformers
 
     name, options = HF_CASES[case]
@@ -158,5 +170,7 @@ def test_transformers_beit_and_data2vec_folders_equal_transformers(case, tmp_pat
         with torch.no_grad():
             out = ref(pixel_values=nchw(x), interpolate_pos_encoding=True)
         expected = out.logits if name.endswith("Classification") else out.pooler_output
+        copy = keras_vit.any_size(model)
         model = keras_vit.from_huggingface(tmp_path / "hf", image_size=(48, 64), classifier_activation=None)
         close(to_numpy(model(x)), expected.numpy(), f"{case} at 48x64")
+        close(to_numpy(copy(x)), expected.numpy(), f"{case}, any size, at 48x64")

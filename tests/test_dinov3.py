@@ -91,6 +91,8 @@ def test_a_dinov3_model_of_any_size_reloads_extracts_and_inspects(tmp_path):
     attentions = attention_maps(fixed, x)
     assert attentions[0].shape == (2, 6, PREFIX + 16, PREFIX + 16)
     np.testing.assert_allclose(np.asarray(attentions[0]).sum(-1), 1.0, atol=1e-5)
+    for ours, theirs in zip(attention_maps(model, x), attentions):  # the any-size model: its tables of these images
+        np.testing.assert_allclose(ours, theirs, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("gated", [False, pytest.param(True, marks=ONCE)], ids=["mlp", "gated_mlp"])

@@ -147,6 +147,27 @@ def test_hybrid_any_size_in_onnx(tmp_path):
     _check_sizes(model, path, "onnx", "features", [(32, 32), (16, 48), (56, 40)], 1e-4)
 
 
+# BEiT's relative table beside a learned 1-D one on a 4 x 7 grid resized bicubically (TensorFlow's converter made a
+# clip of integers to [0, 6], the taps on 7 positions, a Relu6, which LiteRT runs on floats only), and timm's
+# relative position MLP (ONNX has no log1p)
+RELATIVE = {"beit": dict(ARCH, image_size=(32, 56), relative_position_bias=True, layer_scale=0.1,
+                         position_interpolation="bicubic"),
+            "relpos_mlp": dict(ARCH, image_size=32, position_embedding="none", relative_position_mlp=16)}
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_relative_position_biases_in_any_size_artefacts(format, tmp_path):
+    """A BEiT model and a relative-position-MLP model that take any size: each artefact this backend writes makes
+    their biases for the grid of each call's images (jax: under jax2tf's symbolic sizes), equal to Keras."""
+    _runtime_or_skip(format)
+    if tensorflows_file(format, any_size=True):
+        pytest.skip(f"{BACKEND}'s any-size {format} is written by TensorFlow: checked on its lane")
+    for name, options in RELATIVE.items():
+        model = _spread(keras_vit.VisionTransformer(**options, input_shape=(None, None, 3)))
+        path = export(model, tmp_path / name, format)
+        _check_sizes(model, path, format, "probabilities", [(32, 56), (48, 64), (40, 8)], 1e-5)
+
+
 @pytest.mark.backend_independent
 def test_any_size_refusals_name_what_was_expected(tmp_path, capsys):
     """Position embeddings that cannot be resized (Table 8's 2-D and relative variants) refuse any size

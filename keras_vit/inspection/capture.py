@@ -89,7 +89,8 @@ def _run_vit(parts, images, layer_indices):
             posembed = parts.block_posembeds[i]
             if i and posembed is not None:
                 x = posembed(x)
-            x, attn = block(x, training=False, return_attention=True)
+            on_images = {"images": pixels} if getattr(block, "reads_images", False) else {}
+            x, attn = block(x, training=False, return_attention=True, **on_images)
             if i in needed:
                 attentions[i] = keras.ops.convert_to_numpy(keras.ops.cast(attn, "float32"))
         tokens = keras.ops.convert_to_numpy(keras.ops.cast(x, "float32"))

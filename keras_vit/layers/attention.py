@@ -224,6 +224,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         rope: None, or (sin, cos): the queries and keys of the tokens after the first
             `rope_prefix_tokens` rotated by these tables (T - prefix, head_dim) before the attention
             (`keras_vit.layers.rotary`); every path, the fused ones included, then runs as without.
+        grid: None, or the (h, w) patch grid of this call, passed to `logit_bias` (a relative position
+            bias computed for the grid of each call's images).
     """
 
     def __init__(self, num_heads, dropout_rate=0.0, attention_implementation="auto", inner_norm=False,
@@ -314,19 +316,20 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         kernel = ops.reshape(self.out.kernel, (dim, self.out.kernel.shape[-1]))
         return dense(y, ops.cast(kernel, y.dtype), ops.cast(self.out.bias, y.dtype))
 
-    def logit_bias(self, q, scale, training=None):
+    def logit_bias(self, q, scale, training=None, grid=None):
         """A term added to the attention logits (B or 1, heads, T, T), or None (the default: the
-        fused path runs). A hook for subclasses, e.g. relative position attention."""
+        fused path runs). A hook for subclasses, e.g. relative position attention; `grid`: None, or
+        the (h, w) patch grid of this call (ints or scalar tensors), for a bias that reads it."""
         return None
 
-    def call(self, x, training=None, return_attention=False, valid=None, rope=None, rope_prefix_tokens=0):
+    def call(self, x, training=None, return_attention=False, valid=None, rope=None, rope_prefix_tokens=0, grid=None):
         q, k, v = self._qkv(x)
         if self.qk_norms:
             q, k = (normalize(norm, t) for norm, t in zip(self.qk_norms, (q, k)))
         if rope is not None:
             q, k = (rotate_patches(t, *rope, rope_prefix_tokens) for t in (q, k))
         scale = 1.0 / math.sqrt(self.head_dim)
-        bias = self.logit_bias(q, scale, training)
+        bias = self.logit_bias(q, scale, training, grid)
         if bias is None and not return_attention and not (training and self.dropout_rate > 0):
             if self.flash:
                 return self._out(_flash_attention(q, k, v, scale, training=bool(training), valid=valid))

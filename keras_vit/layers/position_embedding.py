@@ -59,7 +59,9 @@ def resize_position_embeddings(posemb, new_grid, old_grid=None, num_prefix_token
 def _linear_taps_ops(pos, old):
     """(..., old) weights that read each position of `pos` (float32, in [0, old - 1]) linearly
     between its two neighbouring inputs."""
-    lo = ops.clip(ops.cast(ops.floor(pos), "int32"), 0, old - 1)
+    # clipped as floats: TensorFlow's converter makes a clip of int32 to [0, 6] a Relu6, which LiteRT runs on
+    # floats only
+    lo = ops.cast(ops.floor(ops.clip(pos, 0.0, float(old - 1))), "int32")
     hi = ops.minimum(lo + 1, old - 1)
     frac = ops.expand_dims(pos - ops.cast(lo, "float32"), -1)
     return ops.one_hot(lo, old) * (1.0 - frac) + ops.one_hot(hi, old) * frac
@@ -94,11 +96,11 @@ def resize_weights(old, rows, new, method):
     if method == "bilinear_half_pixel":
         return _linear_taps_ops(ops.clip(pos, 0.0, float(old - 1)), old)
     floor = ops.floor(pos)  # "bicubic": four taps around pos, the ones past an edge clamped onto it
-    first = ops.cast(floor, "int32") - 1
     weights = 0.0
     for k in range(4):
         weight = ops.expand_dims(_cubic_kernel_ops(pos - floor + float(1 - k), -0.75), -1)
-        weights = weights + ops.one_hot(ops.clip(first + k, 0, old - 1), old) * weight
+        tap = ops.cast(ops.clip(floor + float(k - 1), 0.0, float(old - 1)), "int32")  # as floats: see _linear_taps_ops
+        weights = weights + ops.one_hot(tap, old) * weight
     return weights
 
 

@@ -47,7 +47,7 @@ class RelativeMultiHeadDotProductAttention(MultiHeadDotProductAttention):
                              "adds a bias to the logits, which the fused kernel does not take; use 'auto'")
         return False
 
-    def logit_bias(self, q, scale, training=None):
+    def logit_bias(self, q, scale, training=None, grid=None):
         t = self.num_tokens
         if q.shape[1] is not None and q.shape[1] != t:
             raise ValueError(f"relative attention was built for {t} tokens, got {q.shape[1]}")

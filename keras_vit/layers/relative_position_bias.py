@@ -1,7 +1,9 @@
 """BEiT's 2-D relative position bias (Bao et al. 2021): each block's attention adds to the logit of query i and key
 j a learned per-head bias of the offset between their patches on the grid, and three more for the class token
-(class to patch, patch to class, class to class). A table of (2h - 1)(2w - 1) + 3 biases a head, read through a
-fixed index, so the layer is laid out for one grid; `resize_relative_position_bias` lays a table out for another."""
+(class to patch, patch to class, class to class). A table of (2h - 1)(2w - 1) + 3 biases a head, read through an
+index of the grid: `resize_relative_position_bias` lays a table out for another grid once, and a layer given the
+grid of each call (`grid=`, a model that takes any size) resizes its table to it there, as transformers'
+`interpolate_pos_encoding` resizes its square tables."""
 
 import keras
 import numpy as np
@@ -9,6 +11,7 @@ from keras import ops
 
 from keras_vit.interpolation import geometric_resize_matrix, resize_2d
 from keras_vit.layers.attention import MultiHeadDotProductAttention
+from keras_vit.layers.position_embedding import resize_weights
 
 RELATIVE_RESIZES = ("geometric", "bilinear")
 
@@ -27,6 +30,30 @@ def relative_position_index(grid_h, grid_w):
     index[:, 0] = patches + 1  # the class token's key
     index[0, 0] = patches + 2
     return index
+
+
+def offset_index(grid_h, grid_w):
+    """(N, N) int32 tensor, N = grid_h * grid_w (the patches in raster order): entry (i, j) the row of the offset
+    (dy, dx) from patch i to patch j in a table of the offsets laid out (2h, 2w) row-major, dy + h - 1 and
+    dx + w - 1 from 0, the last row and column unused (a size of 4hw, where (2h - 1)(2w - 1) is one that JAX's
+    symbolic shapes cannot prove nonnegative); with keras.ops, the sides ints or scalar tensors (a grid read off
+    the images at call time)."""
+    rows, cols = ops.arange(grid_h, dtype="int32"), ops.arange(grid_w, dtype="int32")
+    h, w = ops.shape(rows)[0], ops.shape(cols)[0]
+    r = ops.reshape(ops.broadcast_to(rows[:, None], (h, w)), (-1,))
+    c = ops.reshape(ops.broadcast_to(cols[None, :], (h, w)), (-1,))
+    return (r[:, None] - r[None, :] + (h - 1)) * (2 * w) + (c[:, None] - c[None, :] + (w - 1))
+
+
+def relative_index_of(grid_h, grid_w):
+    """(T, T) int32 tensor, T = 1 + grid_h * grid_w: `relative_position_index` with keras.ops for a table of
+    `offset_index`'s layout, its 4hw rows of offsets and then the class token's three."""
+    offsets = offset_index(grid_h, grid_w)
+    patches = 4 * grid_h * grid_w
+    tokens = ops.arange(ops.shape(offsets)[0] + 1, dtype="int32")
+    query, key = tokens[:, None], tokens[None, :]
+    padded = ops.pad(offsets, ((1, 0), (1, 0)))
+    return ops.where(query == 0, ops.where(key == 0, patches + 2, patches), ops.where(key == 0, patches + 1, padded))
 
 
 def resize_relative_position_bias(table, old_grid, new_grid, method="geometric"):
@@ -64,7 +91,8 @@ def resize_relative_position_bias(table, old_grid, new_grid, method="geometric")
 class RelativeBiasAttention(MultiHeadDotProductAttention):
     """`MultiHeadDotProductAttention` plus BEiT's relative position bias on the logits, a table
     `relative_position_bias_table` ((2h - 1)(2w - 1) + 3, heads) for the tokens of a class token and an (h, w)
-    grid (`relative_position_index`). The explicit softmax path runs (the bias is one more logit term).
+    grid (`relative_position_index`). The explicit softmax path runs (the bias is one more logit term). Called with
+    `grid=` (h, w) of another grid, the table is resized to it there (`table_for`).
 
     Args:
         grid_size: (h, w), the patch grid the table is laid out for.
@@ -86,10 +114,28 @@ class RelativeBiasAttention(MultiHeadDotProductAttention):
             initializer="zeros")
         self.index = relative_position_index(h, w).reshape(-1)
 
-    def logit_bias(self, q, scale, training=None):
-        tokens = 1 + self.grid_size[0] * self.grid_size[1]
-        bias = ops.take(self.relative_position_bias_table, self.index, axis=0)  # (T * T, heads)
+    def logit_bias(self, q, scale, training=None, grid=None):
+        if grid is None or (all(isinstance(v, int) for v in grid) and tuple(grid) == self.grid_size):
+            grid, table, index = self.grid_size, self.relative_position_bias_table, self.index
+        else:  # another grid, known when called: the table resized to it, read through its index
+            table, index = self.table_for(grid), ops.reshape(relative_index_of(*grid), (-1,))
+        tokens = 1 + grid[0] * grid[1]
+        bias = ops.take(table, index, axis=0)  # (T * T, heads)
         return ops.transpose(ops.reshape(bias, (tokens, tokens, self.num_heads)), (2, 0, 1))[None]
+
+    def table_for(self, grid):
+        """The table for the grid `grid` (ints or scalar tensors) with keras.ops, in `relative_index_of`'s layout:
+        the plane of offsets resized by torch's half-pixel bilinear rule, as transformers' `interpolate_pos_encoding`
+        resizes its (square) tables, then the class token's three rows. A table of a grid that is not square (timm's)
+        is read as its index lays it out, (2h - 1, 2w - 1), not transposed as transformers would read it: at its own
+        grid, the table itself."""
+        (h, w), table = self.grid_size, ops.cast(self.relative_position_bias_table, "float32")
+        plane = ops.reshape(table[:-3], (2 * h - 1, 2 * w - 1, self.num_heads))
+        # (2 new_h, 2 new_w): the resize's (2 new_h - 1, 2 new_w - 1) and a row and a column past it, unread
+        rows, cols = (resize_weights(2 * old - 1, ops.arange(2 * new), 2 * new - 1, "bilinear_half_pixel")
+                      for old, new in zip(self.grid_size, grid))
+        resized = ops.einsum("ia,abk,jb->ijk", rows, plane, cols)
+        return ops.concatenate([ops.reshape(resized, (-1, self.num_heads)), table[-3:]], axis=0)
 
     def official_weights(self):
         return {**super().official_weights(), "relative_position_bias_table": self.relative_position_bias_table}

@@ -82,11 +82,15 @@ class TransformerBlock(keras.layers.Layer):
         relative_mlp: None (the default), or timm's relative position MLP in the attention
             (`keras_vit.layers.relative_position_mlp`): a dict of its `grid_size`, `hidden_dim` and
             `num_prefix_tokens`.
+        relative_stride: None (the default): the relative position bias (`relative_bias_grid`'s or
+            `relative_mlp`'s) is for the grid the block is built at; or the pixels per token of the images
+            each call gives (`images=`: a model that takes any size), whose grid the bias is made for there
+            (BEiT's table resized as transformers' `interpolate_pos_encoding` resizes it).
     Call args:
         x: tokens (B, T, D).
         return_attention: also return the softmax attention weights (B, heads, T, T).
         valid: None, or (B, T) bool, the tokens attention reads (a NaFlex batch: False on padding).
-        images: the model's images (B, H, W, C), for a rotary block that reads its grid off them.
+        images: the model's images (B, H, W, C), for a rotary or relative block that reads its grid off them.
         rope_augment: None, or the (3, 2) draw of DINOv3's training-time augmentation of the rotary coordinates
             (`RotaryAugment`), which a block whose `rope` sets shift, jitter or rescale reads in training.
     """
@@ -95,7 +99,7 @@ class TransformerBlock(keras.layers.Layer):
                  approximate_gelu=True, layer_norm_epsilon=LAYER_NORM_EPSILON, attention_implementation="auto",
                  mlp_activation="gelu", layer_scale=None, drop_path_rate=0.0, rope=None, mlp_norm=False,
                  attention_norm=False, normalization="layer_norm", relative_bias_grid=None, relative_mlp=None,
-                 post_norm=False, qk_norm=False, parallel=False, differential=None, **kwargs):
+                 relative_stride=None, post_norm=False, qk_norm=False, parallel=False, differential=None, **kwargs):
         super().__init__(**kwargs)
         self.differential = differential
         self.post_norm, self.qk_norm, self.parallel = bool(post_norm), bool(qk_norm), bool(parallel)
@@ -106,6 +110,7 @@ class TransformerBlock(keras.layers.Layer):
             "grid_size": tuple(int(v) for v in relative_mlp["grid_size"]), "hidden_dim": int(relative_mlp["hidden_dim"]),
             "num_prefix_tokens": int(relative_mlp.get("num_prefix_tokens", 0))}
         self.relative_bias_grid = None if relative_bias_grid is None else tuple(int(v) for v in relative_bias_grid)
+        self.relative_stride = _check_relative_stride(relative_stride, self.relative_bias_grid, self.relative_mlp)
         self.normalization = check_normalization(normalization)
         self.mlp_norm, self.attention_norm = bool(mlp_norm), bool(attention_norm)
         self.rope = _check_block_rope(rope)
@@ -199,12 +204,13 @@ class TransformerBlock(keras.layers.Layer):
         x = cotangent_barrier(x)
         moved = rope_augment if training and self.rope_moves else None
         tables = self._tables(images, moved)
+        grid = self._relative_grid(images)
         paths = self._path_masks(x) if training else ()  # drawn once: a recomputation reuses them
         if self.remat and training and not return_attention:
             # the masks travel with the dropout masks: the recomputation may close over no traced value
             keep = (self._keep_masks(x), paths, valid, tables)
             forward = lambda x, keep: self._forward(  # noqa: E731
-                x, training, keep=keep[0], paths=keep[1], valid=keep[2], tables=keep[3])
+                x, training, keep=keep[0], paths=keep[1], valid=keep[2], tables=keep[3], grid=grid)
             if keras.backend.backend() != "jax":
                 if self.rope is not None and self.rope["kind"] == "mixed":  # tables of weights: made in the
                     # recomputed part, where TensorFlow's recompute_grad sees the weights they are read from
@@ -213,7 +219,14 @@ class TransformerBlock(keras.layers.Layer):
             # chosen for the platform the step is lowered for: `jax.checkpoint` on a GPU or TPU
             return per_platform(x, keep, cpu=lambda x, keep: jax_cpu_remat(forward, self.variables, x, keep),
                                 default=keras.remat(forward))
-        return self._forward(x, training, return_attention=return_attention, valid=valid, paths=paths, tables=tables)
+        return self._forward(x, training, return_attention=return_attention, valid=valid, paths=paths, tables=tables,
+                             grid=grid)
+
+    @property
+    def reads_images(self):
+        """Whether the block reads its grid off the images each call gives (`images=`): a rotary block without a
+        grid of its own, or a relative one with a `relative_stride`."""
+        return (self.rope is not None and self.rope["grid_size"] is None) or self.relative_stride is not None
 
     @property
     def rope_options(self):
@@ -234,6 +247,15 @@ class TransformerBlock(keras.layers.Layer):
         if self.rope["kind"] == "mixed":  # from the block's learned frequencies
             return mixed_rope_tables(*grid, self.rope_freqs, self.rope["axes"])
         return rope_tables(*grid, self.attention.head_dim, self.rope, moved)
+
+    def _relative_grid(self, images):
+        """The patch grid of this call's `images` for a relative block that reads it off them, else None."""
+        if self.relative_stride is None:
+            return None
+        if images is None:
+            raise ValueError(f"{self.name}: a relative position block that reads its grid off the images "
+                             f"(relative_stride {self.relative_stride}) needs them: call it with images=")
+        return runtime_grid(images, self.relative_stride)
 
     def _keep_masks(self, x):
         """Dropout keep-masks for the three dropouts of a training step (none without dropout)."""
@@ -272,8 +294,10 @@ class TransformerBlock(keras.layers.Layer):
     def _scaled(self, y, i):
         return y * ops.cast(self.scales[i], y.dtype) if self.scales else y
 
-    def _forward(self, x, training, return_attention=False, keep=(), valid=None, paths=(), tables=None):
+    def _forward(self, x, training, return_attention=False, keep=(), valid=None, paths=(), tables=None, grid=None):
         rotary = {} if tables is None else {"rope": tables, "rope_prefix_tokens": self.rope["num_prefix_tokens"]}
+        if grid is not None:
+            rotary["grid"] = grid
         x_0 = x if self.post_norm else normalize(self.norm_0, x)
         attention = self.attention.call if direct(self.attention, x_0) else self.attention
         y = attention(x_0, training=training, return_attention=return_attention, valid=valid, **rotary)
@@ -334,6 +358,7 @@ class TransformerBlock(keras.layers.Layer):
             "normalization": self.normalization,
             "relative_bias_grid": self.relative_bias_grid,
             "relative_mlp": self.relative_mlp,
+            "relative_stride": self.relative_stride,
             "post_norm": self.post_norm,
             "qk_norm": self.qk_norm,
             "parallel": self.parallel,
@@ -342,6 +367,18 @@ class TransformerBlock(keras.layers.Layer):
 
 
 _ROPE_LAYOUT = ("num_prefix_tokens", "grid_size", "stride")  # where a block's rope meets its tokens
+
+
+def _check_relative_stride(stride, bias_grid, mlp):
+    """`stride` (None, or a positive int) where the block has a relative position bias to give it to."""
+    if stride is None:
+        return None
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise ValueError(f"relative_stride must be None or the pixels per token (a positive int), got {stride!r}")
+    if bias_grid is None and mlp is None:
+        raise ValueError("relative_stride reads the grid of a relative position bias off the images; the block has "
+                         "none (relative_bias_grid and relative_mlp are None)")
+    return stride
 
 
 def _check_block_rope(rope):
