@@ -1,6 +1,5 @@
-"""The Vision Transformer builder (paper section 3.1, Figure 1): `build_vit` checks its options as a
-`keras_vit.vit_config.ViTConfig`, then builds the model in stages: inputs, embedding, encoder,
-pooling, top."""
+"""The Vision Transformer builder (paper section 3.1, Figure 1): `build_vit` checks its options as a ViTConfig
+(`keras_vit.vit_config`), then builds the model in stages: inputs, embedding, encoder, pooling, top."""
 
 import functools
 
@@ -263,11 +262,10 @@ def build_vit(
             timm's `*_18x2_*`). Not with rotary or relative positions, `post_norm`, `parallel_blocks` or `remat`.
         differential_attention: every block's attention differential (`layers.DifferentialAttention`, Ye et al. 2024;
             timm's `vit_dwee_*`, `vit_dlittle_*`, `vit_dpwee_*`), its lambda_init set by the block's index.
-        relative_position_bias: BEiT's 2-D relative position bias in every block's attention, its own table a block
-            (`keras_vit.layers.relative_position_bias`), laid out for the model's grid and a class token.
-        relative_position_mlp: None, or the hidden width of timm's relative position MLP in every block's attention
-            (`keras_vit.layers.relative_position_mlp`: a bias per head from each patch offset, none for a class token;
-            timm's `vit_relpos_*`), given for the model's grid.
+        relative_position_bias: BEiT's 2-D relative position bias in every block's attention, a table a block
+            (`layers.relative_position_bias`) for a class token and the grid (each call's, where it takes any size).
+        relative_position_mlp: None, or the width of timm's relative position MLP (`layers.relative_position_mlp`,
+            `vit_relpos_*`) in every block's attention: a bias per head from each patch offset, for the grid as above.
         class_token: None (a class token exactly with classifier="token"), or True: a class token beside the "map"
             or "gap" classifier, with its position embedding, pooled by neither (Perception Encoder's).
         map_num_heads, map_mlp_dim: the attention-pool head's own head count and MLP width (None: the encoder's;
@@ -378,8 +376,8 @@ def _encoder(config, x, posembed, grid, images=None):
     rope = None if config.rope is None else {
         **config.rope, "num_prefix_tokens": config.num_prefix_tokens,
         **({"grid_size": None, "stride": config.stride} if images is not None else {"grid_size": grid, "stride": None})}
-    relative = config.relative_position_bias or config.relative_position_mlp is not None
-    on_images = {**({"images": images} if (rope is not None or relative) and images is not None else {}),
+    relative = (config.relative_position_bias or config.relative_position_mlp is not None) and images is not None
+    on_images = {**({"images": images} if (rope is not None and images is not None) or relative else {}),
                  **L.rotary_augment_inputs(config.rope, x)}  # with DINOv3's training-time draw, one a forward
     for i in range(config.num_layers):
         if i and config.position_placement == "every_layer_shared":
@@ -397,7 +395,7 @@ def _encoder(config, x, posembed, grid, images=None):
                   relative_mlp=None if config.relative_position_mlp is None else {
                       "grid_size": grid, "hidden_dim": config.relative_position_mlp,
                       "num_prefix_tokens": config.num_prefix_tokens},
-                  relative_stride=config.stride if relative and images is not None else None,
+                  relative_stride=config.stride if relative else None,
                   post_norm=config.post_norm, qk_norm=config.qk_norm, parallel=config.parallel_blocks,
                   differential=i if config.differential_attention else None,
                   name=f"encoderblock_{i}")(x, **on_images)
