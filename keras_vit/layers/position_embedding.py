@@ -156,6 +156,12 @@ def runtime_grid(images, stride):
     return tuple(d // stride if isinstance(d, int) else s // stride for d, s in zip(images.shape[1:3], shape[1:3]))
 
 
+def is_grid(grid, grid_size):
+    """Whether `grid` (ints, or scalar tensors where a call's size is known only when run) is known, when traced,
+    to be the (h, w) `grid_size`: a table laid out for it is read as it is."""
+    return all(isinstance(v, int) for v in grid) and tuple(grid) == tuple(grid_size)
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class AddPositionEmbs(keras.layers.Layer):
     """Adds learnable position embeddings (official `Transformer/posembed_input/pos_embedding`).
@@ -237,7 +243,7 @@ class AddPositionEmbs(keras.layers.Layer):
 
     def resized(self, grid):
         """The embeddings for a (new_h, new_w) grid (ints or scalar tensors), computed with ops."""
-        if all(isinstance(v, int) for v in grid) and tuple(grid) == self.grid_size:
+        if is_grid(grid, self.grid_size):
             return self.pos_embedding
         prefix, table = self._table()
         sizes = resize_sizes(grid, self.aspect_preserving)

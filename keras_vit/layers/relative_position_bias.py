@@ -11,7 +11,7 @@ from keras import ops
 
 from keras_vit.interpolation import geometric_resize_matrix, resize_2d
 from keras_vit.layers.attention import MultiHeadDotProductAttention
-from keras_vit.layers.position_embedding import resize_weights
+from keras_vit.layers.position_embedding import is_grid, resize_weights
 
 RELATIVE_RESIZES = ("geometric", "bilinear")
 
@@ -115,7 +115,7 @@ class RelativeBiasAttention(MultiHeadDotProductAttention):
         self.index = relative_position_index(h, w).reshape(-1)
 
     def logit_bias(self, q, scale, training=None, grid=None):
-        if grid is None or (all(isinstance(v, int) for v in grid) and tuple(grid) == self.grid_size):
+        if grid is None or is_grid(grid, self.grid_size):
             grid, table, index = self.grid_size, self.relative_position_bias_table, self.index
         else:  # another grid, known when called: the table resized to it, read through its index
             table, index = self.table_for(grid), ops.reshape(relative_index_of(*grid), (-1,))

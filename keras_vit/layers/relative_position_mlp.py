@@ -10,6 +10,7 @@ from keras import ops
 
 from keras_vit.layers.attention import MultiHeadDotProductAttention
 from keras_vit.layers.initial import initial
+from keras_vit.layers.position_embedding import is_grid
 from keras_vit.layers.relative_position_bias import offset_index, relative_position_index
 
 MLP_DROPOUT = 0.125  # timm's, after the MLP's ReLU, in training
@@ -71,7 +72,7 @@ class RelativeMlpAttention(MultiHeadDotProductAttention):
         self.index = relative_position_index(h, w)[1:, 1:].reshape(-1)  # the patches' rows: no class token here
 
     def logit_bias(self, q, scale, training=None, grid=None):
-        if grid is None or (all(isinstance(v, int) for v in grid) and tuple(grid) == self.grid_size):
+        if grid is None or is_grid(grid, self.grid_size):
             grid, offsets, index = self.grid_size, self.offsets, self.index
         else:  # another grid, known when called
             offsets, index = log_offsets_of(*grid), ops.reshape(offset_index(*grid), (-1,))

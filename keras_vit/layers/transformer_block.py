@@ -240,10 +240,7 @@ class TransformerBlock(keras.layers.Layer):
             return self.tables
         grid = self.rope["grid_size"]
         if grid is None:
-            if images is None:
-                raise ValueError(f"{self.name}: a rotary block that reads its grid off the images (rope stride "
-                                 f"{self.rope['stride']}) needs them: call it with images=")
-            grid = runtime_grid(images, self.rope["stride"])
+            grid = self._grid_of(images, "rotary", f"rope stride {self.rope['stride']}", self.rope["stride"])
         if self.rope["kind"] == "mixed":  # from the block's learned frequencies
             return mixed_rope_tables(*grid, self.rope_freqs, self.rope["axes"])
         return rope_tables(*grid, self.attention.head_dim, self.rope, moved)
@@ -252,10 +249,16 @@ class TransformerBlock(keras.layers.Layer):
         """The patch grid of this call's `images` for a relative block that reads it off them, else None."""
         if self.relative_stride is None:
             return None
+        return self._grid_of(images, "relative position", f"relative_stride {self.relative_stride}",
+                             self.relative_stride)
+
+    def _grid_of(self, images, kind, setting, stride):
+        """The patch grid of `images` cut in `stride`-pixel tokens, for a `kind` block that reads it off them (its
+        `setting` said where the images are missing)."""
         if images is None:
-            raise ValueError(f"{self.name}: a relative position block that reads its grid off the images "
-                             f"(relative_stride {self.relative_stride}) needs them: call it with images=")
-        return runtime_grid(images, self.relative_stride)
+            raise ValueError(f"{self.name}: a {kind} block that reads its grid off the images ({setting}) needs "
+                             "them: call it with images=")
+        return runtime_grid(images, stride)
 
     def _keep_masks(self, x):
         """Dropout keep-masks for the three dropouts of a training step (none without dropout)."""
@@ -295,12 +298,12 @@ class TransformerBlock(keras.layers.Layer):
         return y * ops.cast(self.scales[i], y.dtype) if self.scales else y
 
     def _forward(self, x, training, return_attention=False, keep=(), valid=None, paths=(), tables=None, grid=None):
-        rotary = {} if tables is None else {"rope": tables, "rope_prefix_tokens": self.rope["num_prefix_tokens"]}
+        positions = {} if tables is None else {"rope": tables, "rope_prefix_tokens": self.rope["num_prefix_tokens"]}
         if grid is not None:
-            rotary["grid"] = grid
+            positions["grid"] = grid
         x_0 = x if self.post_norm else normalize(self.norm_0, x)
         attention = self.attention.call if direct(self.attention, x_0) else self.attention
-        y = attention(x_0, training=training, return_attention=return_attention, valid=valid, **rotary)
+        y = attention(x_0, training=training, return_attention=return_attention, valid=valid, **positions)
         if return_attention:
             y, weights = y
         if self.parallel:  # the MLP on the attention's input, the two branches summed, scaled and dropped as one
