@@ -109,14 +109,17 @@ def mask_keys(logits, valid):
     return ops.where(valid[:, None, None, :], logits, ops.full_like(logits, -1e30))
 
 
-def _matmul_attention(q, k, v, scale, valid=None):
-    """Attention as two batched matmuls in (B, heads, T, head_dim) layout with a float32 softmax.
+def _matmul_attention(q, k, v, scale, valid=None, bias=None):
+    """Attention as two batched matmuls in (B, heads, T, head_dim) layout with a float32 softmax, `bias`
+    (B or 1, heads, T, T) or None added to the logits.
 
     On XLA:CPU and oneDNN this ran faster than einsums in (B, T, heads, head_dim) layout, with
     identical outputs (benchmarks/README.md).
     """
     q, k, v = (ops.swapaxes(t, 1, 2) for t in (q, k, v))
     logits = ops.matmul(q * ops.cast(scale, q.dtype), ops.swapaxes(k, -1, -2))
+    if bias is not None:
+        logits = logits + ops.cast(bias, logits.dtype)
     weights = ops.cast(ops.softmax(mask_keys(ops.cast(logits, "float32"), valid), axis=-1), v.dtype)
     return ops.swapaxes(ops.matmul(weights, v), 1, 2)
 
@@ -168,23 +171,28 @@ def _flash_attention(q, k, v, scale, training=False, valid=None):
                                         key_value_seq_lengths=lengths, implementation="cudnn")
 
 
-def _fused_attention(q, k, v, scale, valid=None):
-    """softmax(q k^T * scale) v for q, k, v (B, T, heads, head_dim), the backend's standard path;
-    keys not `valid` (B, T) bool, when given, masked."""
+def _fused_attention(q, k, v, scale, valid=None, bias=None):
+    """softmax(q k^T * scale + bias) v for q, k, v (B, T, heads, head_dim), the backend's standard path;
+    keys not `valid` (B, T) bool, when given, masked; `bias` (B or 1, heads, T, T), when given (not with
+    `valid`), added to the logits (a relative position bias)."""
     backend = keras.backend.backend()
+    if bias is not None and valid is not None:
+        raise ValueError("_fused_attention takes a logit bias or a key mask, not both")
     if backend == "torch":
         import torch
 
         # (B, heads, T, head_dim) views straight into SDPA (flash / memory-efficient kernels where
         # the device has them): no contiguous copies of q, k, v as keras.ops makes
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        mask = None if valid is None else valid[:, None, None, :]
+        mask = bias.to(q.dtype) if bias is not None else None if valid is None else valid[:, None, None, :]
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).transpose(1, 2)
     # batched matmuls in (B, heads, T, head_dim) layout on a CPU: faster on oneDNN and XLA:CPU;
     # elsewhere XLA's attention (cuDNN's fused kernel is `_flash_attention`, chosen in the layer's build)
-    return per_platform(q, k, v, valid, cpu=lambda q, k, v, valid: _matmul_attention(q, k, v, scale, valid),
-                        default=lambda q, k, v, valid: ops.dot_product_attention(
-                            q, k, v, mask=None if valid is None else valid[:, None, None, :], scale=scale,
+    return per_platform(q, k, v, valid, bias,
+                        cpu=lambda q, k, v, valid, bias: _matmul_attention(q, k, v, scale, valid, bias),
+                        default=lambda q, k, v, valid, bias: ops.dot_product_attention(
+                            q, k, v, bias=None if bias is None else ops.cast(bias, q.dtype),
+                            mask=None if valid is None else valid[:, None, None, :], scale=scale,
                             flash_attention=False))
 
 
@@ -199,7 +207,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     that measured faster (torch, tensorflow). Without attention
     dropout in training and without `return_attention`, the fused attention path runs
     (`torch.nn.functional.scaled_dot_product_attention` on torch, `keras.ops.dot_product_attention`
-    elsewhere); otherwise the softmax weights are formed explicitly.
+    elsewhere; a subclass's `logit_bias` goes in as the kernels' additive mask or bias, except beside a
+    NaFlex key mask); otherwise the softmax weights are formed explicitly.
 
     Args:
         num_heads: number of heads; must divide the input width.
@@ -330,10 +339,10 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             q, k = (rotate_patches(t, *rope, rope_prefix_tokens) for t in (q, k))
         scale = 1.0 / math.sqrt(self.head_dim)
         bias = self.logit_bias(q, scale, training, grid)
-        if bias is None and not return_attention and not (training and self.dropout_rate > 0):
-            if self.flash:
+        if not return_attention and not (training and self.dropout_rate > 0) and (bias is None or valid is None):
+            if self.flash and bias is None:
                 return self._out(_flash_attention(q, k, v, scale, training=bool(training), valid=valid))
-            return self._out(_fused_attention(q, k, v, scale, valid))
+            return self._out(_fused_attention(q, k, v, scale, valid, bias))
         logits = ops.einsum("bqnh,bknh->bnqk", q * ops.cast(scale, q.dtype), k)
         if bias is not None:
             logits = logits + ops.cast(bias, logits.dtype)
