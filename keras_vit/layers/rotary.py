@@ -20,6 +20,7 @@ the model unchanged (`keras_vit.weights.timm`)."""
 
 import math
 
+import keras
 from keras import ops
 
 ROPE_KINDS = ("dinov3", "eva", "mixed")
@@ -167,11 +168,20 @@ def rotate_patches(x, sin, cos, num_prefix_tokens):
     """`x` (B, T, heads, head_dim) with its tokens after the first `num_prefix_tokens` rotated by the
     tables `sin` and `cos` (T - prefix, head_dim), or per head (T - prefix, heads, head_dim), computed in float32
     and cast back to x's dtype."""
-    prefix, patches = x[:, :num_prefix_tokens], x[:, num_prefix_tokens:]
-    half = patches.shape[-1] // 2
-    p = ops.cast(patches, "float32")
+    if num_prefix_tokens and keras.backend.backend() == "tensorflow":
+        # the prefix tokens turned by no angle (cos 1, sin 0), the same values, instead of sliced off and joined
+        # again: TensorFlow's gradients of that slice and join cost more than the rotation (benchmarks/README.md)
+        sin, cos = (ops.concatenate([ops.full((num_prefix_tokens, *t.shape[1:]), fill, t.dtype), t], axis=0)
+                    for t, fill in ((sin, 0.0), (cos, 1.0)))
+        return _rotated(x, sin, cos)
+    return ops.concatenate([x[:, :num_prefix_tokens], _rotated(x[:, num_prefix_tokens:], sin, cos)], axis=1)
+
+
+def _rotated(x, sin, cos):
+    """`x` (B, T, heads, head_dim) rotated by the tables (T, head_dim) or (T, heads, head_dim), in float32."""
+    half = x.shape[-1] // 2
+    p = ops.cast(x, "float32")
     rotated = ops.concatenate([-p[..., half:], p[..., :half]], axis=-1)
     if len(cos.shape) == 2:  # one table for every head
         sin, cos = sin[:, None, :], cos[:, None, :]
-    p = p * cos[None] + rotated * sin[None]
-    return ops.concatenate([prefix, ops.cast(p, x.dtype)], axis=1)
+    return ops.cast(p * cos[None] + rotated * sin[None], x.dtype)
