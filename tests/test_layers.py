@@ -142,7 +142,6 @@ def test_transformer_block_matches_numpy_reference_on_both_attention_paths(rng):
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
 
 
-
 @pytest.mark.parametrize("make,tokens", [
     (lambda: L.RelativeBiasAttention(2, (2, 3)), 7),  # BEiT's table, a class token beside the grid
     (lambda: L.RelativeMlpAttention(2, (2, 3), hidden_dim=8, num_prefix_tokens=1), 7),
@@ -163,6 +162,7 @@ def test_a_logit_bias_rides_the_fused_attention_equal_to_explicit_weights(make, 
     explicit, _ = layer(x, training=False, return_attention=True)
     assert len(biases) == 1 and biases[0] is not None
     np.testing.assert_allclose(y, keras.ops.convert_to_numpy(explicit), rtol=1e-5, atol=1e-6)
+
 
 def test_dropout_acts_only_in_training(rng):
     block = L.TransformerBlock(num_heads=2, mlp_dim=16, dropout_rate=0.5, attention_dropout_rate=0.5)

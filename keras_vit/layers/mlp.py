@@ -27,4 +27,9 @@ def activate(y, activation, approximate_gelu=True):
     if activation == "quick_gelu":
         return y * ops.sigmoid(ops.cast(1.702, y.dtype) * y)
     half = y.shape[-1] // 2
-    return ops.silu(y[..., :half]) * y[..., half:]
+    return swiglu(y[..., :half], y[..., half:])
+
+
+def swiglu(gate, value):
+    """SwiGLU of the first dense layer's two halves: silu(gate) * value."""
+    return ops.silu(gate) * value

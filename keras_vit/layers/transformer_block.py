@@ -10,7 +10,7 @@ from keras_vit.layers.differential_attention import DifferentialAttention
 from keras_vit.layers.drop_path import check_drop_path_rate, drop_path, drop_path_keep
 from keras_vit.layers.initial import initial
 from keras_vit.layers.jax_cpu import cotangent_barrier, jax_cpu_remat
-from keras_vit.layers.mlp import activate, check_mlp_activation, hidden_width
+from keras_vit.layers.mlp import activate, check_mlp_activation, hidden_width, swiglu
 from keras_vit.layers.norms import check_normalization, direct, make_norm, norm_weights, normalize
 from keras_vit.layers.position_embedding import runtime_grid
 from keras_vit.layers.quantized import with_sublayer_policies
@@ -291,7 +291,7 @@ class TransformerBlock(keras.layers.Layer):
             # halves, not one sliced after: TensorFlow's gradient of that slice cost a third of the MLP's step
             kernel, bias = ops.cast(layer.kernel, x.dtype), ops.cast(layer.bias, x.dtype)
             half = kernel.shape[-1] // 2
-            return ops.silu(dense(x, kernel[:, :half], bias[:half])) * dense(x, kernel[:, half:], bias[half:])
+            return swiglu(dense(x, kernel[:, :half], bias[:half]), dense(x, kernel[:, half:], bias[half:]))
         else:
             y = dense(x, ops.cast(layer.kernel, x.dtype), ops.cast(layer.bias, x.dtype), gelu=fused,
                       approximate=self.approximate_gelu)
